@@ -174,26 +174,81 @@ static const char detokenize_help[] =
     "  --tokenizer FILE  as for tokenize\n"
     "  --added           also render added/control tokens (<｜User｜>, <think>, ...) as\n"
     "                    their text; by default they are left out.\n"
+    "  --jsonl           batch mode: every stdin line is a JSON array of ids; print one\n"
+    "                    JSON string per line, in order.\n"
     "\n"
     "example: echo '[19923,14,2058,3]' | deepinfer detokenize\n";
+
+/* JSON array -> ids; 0 or -1 with a message in err */
+static int ids_from_json(json_t *arr, rc_ids *ids, rc_err *err) {
+    if (!json_is_array(arr)) return rc_errf(err, RC_EINVAL, "not a JSON array of ids");
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return rc_errf(err, RC_EINVAL, "element %zu is not a token id", i);
+        if (rc_ids_push(ids, (int32_t)json_integer_value(v))) return rc_errf(err, RC_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int detokenize_jsonl(const char *path, unsigned flags) {
+    rc_err err = {0};
+    rc_tokenizer *tok;
+    if (rc_tokenizer_load(path, &tok, &err)) {
+        fprintf(stderr, "deepinfer detokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int bad = 0;
+    rc_ids ids = {0};
+    rc_bytes out = {0};
+    while ((n = getline(&line, &cap, stdin)) > 0) {
+        json_error_t je;
+        json_t *arr = json_loadb(line, (size_t)n, 0, &je);
+        ids.n = out.n = 0;
+        json_t *res;
+        if (ids_from_json(arr, &ids, &err) || rc_tokenizer_decode(tok, ids.v, ids.n, flags, &out, &err)) {
+            res = json_pack("{s:s}", "error", err.msg);
+            bad = 1;
+        } else {
+            res = json_stringn(out.v, out.n);
+        }
+        char *s = json_dumps(res, JSON_COMPACT | JSON_ENCODE_ANY);
+        printf("%s\n", s);
+        free(s);
+        json_decref(res);
+        json_decref(arr);
+    }
+    free(line);
+    rc_ids_free(&ids);
+    rc_bytes_free(&out);
+    rc_tokenizer_free(tok);
+    return bad;
+}
 
 int cmd_detokenize(int argc, char **argv) {
     static const struct option opts[] = {{"tokenizer", required_argument, 0, 't'},
                                          {"added", no_argument, 0, 'a'},
+                                         {"jsonl", no_argument, 0, 'l'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *path = cli_default_tokenizer();
     unsigned flags = 0;
-    int c;
+    int c, jsonl = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 't': path = optarg; break;
         case 'a': flags |= RC_DECODE_ADDED; break;
+        case 'l': jsonl = 1; break;
         case 'h': fputs(detokenize_help, stdout); return 0;
         default: fputs(detokenize_help, stderr); return 2;
         }
     }
+    if (jsonl) return detokenize_jsonl(path, flags);
     rc_bytes in = {0};
     if (cli_read_all(stdin, &in, "stdin")) return 1;
     json_error_t je;
@@ -206,19 +261,14 @@ int cmd_detokenize(int argc, char **argv) {
         return 1;
     }
     rc_ids ids = {0};
-    size_t i;
-    json_t *v;
-    json_array_foreach(arr, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            fprintf(stderr, "deepinfer detokenize: element %zu is not a token id\n", i);
-            json_decref(arr);
-            rc_ids_free(&ids);
-            return 1;
-        }
-        rc_ids_push(&ids, (int32_t)json_integer_value(v));
+    rc_err err = {0};
+    if (ids_from_json(arr, &ids, &err)) {
+        fprintf(stderr, "deepinfer detokenize: %s\n", err.msg);
+        json_decref(arr);
+        rc_ids_free(&ids);
+        return 1;
     }
     json_decref(arr);
-    rc_err err = {0};
     rc_tokenizer *tok;
     if (rc_tokenizer_load(path, &tok, &err)) {
         fprintf(stderr, "deepinfer detokenize: %s\n", err.msg);

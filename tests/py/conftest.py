@@ -1,0 +1,18 @@
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = ROOT / "build" / "deepinfer"
+TOKENIZERS = {
+    "v3": ROOT.parent / "shared" / "tokenizers" / "deepseek-v3" / "tokenizer.json",
+    "v4": ROOT / "assets" / "tokenizers" / "deepseek-v4" / "tokenizer.json",
+}
+
+
+@pytest.fixture(scope="session")
+def deepinfer():
+    if not BIN.exists():
+        pytest.fail(f"{BIN} not built: run `make build` first")
+    return str(BIN)
