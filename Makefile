@@ -4,6 +4,7 @@
 # Others: make build (release build into build/), make bench, make clean.
 
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
 JOBS  ?= $(shell nproc)
 APT_PACKAGES := build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev \
                 libjansson-dev libcmocka-dev

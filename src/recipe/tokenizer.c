@@ -64,16 +64,16 @@ static void byte_level_map(uint32_t byte_to_cp[256]) {
 static uint32_t merge_slot(const rc_tokenizer *t, int32_t a, int32_t b) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     uint32_t i = (uint32_t)(mix64(key) & t->merge_mask);
-    while (t->merge_key[i] != UINT64_MAX && t->merge_key[i] != key) i = (i + 1) & t->merge_mask;
+    while (t->merges[i].key != UINT64_MAX && t->merges[i].key != key) i = (i + 1) & t->merge_mask;
     return i;
 }
 
 /* rank of merging (a, b), or UINT32_MAX; *res gets the merged id */
 static inline uint32_t merge_rank(const rc_tokenizer *t, int32_t a, int32_t b, int32_t *res) {
-    uint32_t i = merge_slot(t, a, b);
-    if (t->merge_key[i] == UINT64_MAX) return UINT32_MAX;
-    *res = t->merge_val[i].id;
-    return t->merge_val[i].rank;
+    const struct rc_merge *m = &t->merges[merge_slot(t, a, b)];
+    if (m->key == UINT64_MAX) return UINT32_MAX;
+    *res = m->id;
+    return m->rank;
 }
 
 /* ------------------------------------------------------- added-token trie */
@@ -345,13 +345,12 @@ static int parse_tokenizer(rc_tokenizer *t, json_t *root, rc_err *err) {
     size_t mslots = 1;
     while (mslots < nm * 2 + 2) mslots <<= 1;
     t->merge_mask = (uint32_t)(mslots - 1);
-    t->merge_key = malloc(mslots * sizeof *t->merge_key);
-    t->merge_val = malloc(mslots * sizeof *t->merge_val);
-    if (!t->merge_key || !t->merge_val) {
+    t->merges = malloc(mslots * sizeof *t->merges);
+    if (!t->merges) {
         free(vindex);
         return rc_errf(err, RC_ENOMEM, "out of memory");
     }
-    memset(t->merge_key, 0xFF, mslots * sizeof *t->merge_key);
+    for (size_t k = 0; k < mslots; k++) t->merges[k].key = UINT64_MAX;
 
     /* map a byte-level string (JSON form) to an id via the raw-bytes index */
     uint8_t buf[1024];
@@ -421,11 +420,9 @@ static int parse_tokenizer(rc_tokenizer *t, json_t *root, rc_err *err) {
             return rc_errf(err, RC_EINVAL,
                            "tokenizer.json: merges[%zu] refers to a token not in the vocab", r);
         }
-        uint32_t slot = merge_slot(t, ids[0], ids[1]);
-        if (t->merge_key[slot] != UINT64_MAX) continue; /* duplicate: first rank wins */
-        t->merge_key[slot] = ((uint64_t)(uint32_t)ids[0] << 32) | (uint32_t)ids[1];
-        t->merge_val[slot].rank = (uint32_t)r;
-        t->merge_val[slot].id = ids[2];
+        struct rc_merge *mg = &t->merges[merge_slot(t, ids[0], ids[1])];
+        if (mg->key != UINT64_MAX) continue; /* duplicate: first rank wins */
+        *mg = (struct rc_merge){((uint64_t)(uint32_t)ids[0] << 32) | (uint32_t)ids[1], (uint32_t)r, ids[2]};
     }
     free(vindex);
     t->n_merges = nm;
@@ -510,8 +507,7 @@ void rc_tokenizer_free(rc_tokenizer *t) {
     free(t->tok_len);
     free(t->is_added);
     free(t->bytes);
-    free(t->merge_key);
-    free(t->merge_val);
+    free(t->merges);
     free(t->trie_raw.nodes);
     free(t->trie_norm.nodes);
     free(t);
@@ -543,7 +539,7 @@ int32_t rc_tokenizer_added_id(const rc_tokenizer *t, const char *content) {
 
 /* Per-thread memo of piece -> ids.  Bounded: when it fills, it is cleared,
  * which keeps adversarial input (all-unique pieces) from growing memory. */
-enum { CACHE_SLOTS = 1 << 16, CACHE_MAX_PIECE = 64, CACHE_MAX_ENTRIES = CACHE_SLOTS / 2 };
+enum { CACHE_SLOTS = 1 << 17, CACHE_MAX_PIECE = 64, CACHE_MAX_ENTRIES = CACHE_SLOTS * 5 / 8 };
 
 static void cache_destroy(void *p) {
     rc_bpe_cache *c = p;

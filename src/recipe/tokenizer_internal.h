@@ -51,9 +51,9 @@ struct rc_tokenizer {
     char *bytes;
     size_t bytes_len;
     int32_t byte_id[256];
-    /* merges: key (a << 32 | b), open addressing, UINT64_MAX = empty */
-    uint64_t *merge_key;
-    struct { uint32_t rank; int32_t id; } *merge_val;
+    /* merges: key (a << 32 | b) -> rank and merged id, open addressing,
+     * key UINT64_MAX = empty; one 16-byte slot so a probe is one cache line */
+    struct rc_merge { uint64_t key; uint32_t rank; int32_t id; } *merges;
     uint32_t merge_mask;
     rc_trie trie_raw, trie_norm; /* normalized=false / normalized=true tokens */
     pthread_key_t cache_key;
