@@ -61,19 +61,28 @@ static void byte_level_map(uint32_t byte_to_cp[256]) {
 
 /* --------------------------------------------------------- merge table */
 
-static uint32_t merge_slot(const rc_tokenizer *t, int32_t a, int32_t b) {
-    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+enum { ID_BITS = 21, RANK_BITS = 22 };
+#define MERGE_EMPTY UINT64_MAX
+#define MERGE_KEY_MASK ((1ull << (2 * ID_BITS)) - 1)
+
+static inline uint64_t merge_key(int32_t a, int32_t b) {
+    return ((uint64_t)(uint32_t)a << ID_BITS) | (uint32_t)b;
+}
+
+static inline uint32_t merge_slot(const rc_tokenizer *t, uint64_t key) {
     uint32_t i = (uint32_t)(mix64(key) & t->merge_mask);
-    while (t->merges[i].key != UINT64_MAX && t->merges[i].key != key) i = (i + 1) & t->merge_mask;
+    while (t->merges[i] != MERGE_EMPTY && (t->merges[i] & MERGE_KEY_MASK) != key)
+        i = (i + 1) & t->merge_mask;
     return i;
 }
 
 /* rank of merging (a, b), or UINT32_MAX; *res gets the merged id */
 static inline uint32_t merge_rank(const rc_tokenizer *t, int32_t a, int32_t b, int32_t *res) {
-    const struct rc_merge *m = &t->merges[merge_slot(t, a, b)];
-    if (m->key == UINT64_MAX) return UINT32_MAX;
-    *res = m->id;
-    return m->rank;
+    uint64_t m = t->merges[merge_slot(t, merge_key(a, b))];
+    if (m == MERGE_EMPTY) return UINT32_MAX;
+    uint32_t rank = (uint32_t)(m >> (2 * ID_BITS));
+    *res = t->merge_res[rank];
+    return rank;
 }
 
 /* ------------------------------------------------------- added-token trie */
@@ -345,12 +354,18 @@ static int parse_tokenizer(rc_tokenizer *t, json_t *root, rc_err *err) {
     size_t mslots = 1;
     while (mslots < nm * 2 + 2) mslots <<= 1;
     t->merge_mask = (uint32_t)(mslots - 1);
+    if (t->n_ids > (1 << ID_BITS) || nm >= (1u << RANK_BITS) - 1) {
+        free(vindex);
+        return rc_errf(err, RC_EUNSUP, "tokenizer.json: more than %d ids or %d merges is not supported",
+                       1 << ID_BITS, (1 << RANK_BITS) - 2);
+    }
     t->merges = malloc(mslots * sizeof *t->merges);
-    if (!t->merges) {
+    t->merge_res = malloc((nm + 1) * sizeof *t->merge_res);
+    if (!t->merges || !t->merge_res) {
         free(vindex);
         return rc_errf(err, RC_ENOMEM, "out of memory");
     }
-    for (size_t k = 0; k < mslots; k++) t->merges[k].key = UINT64_MAX;
+    memset(t->merges, 0xFF, mslots * sizeof *t->merges);
 
     /* map a byte-level string (JSON form) to an id via the raw-bytes index */
     uint8_t buf[1024];
@@ -420,9 +435,11 @@ static int parse_tokenizer(rc_tokenizer *t, json_t *root, rc_err *err) {
             return rc_errf(err, RC_EINVAL,
                            "tokenizer.json: merges[%zu] refers to a token not in the vocab", r);
         }
-        struct rc_merge *mg = &t->merges[merge_slot(t, ids[0], ids[1])];
-        if (mg->key != UINT64_MAX) continue; /* duplicate: first rank wins */
-        *mg = (struct rc_merge){((uint64_t)(uint32_t)ids[0] << 32) | (uint32_t)ids[1], (uint32_t)r, ids[2]};
+        uint64_t key = merge_key(ids[0], ids[1]);
+        uint64_t *mg = &t->merges[merge_slot(t, key)];
+        t->merge_res[r] = ids[2];
+        if (*mg != MERGE_EMPTY) continue; /* duplicate: first rank wins */
+        *mg = key | ((uint64_t)r << (2 * ID_BITS));
     }
     free(vindex);
     t->n_merges = nm;
@@ -508,6 +525,7 @@ void rc_tokenizer_free(rc_tokenizer *t) {
     free(t->is_added);
     free(t->bytes);
     free(t->merges);
+    free(t->merge_res);
     free(t->trie_raw.nodes);
     free(t->trie_norm.nodes);
     free(t);
