@@ -19,6 +19,8 @@
  * A position where nothing matches joins the gap before the next match. */
 #include "recipe/pretok.h"
 
+#include <pthread.h>
+
 #include "recipe/unicode.h"
 
 #define R3A "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
@@ -32,7 +34,7 @@ const char *const rc_pretok_patterns[3] = {
 /* ASCII classes; byte >= 0x80 goes through the generated table */
 enum { A_PUNCT = 0x40, A_ALPHA = 0x80 };
 static uint8_t ascii_cls[128];
-static int ascii_ready;
+static pthread_once_t ascii_once = PTHREAD_ONCE_INIT;
 
 static void ascii_init(void) {
     for (int c = 0; c < 128; c++) {
@@ -43,7 +45,6 @@ static void ascii_init(void) {
             f |= A_PUNCT;
         ascii_cls[c] = f;
     }
-    __atomic_store_n(&ascii_ready, 1, __ATOMIC_RELEASE);
 }
 
 /* class flags and length of the char at s (valid UTF-8, at least 1 byte) */
@@ -163,7 +164,7 @@ static void stage2(const uint8_t *s, size_t b, size_t e, rc_piece_fn fn, void *c
 }
 
 void rc_pretok_split(const uint8_t *s, size_t n, rc_piece_fn fn, void *ctx) {
-    if (!__atomic_load_n(&ascii_ready, __ATOMIC_ACQUIRE)) ascii_init();
+    pthread_once(&ascii_once, ascii_init);
     size_t i = 0, gap = 0;
     while (i < n) {
         int l;
@@ -207,7 +208,7 @@ void rc_pretok_split(const uint8_t *s, size_t n, rc_piece_fn fn, void *ctx) {
  *
  * Both rules are checked by the fuzz harness (serial == parallel). */
 size_t rc_pretok_safe_cut(const uint8_t *s, size_t n, size_t from, size_t to) {
-    if (!__atomic_load_n(&ascii_ready, __ATOMIC_ACQUIRE)) ascii_init();
+    pthread_once(&ascii_once, ascii_init);
     if (to > n) to = n;
     if (from < 1) from = 1;
     for (size_t p = from; p < to; p++) {
