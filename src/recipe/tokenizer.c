@@ -839,7 +839,7 @@ int rc_split_added(const rc_tokenizer *t, const uint8_t *s, size_t n, rc_span **
     return 0;
 }
 
-static int check_utf8(const char *text, size_t len, rc_err *err) {
+int rc_check_utf8(const char *text, size_t len, rc_err *err) {
     size_t ok = rc_utf8_valid_prefix((const uint8_t *)text, len);
     if (ok != len)
         return rc_errf(err, RC_EINVAL, "input is not valid UTF-8 (ill-formed byte 0x%02X at offset %zu)",
@@ -849,7 +849,7 @@ static int check_utf8(const char *text, size_t len, rc_err *err) {
 
 int rc_tokenizer_encode(const rc_tokenizer *t, const char *text, size_t len, enum rc_encode_mode mode,
                         rc_ids *out, rc_err *err) {
-    int rc = check_utf8(text, len, err);
+    int rc = rc_check_utf8(text, len, err);
     if (rc) return rc;
     const uint8_t *s = (const uint8_t *)text;
     if (mode == RC_ENCODE_CONTENT) {

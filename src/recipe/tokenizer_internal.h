@@ -70,6 +70,8 @@ typedef struct {
     int32_t id;
 } rc_span;
 
+/* 0 if text is valid UTF-8, else RC_EINVAL naming the first bad byte */
+int rc_check_utf8(const char *text, size_t len, rc_err *err);
 int rc_split_added(const rc_tokenizer *t, const uint8_t *s, size_t n, rc_span **out, size_t *nout);
 /* content-mode encode of already-validated UTF-8; RC_ENOMEM only */
 int rc_encode_content_span(const rc_tokenizer *t, const uint8_t *s, size_t n, rc_ids *out);

@@ -69,10 +69,8 @@ int rc_tokenizer_encode_parallel(const rc_tokenizer *t, rc_pool *pool, const cha
     int nth = rc_pool_threads(pool);
     if (nth <= 1 || len < 2 * SEG_MIN) return rc_tokenizer_encode(t, text, len, mode, out, err);
     const uint8_t *s = (const uint8_t *)text;
-    size_t ok = rc_utf8_valid_prefix(s, len);
-    if (ok != len)
-        return rc_errf(err, RC_EINVAL, "input is not valid UTF-8 (ill-formed byte 0x%02X at offset %zu)",
-                       s[ok], ok);
+    int rc = rc_check_utf8(text, len, err);
+    if (rc) return rc;
     /* several segments per thread so uneven segments still balance */
     size_t target = len / ((size_t)nth * 4);
     if (target < SEG_MIN) target = SEG_MIN;
@@ -80,7 +78,6 @@ int rc_tokenizer_encode_parallel(const rc_tokenizer *t, rc_pool *pool, const cha
 
     seg *segs = NULL;
     size_t nseg = 0, cap = 0;
-    int rc = 0;
     if (mode == RC_ENCODE_CONTENT) {
         rc = cut_span(s, 0, len, target, &segs, &nseg, &cap);
     } else {
