@@ -80,12 +80,13 @@ def main():
         out = subprocess.run([str(ROOT / "build/bench_tokenizer"), args.tokenizer, str(tf), str(pf),
                               str(args.threads)], capture_output=True, check=True, text=True).stdout
         # cold: first encode in a fresh process (empty BPE caches), median of 5 processes
-        cold = {}
+        cold, empty = {}, {}
         for th in (1, args.threads):
             v = [json.loads(subprocess.run([str(ROOT / "build/bench_tokenizer"), args.tokenizer, str(tf), str(pf),
                                             str(th), "cold"], capture_output=True, check=True,
-                                           text=True).stdout)["cold_s"] for _ in range(5)]
-            cold[th] = statistics.median(v)
+                                           text=True).stdout) for _ in range(5)]
+            cold[th] = statistics.median(x["cold_s"] for x in v)
+            empty[th] = statistics.median(x["empty_cache_s"] for x in v)
     o = json.loads(out)
     assert o["text_tokens"] == n_tok, (o["text_tokens"], n_tok)
 
@@ -103,8 +104,10 @@ def main():
     print()
     print(f"{o['prompt_tokens']}-token prompt ({o['prompt_bytes']/1e3:.0f} KB)   {'ms':>8} {'vs HF 1t':>9}")
     prow = [("HF tokenizers, 1 thread (warm)", hf_prompt),
-            ("deepinfer, 1 thread, cold (fresh process)", cold[1]),
-            ("deepinfer, %d threads, cold (fresh process)" % args.threads, cold[args.threads]),
+            ("deepinfer, 1 thread, fresh process", cold[1]),
+            ("deepinfer, %d threads, fresh process" % args.threads, cold[args.threads]),
+            ("deepinfer, 1 thread, empty BPE caches", empty[1]),
+            ("deepinfer, %d threads, empty BPE caches" % args.threads, empty[args.threads]),
             ("deepinfer, 1 thread, warm", o["prompt_warm_1t_s"]),
             ("deepinfer, %d threads, warm" % args.threads, o["prompt_warm_nt_s"])]
     for name, s in prow:

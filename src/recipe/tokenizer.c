@@ -178,6 +178,54 @@ static int check_pretokenizer(json_t *pt, const char **why) {
     return 0;
 }
 
+static int bpe(const rc_tokenizer *t, rc_bpe_cache *c, const uint8_t *p, size_t n, rc_ids *out);
+static void cache_destroy(void *p);
+enum { WHOLE_MAX_PIECE = 64 };
+
+static inline uint32_t whole_tag(uint64_t h) { return (uint32_t)(h >> 32) | 1; }
+
+/* id of the single token BPE turns piece p into, or -1 */
+static inline int32_t whole_lookup(const rc_tokenizer *t, const uint8_t *p, size_t n, uint64_t h) {
+    uint32_t tag = whole_tag(h);
+    for (uint32_t i = (uint32_t)h & t->whole_mask;; i = (i + 1) & t->whole_mask) {
+        uint64_t e = t->whole[i];
+        if (!e) return -1;
+        if ((uint32_t)(e >> 32) == tag) {
+            int32_t id = (int32_t)(uint32_t)e;
+            if (t->tok_len[id] == n && !memcmp(t->bytes + t->tok_off[id], p, n)) return id;
+        }
+    }
+}
+
+static int build_whole_table(rc_tokenizer *t, rc_err *err) {
+    size_t slots = 1;
+    while (slots < (size_t)t->n_ids * 2) slots <<= 1;
+    t->whole = calloc(slots, sizeof *t->whole);
+    rc_bpe_cache *c = calloc(1, sizeof *c);
+    if (!t->whole || !c) {
+        free(c);
+        return rc_errf(err, RC_ENOMEM, "out of memory");
+    }
+    t->whole_mask = (uint32_t)(slots - 1);
+    rc_ids out = {0};
+    int rc = 0;
+    for (int32_t id = 0; id < t->n_ids && !rc; id++) {
+        uint32_t n = t->tok_len[id];
+        if (t->is_added[id] || n == UINT32_MAX || n < 2 || n > WHOLE_MAX_PIECE) continue;
+        const uint8_t *p = (const uint8_t *)t->bytes + t->tok_off[id];
+        out.n = 0;
+        if ((rc = bpe(t, c, p, n, &out))) break;
+        if (out.n != 1 || out.v[0] != id) continue; /* BPE never reaches this token whole */
+        uint64_t h = hash_bytes(p, n);
+        uint32_t i = (uint32_t)h & t->whole_mask;
+        while (t->whole[i]) i = (i + 1) & t->whole_mask;
+        t->whole[i] = ((uint64_t)whole_tag(h) << 32) | (uint32_t)id;
+    }
+    rc_ids_free(&out);
+    cache_destroy(c);
+    return rc ? rc_errf(err, RC_ENOMEM, "out of memory") : 0;
+}
+
 static int parse_tokenizer(rc_tokenizer *t, json_t *root, rc_err *err) {
     const char *why = NULL;
     json_t *model = json_object_get(root, "model");
@@ -443,10 +491,8 @@ static int parse_tokenizer(rc_tokenizer *t, json_t *root, rc_err *err) {
     }
     free(vindex);
     t->n_merges = nm;
-    return 0;
+    return build_whole_table(t, err);
 }
-
-static void cache_destroy(void *p);
 
 static int tokenizer_init(rc_tokenizer **out, rc_tokenizer **t) {
     *out = NULL;
@@ -526,6 +572,7 @@ void rc_tokenizer_free(rc_tokenizer *t) {
     free(t->bytes);
     free(t->merges);
     free(t->merge_res);
+    free(t->whole);
     free(t->trie_raw.nodes);
     free(t->trie_norm.nodes);
     free(t);
@@ -555,9 +602,17 @@ int32_t rc_tokenizer_added_id(const rc_tokenizer *t, const char *content) {
 
 /* ------------------------------------------------------------ BPE cache */
 
-/* Per-thread memo of piece -> ids.  Bounded: when it fills, it is cleared,
- * which keeps adversarial input (all-unique pieces) from growing memory. */
-enum { CACHE_SLOTS = 1 << 17, CACHE_MAX_PIECE = 64, CACHE_MAX_ENTRIES = CACHE_SLOTS * 5 / 8 };
+/* Per-thread memo of piece -> ids (pieces BPE splits into several tokens;
+ * single-token pieces are in the shared `whole` table).  It starts small and
+ * doubles, so a new thread does not fault in megabytes before its first
+ * answer; at its cap it is cleared when full, which keeps adversarial input
+ * (all-unique pieces) from growing memory. */
+enum {
+    CACHE_SLOTS_MIN = 1 << 12,
+    CACHE_SLOTS = 1 << 17,
+    CACHE_MAX_PIECE = 64,
+    CACHE_MAX_ENTRIES = CACHE_SLOTS * 5 / 8
+};
 
 static void cache_destroy(void *p) {
     rc_bpe_cache *c = p;
@@ -590,7 +645,8 @@ static rc_bpe_cache *cache_get(const rc_tokenizer *tc) {
     if (c) return c;
     c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->slots = calloc(CACHE_SLOTS, sizeof *c->slots);
+    c->nslots = CACHE_SLOTS_MIN;
+    c->slots = calloc(c->nslots, sizeof *c->slots);
     if (!c->slots) {
         free(c);
         return NULL;
@@ -605,8 +661,41 @@ static rc_bpe_cache *cache_get(const rc_tokenizer *tc) {
 }
 
 static void cache_clear(rc_bpe_cache *c) {
-    memset(c->slots, 0, CACHE_SLOTS * sizeof *c->slots);
+    memset(c->slots, 0, c->nslots * sizeof *c->slots);
     c->nkeys = c->nvals = c->nentries = 0;
+}
+
+void rc_tokenizer_drop_caches(rc_tokenizer *t) {
+    pthread_mutex_lock(&t->cache_mu);
+    for (rc_bpe_cache *c = t->caches; c; c = c->next_cache) cache_clear(c);
+    pthread_mutex_unlock(&t->cache_mu);
+}
+
+static size_t cache_probe(const rc_bpe_cache *c, uint64_t h) {
+    size_t s = h & (c->nslots - 1);
+    while (c->slots[s].tag) s = (s + 1) & (c->nslots - 1);
+    return s;
+}
+
+/* make room for one more entry: double the table, or clear it at the cap */
+static void cache_make_room(rc_bpe_cache *c) {
+    if (c->nentries + 1 <= c->nslots * 5 / 8) return;
+    if (c->nslots >= CACHE_SLOTS) {
+        cache_clear(c);
+        return;
+    }
+    rc_cache_slot *old = c->slots;
+    size_t oldn = c->nslots;
+    rc_cache_slot *ns = calloc(oldn * 2, sizeof *ns);
+    if (!ns) {
+        cache_clear(c); /* cannot grow: forget instead, still correct */
+        return;
+    }
+    c->slots = ns;
+    c->nslots = oldn * 2;
+    for (size_t i = 0; i < oldn; i++)
+        if (old[i].tag) c->slots[cache_probe(c, hash_bytes(c->keys + old[i].koff, old[i].klen))] = old[i];
+    free(old);
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -754,24 +843,25 @@ static void on_piece(void *vp, const uint8_t *p, size_t n) {
         return;
     }
     uint64_t h = hash_bytes(p, n);
+    int32_t one = whole_lookup(x->t, p, n, h);
+    if (one >= 0) {
+        if (rc_ids_push(x->out, one)) x->rc = RC_ENOMEM;
+        return;
+    }
     uint32_t tag = (uint32_t)(h >> 32) | 1; /* 0 marks an empty slot */
-    size_t s = h & (CACHE_SLOTS - 1);
-    for (;;) {
+    for (size_t s = h & (c->nslots - 1);; s = (s + 1) & (c->nslots - 1)) {
         rc_cache_slot *sl = &c->slots[s];
         if (!sl->tag) break;
         if (sl->tag == tag && sl->klen == n && !memcmp(c->keys + sl->koff, p, n)) {
             if (rc_ids_append(x->out, c->vals + sl->voff, sl->vlen)) x->rc = RC_ENOMEM;
             return;
         }
-        s = (s + 1) & (CACHE_SLOTS - 1);
     }
     size_t before = x->out->n;
     if ((x->rc = bpe(x->t, c, p, n, x->out))) return;
     size_t nv = x->out->n - before;
-    if (c->nentries >= CACHE_MAX_ENTRIES) {
-        cache_clear(c);
-        s = h & (CACHE_SLOTS - 1); /* the table is empty now */
-    }
+    cache_make_room(c);
+    size_t s = cache_probe(c, h);
     if (grow((void **)&c->keys, &c->kcap, c->nkeys + n, 1) ||
         grow((void **)&c->vals, &c->vcap, c->nvals + nv, sizeof *c->vals))
         return; /* no room to memoise: the result is still correct */

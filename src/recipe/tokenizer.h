@@ -41,6 +41,10 @@ int rc_tokenizer_encode_parallel(const rc_tokenizer *tok, rc_pool *pool, const c
                                  size_t len, enum rc_encode_mode mode, rc_ids *out,
                                  rc_err *err);
 
+/* Empty every thread's BPE cache (memory pressure, benchmarks).  Only while
+ * no encode with this tokenizer is running. */
+void rc_tokenizer_drop_caches(rc_tokenizer *tok);
+
 /* Number of ids (1 + the largest id of vocab and added tokens). */
 int32_t rc_tokenizer_n_ids(const rc_tokenizer *tok);
 /* Id of an added token by its exact content, or -1. */

@@ -32,6 +32,7 @@ typedef struct rc_bpe_cache {
     struct rc_tokenizer *owner;
     struct rc_bpe_cache *next_cache;
     rc_cache_slot *slots;
+    size_t nslots; /* power of two; grows up to a cap, so a fresh cache is small */
     uint8_t *keys;
     int32_t *vals;
     size_t nkeys, kcap, nvals, vcap, nentries;
@@ -58,6 +59,12 @@ struct rc_tokenizer {
     uint64_t *merges;
     int32_t *merge_res;
     uint32_t merge_mask;
+    /* pieces that BPE maps to exactly one token, found at load time by
+     * running BPE over every vocab entry: slot = hash tag << 32 | id, 0 =
+     * empty.  Exact by construction, shared by all threads, so the common
+     * case needs neither the per-thread cache nor any merge lookups. */
+    uint64_t *whole;
+    uint32_t whole_mask;
     rc_trie trie_raw, trie_norm; /* normalized=false / normalized=true tokens */
     pthread_key_t cache_key;
     pthread_mutex_t cache_mu; /* guards `caches` */
