@@ -13,5 +13,6 @@ const char *cli_default_tokenizer(void);
 
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_recipe(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static const struct {
 } commands[] = {
     {"tokenize", cmd_tokenize, "text on stdin -> token ids (content mode unless --template)"},
     {"detokenize", cmd_detokenize, "JSON array of ids on stdin -> text on stdout, byte-exact"},
+    {"recipe", cmd_recipe, "recipe render|tokens: API request -> DeepSeek prompt / ids"},
 };
 
 static void usage(FILE *f) {
@@ -30,7 +31,7 @@ static void usage(FILE *f) {
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "  %-12s %s\n", "version", "print the version");
     fprintf(f,
-            "\nNot yet built (see the issues): serve, generate, logits, recipe render/tokens/parse.\n");
+            "\nNot yet built (see the issues): serve, generate, logits, recipe parse;\nrecipe render/tokens cover Chat Completions only so far.\n");
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,187 @@
+/* cmd_recipe.c - `deepinfer recipe render|tokens`: the codec from the shell.
+ *
+ * render: request JSON on stdin -> the exact prompt on stdout (no newline).
+ * tokens: the same, as a JSON array of ids (control tokens only where the
+ * renderer wrote them).  --jsonl: one request per line, one JSON object per
+ * line out: {"prompt": ...} / {"ids": [...]} or {"status": N, "error": {...}}. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "recipe/protocol.h"
+
+static const char recipe_help[] =
+    "usage: deepinfer recipe render --api chat --encoding v4|v4.1 [--jsonl] < request.json\n"
+    "       deepinfer recipe tokens --api chat --encoding v4|v4.1 [--tokenizer FILE] [--jsonl] < request.json\n"
+    "\n"
+    "render  prints the prompt the request becomes, exactly (no trailing newline).\n"
+    "tokens  prints its token ids as one JSON array; control tokens appear only where the\n"
+    "        template put them, never from text inside the request.\n"
+    "\n"
+    "  --api chat          OpenAI Chat Completions (responses and messages: not yet)\n"
+    "  --encoding v4|v4.1  DeepSeek prompt encoding (default v4)\n"
+    "  --tokenizer FILE    for tokens (default: the bundled V4 tokenizer)\n"
+    "  --jsonl             one request per stdin line; one JSON object per output line:\n"
+    "                      {\"prompt\": ...} or {\"ids\": [...]}, or {\"status\": 400, \"error\": {...}}\n"
+    "\n"
+    "A rejected request prints the API error body on stdout and exits 1 (400-class).\n";
+
+typedef struct {
+    int tokens;
+    rc_encoding enc;
+    rc_tokenizer *tok;
+} opts;
+
+/* one request -> result JSON (jsonl) or raw output; returns 0 ok, 1 rejected */
+static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *out) {
+    rc_api_error e = {0};
+    json_error_t je;
+    json_t *req = json_loadb(body, n, JSON_REJECT_DUPLICATES * 0, &je);
+    rc_conversation conv;
+    rc_inference inf;
+    memset(&conv, 0, sizeof conv);
+    memset(&inf, 0, sizeof inf);
+    int bad = 0;
+    if (!req) {
+        e.status = 400;
+        e.type = "invalid_request_error";
+        snprintf(e.message, sizeof e.message, "invalid JSON body: %s at line %d column %d", je.text, je.line,
+                 je.column);
+        bad = 1;
+    } else if (rc_chat_convert(req, &conv, &inf, &e)) {
+        bad = 1;
+    }
+    if (bad) {
+        if (jsonl) {
+            char head[32];
+            snprintf(head, sizeof head, "{\"status\":%d,\"error\":", e.status);
+            rc_bytes_append(out, head, strlen(head));
+            rc_bytes body_json = {0};
+            rc_api_error_json(&e, &body_json);
+            /* rc_api_error_json writes {"error":{...}}: keep the inner object */
+            json_t *j = json_loadb(body_json.v, body_json.n, 0, NULL);
+            char *inner = json_dumps(json_object_get(j, "error"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+            rc_bytes_append(out, inner, strlen(inner));
+            rc_bytes_append(out, "}", 1);
+            free(inner);
+            json_decref(j);
+            rc_bytes_free(&body_json);
+        } else {
+            rc_api_error_json(&e, out);
+        }
+        json_decref(req);
+        rc_conv_free(&conv);
+        rc_inference_free(&inf);
+        return 1;
+    }
+    rc_prompt p;
+    rc_err err = {0};
+    int rc = rc_render(&conv, o->enc, &p, &err);
+    if (!rc && o->tokens) {
+        rc_ids ids = {0};
+        rc = rc_prompt_tokens(&p, o->tok, NULL, &ids, &err);
+        if (!rc) {
+            rc_bytes_append(out, jsonl ? "{\"ids\":[" : "[", jsonl ? 8 : 1);
+            char num[16];
+            for (size_t i = 0; i < ids.n; i++) {
+                int l = snprintf(num, sizeof num, i ? ",%d" : "%d", ids.v[i]);
+                rc_bytes_append(out, num, (size_t)l);
+            }
+            rc_bytes_append(out, jsonl ? "]}" : "]", jsonl ? 2 : 1);
+        }
+        rc_ids_free(&ids);
+    } else if (!rc) {
+        if (jsonl) {
+            json_t *j = json_pack("{s:s%}", "prompt", p.text.v ? p.text.v : "", p.text.n);
+            char *s = json_dumps(j, JSON_COMPACT);
+            rc_bytes_append(out, s, strlen(s));
+            free(s);
+            json_decref(j);
+        } else {
+            rc_bytes_append(out, p.text.v, p.text.n);
+        }
+    }
+    if (rc) {
+        /* not the client's fault: 500 */
+        char msg[600];
+        snprintf(msg, sizeof msg, "{\"status\":500,\"error\":{\"message\":\"%s\"}}", err.msg);
+        rc_bytes_append(out, msg, strlen(msg));
+    }
+    if (!rc) rc_prompt_free(&p);
+    json_decref(req);
+    rc_conv_free(&conv);
+    rc_inference_free(&inf);
+    return rc ? 1 : 0;
+}
+
+int cmd_recipe(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(recipe_help, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    opts o = {0};
+    if (!strcmp(argv[1], "tokens")) o.tokens = 1;
+    else if (strcmp(argv[1], "render")) {
+        fprintf(stderr, "deepinfer recipe: unknown subcommand '%s' (render, tokens)\n", argv[1]);
+        return 2;
+    }
+    static const struct option lo[] = {{"api", required_argument, 0, 'a'},   {"encoding", required_argument, 0, 'e'},
+                                       {"tokenizer", required_argument, 0, 't'}, {"jsonl", no_argument, 0, 'l'},
+                                       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    const char *api = "chat", *path = cli_default_tokenizer();
+    int jsonl = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc - 1, argv + 1, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'a': api = optarg; break;
+        case 'e':
+            if (!strcmp(optarg, "v4")) o.enc = RC_ENC_V4;
+            else if (!strcmp(optarg, "v4.1")) o.enc = RC_ENC_V41;
+            else {
+                fprintf(stderr, "deepinfer recipe: --encoding must be v4 or v4.1\n");
+                return 2;
+            }
+            break;
+        case 't': path = optarg; break;
+        case 'l': jsonl = 1; break;
+        case 'h': fputs(recipe_help, stdout); return 0;
+        default: fputs(recipe_help, stderr); return 2;
+        }
+    }
+    if (strcmp(api, "chat")) {
+        fprintf(stderr, "deepinfer recipe: --api %s is not implemented yet (chat only)\n", api);
+        return 2;
+    }
+    rc_err err = {0};
+    if (o.tokens && rc_tokenizer_load(path, &o.tok, &err)) {
+        fprintf(stderr, "deepinfer recipe: %s\n", err.msg);
+        return 1;
+    }
+    int bad = 0;
+    rc_bytes out = {0};
+    if (jsonl) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t n;
+        while ((n = getline(&line, &cap, stdin)) > 0) {
+            out.n = 0;
+            bad |= one(&o, line, (size_t)n, 1, &out);
+            rc_bytes_append(&out, "\n", 1);
+            fwrite(out.v, 1, out.n, stdout);
+        }
+        free(line);
+    } else {
+        rc_bytes in = {0};
+        if (cli_read_all(stdin, &in, "stdin")) return 1;
+        bad = one(&o, in.v, in.n, 0, &out);
+        fwrite(out.v, 1, out.n, stdout);
+        if (bad) fputc('\n', stdout);
+        rc_bytes_free(&in);
+    }
+    rc_bytes_free(&out);
+    rc_tokenizer_free(o.tok);
+    return bad;
+}
