@@ -46,8 +46,11 @@ test-asan: build-asan
 test-fuzz: build-asan
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
 	./build-asan/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
-	  tests/fuzz/corpus-run tests/fuzz/corpus 2>&1 | tail -n 15
-	@echo "fuzz: 1 passed, 0 failed"
+	  tests/fuzz/corpus-run tests/fuzz/corpus 2>&1 | tail -n 6
+	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
+	./build-asan/fuzz_chat -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	  tests/fuzz/corpus-run tests/fuzz/corpus-chat 2>&1 | tail -n 6
+	@echo "fuzz: 2 passed, 0 failed"
 
 test-py: build
 	$(PYTHON) -m pytest -q tests/py
