@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "recipe/protocol.h"
+#include "recipe/pyjson.h"
 
 static int fail(rc_api_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(rc_api_error *e, const char *fmt, ...) {
@@ -53,10 +54,10 @@ static int content_text(const json_t *c, rc_str *out, int *present, const char *
     json_array_foreach(c, i, part) {
         const char *ty = json_string_value(json_object_get(part, "type"));
         json_t *text = json_object_get(part, "text");
-        if (!ty || strcmp(ty, "text") || !json_is_string(text))
-            return fail(e, "%s: unsupported content part", where);
-        if ((i && rc_str_append(out, "\n\n", 2)) ||
-            rc_str_append(out, json_string_value(text), json_string_length(text)))
+        /* the text-only encodings write a marker where an image was */
+        const char *t = !strcmp(ty, "text") ? json_string_value(text) : "[Unsupported Image]";
+        size_t tn = !strcmp(ty, "text") ? json_string_length(text) : strlen(t);
+        if ((i && rc_str_append(out, "\n\n", 2)) || rc_str_append(out, t, tn))
             return fail(e, "out of memory");
     }
     return 0;
@@ -77,7 +78,7 @@ static int parse_effort(const char *s, int *thinking, rc_effort *eff) {
     else if (!strcmp(s, "minimal") || !strcmp(s, "low")) *eff = RC_EFFORT_LOW;
     else if (!strcmp(s, "medium") || !strcmp(s, "high")) *eff = RC_EFFORT_HIGH;
     else if (!strcmp(s, "xhigh")) *eff = RC_EFFORT_XHIGH;
-    else if (!strcmp(s, "max")) *eff = RC_EFFORT_MAX;
+    else if (!strcmp(s, "max") || !strcmp(s, "ultra")) *eff = RC_EFFORT_MAX;
     else return -1;
     return 0;
 }
@@ -130,6 +131,7 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             }
             msg = rc_conv_push(conv, RC_ROLE_ASSISTANT, text.s, text.n);
             if (!msg) break;
+            msg->prefix = json_is_true(json_object_get(m, "prefix"));
             json_t *rs = json_object_get(m, "reasoning_content");
             if (json_is_string(rs)) {
                 msg->has_reasoning = 1;
@@ -138,7 +140,8 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             if (calls) {
                 if (!json_is_array(calls) || json_array_size(calls) == 0) {
                     free(text.s);
-                    return fail(e, "%s: tool_calls must be a non-empty array", where);
+                    return fail(e, "Invalid '%s.tool_calls': empty array. Expected an array with minimum length 1, but got "
+                           "an empty array instead.", where);
                 }
                 msg->calls = calloc(json_array_size(calls), sizeof *msg->calls);
                 size_t k;
@@ -184,7 +187,9 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
                 }
             if (!known) {
                 free(text.s);
-                return fail(e, "Unexpected tool_call_id: %s", id);
+                return fail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding "
+                               "to each 'tool_call_id', The following tool_call_ids did not have response messages: "
+                               "%s", id);
             }
             msg = rc_conv_push(conv, RC_ROLE_TOOL, text.s, text.n);
             if (msg) rc_str_set(&msg->tool_call_id, id, strlen(id));
@@ -205,149 +210,468 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
     return 0;
 }
 
+/* serde's wording for an unexpected JSON value ("invalid type: X, expected Y") */
+static void unexp(const json_t *v, char *buf, size_t n) {
+    switch (json_typeof(v)) {
+    case JSON_NULL: snprintf(buf, n, "null"); break;
+    case JSON_TRUE: snprintf(buf, n, "boolean `true`"); break;
+    case JSON_FALSE: snprintf(buf, n, "boolean `false`"); break;
+    case JSON_INTEGER: snprintf(buf, n, "integer `%lld`", (long long)json_integer_value(v)); break;
+    case JSON_REAL: {
+        rc_bytes b = {0};
+        rc_pyfloat(json_real_value(v), &b);
+        snprintf(buf, n, "floating point `%s`", b.v ? b.v : "");
+        rc_bytes_free(&b);
+        break;
+    }
+    case JSON_STRING: snprintf(buf, n, "string \"%.200s\"", json_string_value(v)); break;
+    case JSON_ARRAY: snprintf(buf, n, "sequence"); break;
+    case JSON_OBJECT: snprintf(buf, n, "map"); break;
+    }
+}
+
+static int bad_type(rc_api_error *e, const json_t *v, const char *expected) {
+    char u[300];
+    unexp(v, u, sizeof u);
+    return fail(e, "invalid request body: invalid type: %s, expected %s", u, expected);
+}
+
+static int missing(rc_api_error *e, const char *field) {
+    return fail(e, "invalid request body: missing field `%s`", field);
+}
+
+/* an unsigned integer field of width `bits` (32 or 64) */
+static int check_uint(rc_api_error *e, const json_t *v, int bits) {
+    const char *ty = bits == 32 ? "u32" : "u64";
+    if (json_is_null(v)) return 0;
+    if (json_is_integer(v)) {
+        long long x = json_integer_value(v);
+        if (x < 0 || (bits == 32 && x > 4294967295LL))
+            return fail(e, "invalid request body: invalid value: integer `%lld`, expected %s", x, ty);
+        return 0;
+    }
+    return bad_type(e, v, ty);
+}
+
+static const char *const ROLES = "`system`, `user`, `assistant`, `tool`, `latest_reminder`";
+
+/* the deserialisation checks of one message (serde's order: the tag, then fields) */
+static int deser_message(const json_t *m, rc_api_error *e) {
+    if (!json_is_object(m)) return bad_type(e, m, "internally tagged enum ChatCompletionRequestMessage");
+    json_t *role = json_object_get(m, "role");
+    if (!role) return missing(e, "role");
+    if (!json_is_string(role)) return bad_type(e, role, "variant identifier");
+    const char *r = json_string_value(role);
+    if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
+        strcmp(r, "latest_reminder"))
+        return fail(e, "invalid request body: unknown variant `%s`, expected one of %s", r, ROLES);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)m, key, v) {
+        if (!strcmp(key, "content")) {
+            if (json_is_null(v) || json_is_string(v)) continue;
+            if (!json_is_array(v)) return fail(e, "invalid request body: content should be a string or a list");
+            size_t i;
+            json_t *part;
+            json_array_foreach(v, i, part) {
+                if (!json_is_object(part))
+                    return bad_type(e, part, "internally tagged enum ChatCompletionRequestContentBlock");
+                json_t *ty = json_object_get(part, "type");
+                if (!ty) return missing(e, "type");
+                if (!json_is_string(ty)) return bad_type(e, ty, "variant identifier");
+                const char *t = json_string_value(ty);
+                if (!strcmp(t, "text")) {
+                    json_t *tx = json_object_get(part, "text");
+                    if (!tx) return missing(e, "text");
+                    if (!json_is_string(tx)) return bad_type(e, tx, "a string");
+                } else if (strcmp(t, "image_url") && strcmp(t, "file")) {
+                    return fail(e, "invalid request body: unknown variant `%s`, expected one of `text`, `image_url`, `file`", t);
+                }
+            }
+        } else if (!strcmp(key, "reasoning_content") || (!strcmp(key, "tool_call_id") && !strcmp(r, "tool"))) {
+            if (!json_is_string(v) && !json_is_null(v)) return bad_type(e, v, "a string");
+        } else if (!strcmp(key, "tool_calls") && !strcmp(r, "assistant")) {
+            if (json_is_null(v)) continue;
+            if (!json_is_array(v)) return bad_type(e, v, "a sequence");
+            size_t i;
+            json_t *tc;
+            json_array_foreach(v, i, tc) {
+                if (!json_is_object(tc)) return bad_type(e, tc, "struct ChatCompletionMessageToolCall");
+                const char *k2;
+                json_t *v2;
+                json_object_foreach(tc, k2, v2) {
+                    if (!strcmp(k2, "id") && !json_is_string(v2)) return bad_type(e, v2, "a string");
+                    if (!strcmp(k2, "function")) {
+                        if (!json_is_object(v2)) return bad_type(e, v2, "struct FunctionCall");
+                        json_t *nm = json_object_get(v2, "name"), *ar = json_object_get(v2, "arguments");
+                        const char *k3;
+                        json_t *v3;
+                        json_object_foreach(v2, k3, v3) {
+                            if ((!strcmp(k3, "name") || !strcmp(k3, "arguments")) && !json_is_string(v3))
+                                return bad_type(e, v3, "a string");
+                        }
+                        if (!nm) return missing(e, "name");
+                        if (!ar) return missing(e, "arguments");
+                    }
+                }
+                if (!json_object_get(tc, "id")) return missing(e, "id");
+                if (!json_object_get(tc, "function")) return missing(e, "function");
+            }
+        }
+    }
+    if (!strcmp(r, "tool") && !json_object_get(m, "tool_call_id")) return missing(e, "tool_call_id");
+    if ((!strcmp(r, "user") || !strcmp(r, "system") || !strcmp(r, "tool") || !strcmp(r, "latest_reminder")) &&
+        !json_object_get(m, "content"))
+        return missing(e, "content");
+    return 0;
+}
+
+/* serde pass over the body: fields in input order, then missing fields */
+static int deser_body(const json_t *body, rc_api_error *e) {
+    if (!json_is_object(body)) return bad_type(e, body, "struct ChatCompletionRequest");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)body, key, v) {
+        if (!strcmp(key, "model")) {
+            if (!json_is_string(v)) return bad_type(e, v, "a string");
+        } else if (!strcmp(key, "messages")) {
+            if (!json_is_array(v)) return bad_type(e, v, "a sequence");
+            size_t i;
+            json_t *m;
+            json_array_foreach(v, i, m) if (deser_message(m, e)) return -1;
+        } else if (!strcmp(key, "max_tokens") || !strcmp(key, "max_completion_tokens")) {
+            if (check_uint(e, v, 32)) return -1;
+        } else if (!strcmp(key, "seed")) {
+            if (check_uint(e, v, 64)) return -1;
+        } else if (!strcmp(key, "n")) {
+            if (check_uint(e, v, 32)) return -1;
+        } else if (!strcmp(key, "temperature") || !strcmp(key, "top_p") || !strcmp(key, "frequency_penalty") ||
+                   !strcmp(key, "presence_penalty")) {
+            if (!json_is_null(v) && !json_is_number(v)) return bad_type(e, v, "f32");
+        } else if (!strcmp(key, "stop")) {
+            if (json_is_null(v) || json_is_string(v)) continue;
+            if (!json_is_array(v)) return fail(e, "invalid request body: expected a string or a list");
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x) if (!json_is_string(x)) return bad_type(e, x, "a string");
+        } else if (!strcmp(key, "reasoning_effort")) {
+            if (json_is_null(v)) continue;
+            if (!json_is_string(v)) return bad_type(e, v, "variant identifier");
+            int th;
+            rc_effort ef;
+            if (parse_effort(json_string_value(v), &th, &ef))
+                return fail(e, "invalid request body: unknown variant `%s`, expected one of `none`, `minimal`, "
+                               "`low`, `medium`, `high`, `xhigh`, `max`, `ultra`",
+                            json_string_value(v));
+        } else if (!strcmp(key, "thinking")) {
+            if (json_is_null(v)) continue;
+            if (!json_is_object(v)) return bad_type(e, v, "struct Thinking");
+            json_t *ty = json_object_get(v, "type");
+            if (!ty) return missing(e, "type");
+            const char *t = json_string_value(ty);
+            if (!t) return bad_type(e, ty, "variant identifier");
+            if (strcmp(t, "enabled") && strcmp(t, "adaptive") && strcmp(t, "disabled"))
+                return fail(e, "invalid request body: unknown variant `%s`, expected one of `enabled`, `adaptive`, `disabled`", t);
+        } else if (!strcmp(key, "response_format")) {
+            if (json_is_null(v)) continue;
+            if (!json_is_object(v)) return bad_type(e, v, "internally tagged enum ChatCompletionResponseFormat");
+            json_t *ty = json_object_get(v, "type");
+            if (!ty) return missing(e, "type");
+            const char *t = json_string_value(ty);
+            if (!t) return bad_type(e, ty, "variant identifier");
+            if (strcmp(t, "json_object") && strcmp(t, "json_schema") && strcmp(t, "regex") && strcmp(t, "text"))
+                return fail(e, "invalid request body: unknown variant `%s`, expected one of `json_object`, `json_schema`, `regex`, `text`", t);
+        } else if (!strcmp(key, "tools")) {
+            if (json_is_null(v)) continue;
+            if (!json_is_array(v)) return bad_type(e, v, "a sequence");
+            size_t i;
+            json_t *t;
+            json_array_foreach(v, i, t) {
+                if (!json_is_object(t)) return bad_type(e, t, "internally tagged enum ChatCompletionTool");
+                json_t *ty = json_object_get(t, "type");
+                if (!ty) return missing(e, "type");
+                const char *tt = json_string_value(ty);
+                if (!tt) return bad_type(e, ty, "variant identifier");
+                if (strcmp(tt, "function"))
+                    return fail(e, "invalid request body: unknown variant `%s`, expected `function`", tt);
+                json_t *fn = json_object_get(t, "function");
+                if (!fn) return missing(e, "function");
+                if (!json_is_object(fn)) return bad_type(e, fn, "struct FunctionObject");
+                json_t *nm = json_object_get(fn, "name");
+                if (!nm) return missing(e, "name");
+                if (!json_is_string(nm)) return bad_type(e, nm, "a string");
+            }
+        } else if (!strcmp(key, "tool_choice")) {
+            if (json_is_null(v)) continue;
+            if (json_is_string(v)) {
+                const char *t = json_string_value(v);
+                if (strcmp(t, "none") && strcmp(t, "auto") && strcmp(t, "required"))
+                    return fail(e, "invalid request body: expected one of `none`, `auto`, `required` or a tool");
+            } else if (json_is_object(v)) {
+                json_t *fn = json_object_get(v, "function");
+                if (!fn) return missing(e, "function");
+                if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+                    return missing(e, "name");
+            } else {
+                return fail(e, "invalid request body: expected one of `none`, `auto`, `required` or a tool");
+            }
+        } else if (!strcmp(key, "stream")) {
+            if (!json_is_null(v) && !json_is_boolean(v)) return bad_type(e, v, "a boolean");
+        }
+    }
+    if (!json_object_get(body, "model")) return missing(e, "model");
+    if (!json_object_get(body, "messages")) return missing(e, "messages");
+    return 0;
+}
+
+/* strict tools: every object schema must list all its properties as
+ * required and forbid others; the package writes that out explicitly */
+static int strictify(json_t *sc, int top, rc_api_error *e) {
+    if (json_is_array(sc)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(sc, i, x) if (strictify(x, 0, e)) return -1;
+        return 0;
+    }
+    if (!json_is_object(sc)) return 0;
+    const char *ty = json_string_value(json_object_get(sc, "type"));
+    if (ty && !strcmp(ty, "object")) {
+        json_t *props = json_object_get(sc, "properties");
+        if (!json_is_object(props)) {
+            if (!top) return fail(e, "An object with no properties is not allowed.");
+            props = json_object();
+            json_object_set_new(sc, "properties", props);
+        }
+        if (json_is_true(json_object_get(sc, "additionalProperties")))
+            return fail(e, "additionalProperties should not be true");
+        json_t *req = json_object_get(sc, "required");
+        if (req) {
+            int ok = json_is_array(req) && json_array_size(req) == json_object_size(props);
+            for (size_t i = 0; ok && i < json_array_size(req); i++)
+                ok = json_is_string(json_array_get(req, i)) &&
+                     json_object_get(props, json_string_value(json_array_get(req, i)));
+            if (!ok) return fail(e, "Required properties must match all properties in the object");
+        }
+        json_object_set_new(sc, "additionalProperties", json_false());
+        if (!req) {
+            json_t *all = json_array();
+            const char *k;
+            json_t *v;
+            json_object_foreach(props, k, v) json_array_append_new(all, json_string(k));
+            json_object_set_new(sc, "required", all);
+        }
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(sc, k, v) {
+        if (!strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions")) {
+            const char *k2;
+            json_t *v2;
+            json_object_foreach(v, k2, v2) if (strictify(v2, 0, e)) return -1;
+        } else if (!strcmp(k, "items") || !strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf")) {
+            if (strictify(v, 0, e)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int range_fail(rc_api_error *e, const char *field, const char *range) {
+    return fail(e, "Invalid %s value, the valid range of %s is %s", field, field, range);
+}
+
+static void free_tool(rc_tool_def *t) {
+    free(t->name.s);
+    free(t->description.s);
+    json_decref(t->parameters);
+}
+
+/* "json" anywhere in message content, ASCII case-insensitive */
+static int mentions_json(const rc_conversation *c) {
+    for (size_t i = 0; i < c->nmsgs; i++) {
+        const rc_str *t = &c->msgs[i].content;
+        for (size_t k = 0; k + 4 <= t->n; k++)
+            if ((t->s[k] | 32) == 'j' && (t->s[k + 1] | 32) == 's' && (t->s[k + 2] | 32) == 'o' &&
+                (t->s[k + 3] | 32) == 'n')
+                return 1;
+    }
+    return 0;
+}
+
 int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf, rc_api_error *e) {
     memset(conv, 0, sizeof *conv);
     memset(inf, 0, sizeof *inf);
-    if (!json_is_object(body)) return fail(e, "request body must be a JSON object");
-    if (!json_is_string(json_object_get(body, "model"))) return fail(e, "missing field `model`");
+    if (deser_body(body, e)) return -1;
+    const char *model = json_string_value(json_object_get(body, "model"));
+    if (strcmp(model, "DeepSeek-V4-Pro") && strcmp(model, "DeepSeek-V4.1-Flash"))
+        return fail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
+                    model);
     json_t *msgs = json_object_get(body, "messages");
-    if (!json_is_array(msgs)) return fail(e, "missing field `messages`");
     if (json_array_size(msgs) == 0) return fail(e, "Empty input messages");
 
     json_t *v;
-    if ((v = json_object_get(body, "n")) && !json_is_null(v) && json_integer_value(v) != 1)
-        return fail(e, "Invalid n value (currently only n = 1 is supported)");
     if ((v = json_object_get(body, "max_tokens")) && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0) return fail(e, "max_tokens: invalid value");
-        if (json_integer_value(v) == 0) return fail(e, "max_tokens must be greater than zero");
-        inf->max_tokens = json_integer_value(v);
+        long long x = json_integer_value(v);
+        if (x < 1 || x > 393216) return range_fail(e, "max_tokens", "[1, 393216]");
+        inf->max_tokens = x;
     }
     if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
         double t = json_number_value(v);
-        if (!json_is_number(v) || !(t >= 0 && t <= 2)) return fail(e, "temperature must be in [0, 2]");
+        if (!(t >= 0 && t <= 2)) return range_fail(e, "temperature", "[0, 2]");
         inf->temperature = t;
         inf->has_temperature = 1;
     }
     if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
         double t = json_number_value(v);
-        if (!json_is_number(v) || !(t > 0 && t <= 1)) return fail(e, "top_p must be in (0, 1]");
+        if (!(t > 0 && t <= 1)) return range_fail(e, "top_p", "(0, 1.0]");
         inf->top_p = t;
         inf->has_top_p = 1;
     }
-    json_t *stream = json_object_get(body, "stream");
-    inf->stream = json_is_true(stream);
+    if ((v = json_object_get(body, "n")) && !json_is_null(v) && json_integer_value(v) != 1)
+        return fail(e, "Invalid n value (currently only n = 1 is supported)");
+    if ((v = json_object_get(body, "frequency_penalty")) && !json_is_null(v) &&
+        !(json_number_value(v) >= -2 && json_number_value(v) <= 2))
+        return range_fail(e, "frequency_penalty", "[-2, 2]");
+    if ((v = json_object_get(body, "presence_penalty")) && !json_is_null(v) &&
+        !(json_number_value(v) >= -2 && json_number_value(v) <= 2))
+        return range_fail(e, "presence_penalty", "[-2, 2]");
+    if ((v = json_object_get(body, "seed")) && !json_is_null(v) && json_integer_value(v) < 0)
+        return range_fail(e, "seed", "[0, 2^63)");
+    if ((v = json_object_get(body, "top_logprobs")) && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 20))
+        return fail(e, "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].");
+    inf->stream = json_is_true(json_object_get(body, "stream"));
     if ((v = json_object_get(body, "stream_options")) && !json_is_null(v) && !inf->stream)
         return fail(e, "stream_options should be set along with stream = true");
     if ((v = json_object_get(body, "stop")) && !json_is_null(v)) {
         size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        if (json_is_array(v) && n > 16) return fail(e, "ChatCompletionStopSequences string array too long: %zu", n);
+        if (n > 16) return fail(e, "Stop string array too long: %zu", n);
         inf->stop = calloc(n ? n : 1, sizeof *inf->stop);
         for (size_t k = 0; k < n; k++) {
-            json_t *s = json_is_array(v) ? json_array_get(v, k) : v;
-            if (!json_is_string(s)) return fail(e, "stop: expected a string or an array of strings");
-            if (json_string_length(s)) inf->stop[inf->nstop++] = strdup(json_string_value(s));
+            json_t *x = json_is_array(v) ? json_array_get(v, k) : v;
+            if (!json_string_length(x))
+                return json_is_array(v)
+                           ? fail(e, "Invalid 'stop[%zu]': empty string. Expected a string with minimum length 1, but "
+                                     "got an empty string instead.", k)
+                           : fail(e, "Invalid 'stop': empty string. Expected a string with minimum length 1, but got "
+                                     "an empty string instead.");
+            inf->stop[inf->nstop++] = strdup(json_string_value(x));
         }
     }
 
-    /* thinking and effort (spec §2.4) */
+    /* thinking and effort (spec §2.4; "ultra" = max) */
     conv->thinking = 1;
-    conv->effort = RC_EFFORT_UNSET;
-    json_t *th = json_object_get(body, "thinking");
-    const char *tty = json_string_value(json_object_get(th, "type"));
+    const char *tty = json_string_value(json_object_get(json_object_get(body, "thinking"), "type"));
     json_t *re = json_object_get(body, "reasoning_effort");
-    int th_think = 1;
+    int re_think = 1;
     rc_effort eff = RC_EFFORT_UNSET;
-    if (re && !json_is_null(re)) {
-        if (!json_is_string(re) || parse_effort(json_string_value(re), &th_think, &eff))
-            return fail(e, "reasoning_effort: unknown variant");
-    }
-    if (tty) {
-        if (!strcmp(tty, "enabled") || !strcmp(tty, "adaptive")) conv->thinking = 1;
-        else if (!strcmp(tty, "disabled")) conv->thinking = 0;
-        else return fail(e, "thinking.type: unknown variant `%s`", tty);
-    } else if (re && !json_is_null(re)) {
-        conv->thinking = th_think;
-    }
+    if (json_is_string(re)) parse_effort(json_string_value(re), &re_think, &eff);
+    if (tty) conv->thinking = strcmp(tty, "disabled") != 0;
+    else if (json_is_string(re)) conv->thinking = re_think;
     conv->effort = conv->thinking ? (eff == RC_EFFORT_UNSET ? RC_EFFORT_HIGH : eff) : RC_EFFORT_UNSET;
 
     /* response format */
+    int rf_any = 0;
     if ((v = json_object_get(body, "response_format")) && !json_is_null(v)) {
+        rf_any = 1;
         const char *ty = json_string_value(json_object_get(v, "type"));
-        if (!ty) return fail(e, "response_format: missing field `type`");
         if (!strcmp(ty, "json_object")) conv->json_mode = 1;
-        else if (strcmp(ty, "text") && strcmp(ty, "json_schema"))
-            return fail(e, "response_format: only text and json_object are supported");
+        else if (!strcmp(ty, "json_schema")) {
+            json_t *schema = json_object_get(json_object_get(v, "json_schema"), "schema");
+            if (!schema) return fail(e, "invalid request body: missing field `schema`");
+            conv->json_schema = json_incref(schema);
+        }
     }
 
     /* tools */
     json_t *tools = json_object_get(body, "tools");
-    if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools)) return fail(e, "tools: expected an array");
-        conv->tools = calloc(json_array_size(tools) + 1, sizeof *conv->tools);
-        size_t k;
-        json_t *t;
-        json_array_foreach(tools, k, t) {
-            json_t *fn = json_object_get(t, "function");
-            const char *name = json_string_value(json_object_get(fn, "name"));
-            if (!name) return fail(e, "tools[%zu].function: missing field `name`", k);
-            if (!valid_tool_name(name, strlen(name)))
-                return fail(e, "tools[%zu].function.name: expected 1-128 ASCII letters, digits, underscores or hyphens", k);
-            for (size_t q = 0; q < conv->ntools; q++)
-                if (!strcmp(conv->tools[q].name.s, name)) return fail(e, "Tool names must be unique");
-            rc_tool_def *d = &conv->tools[conv->ntools++];
-            rc_str_set(&d->name, name, strlen(name));
-            json_t *desc = json_object_get(fn, "description");
-            if (json_is_string(desc)) {
-                d->has_description = 1;
-                rc_str_set(&d->description, json_string_value(desc), json_string_length(desc));
+    size_t ntools = json_is_array(tools) ? json_array_size(tools) : 0;
+    conv->tools = calloc(ntools + 1, sizeof *conv->tools);
+    int nstrict = 0;
+    for (size_t k = 0; k < ntools; k++) {
+        json_t *fn = json_object_get(json_array_get(tools, k), "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        size_t nl = strlen(name);
+        if (nl == 0)
+            return fail(e, "Invalid 'tools[%zu].function.name': empty string. Expected a string with minimum length 1, "
+                           "but got an empty string instead.", k);
+        if (nl > 128)
+            return fail(e, "Invalid 'tools[%zu].function.name': string too long. Expected a string with maximum "
+                           "length 128, but got a string with length %zu instead.", k, nl);
+        if (!valid_tool_name(name, nl))
+            return fail(e, "Invalid 'tools[%zu].function.name': string does not match pattern. Expected a string "
+                           "that matches the pattern '^[a-zA-Z0-9_-]+$'.", k);
+        for (size_t q = 0; q < conv->ntools; q++)
+            if (!strcmp(conv->tools[q].name.s, name)) return fail(e, "Tool names must be unique.");
+        rc_tool_def *d = &conv->tools[conv->ntools++];
+        rc_str_set(&d->name, name, nl);
+        json_t *desc = json_object_get(fn, "description");
+        if (json_is_string(desc)) {
+            d->has_description = 1;
+            rc_str_set(&d->description, json_string_value(desc), json_string_length(desc));
+        }
+        nstrict += json_is_true(json_object_get(fn, "strict"));
+        json_t *params = json_object_get(fn, "parameters");
+        if (params && !json_is_null(params)) {
+            json_t *pt = json_object_get(params, "type");
+            if (!json_is_object(params) || !json_is_string(pt) || strcmp(json_string_value(pt), "object")) {
+                char got[300];
+                if (!pt) snprintf(got, sizeof got, "null");
+                else if (json_is_string(pt)) snprintf(got, sizeof got, "\"%.200s\"", json_string_value(pt));
+                else snprintf(got, sizeof got, "%s", "?");
+                return fail(e, "Invalid schema for function '%s': schema must be a JSON Schema of 'type: \"object\"', "
+                               "got 'type: %s'.", name, got);
             }
-            json_t *params = json_object_get(fn, "parameters");
-            if (params && !json_is_null(params)) {
-                const char *pty = json_string_value(json_object_get(params, "type"));
-                if (!json_is_object(params) || !pty || strcmp(pty, "object"))
-                    return fail(e, "tools[%zu].function.parameters must be a JSON Schema of type object", k);
-                d->parameters = json_incref(params);
-            }
+            /* a private copy: strict mode rewrites it */
+            d->parameters = json_deep_copy(params);
+        }
+        if (json_is_true(json_object_get(fn, "strict"))) {
+            if (!d->parameters) d->parameters = json_pack("{s:s}", "type", "object");
+            if (strictify(d->parameters, 1, e)) return -1;
         }
     }
+    if (nstrict && nstrict != (int)conv->ntools)
+        return fail(e, "Cannot use strict tool with non-strict tool in the same request");
+    if (nstrict && rf_any) return fail(e, "response_format should not be used with tools");
+
     conv->tool_choice = conv->ntools ? RC_CHOICE_AUTO : RC_CHOICE_NONE;
     json_t *tc = json_object_get(body, "tool_choice");
+    int forced = 0;
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {
-            const char *s = json_string_value(tc);
-            if (!strcmp(s, "none")) conv->tool_choice = RC_CHOICE_NONE;
-            else if (!strcmp(s, "auto")) conv->tool_choice = conv->ntools ? RC_CHOICE_AUTO : RC_CHOICE_NONE;
-            else if (!strcmp(s, "required")) conv->tool_choice = RC_CHOICE_REQUIRED;
-            else return fail(e, "tool_choice: unknown variant `%s`", s);
+            const char *x = json_string_value(tc);
+            if (!strcmp(x, "none")) conv->tool_choice = RC_CHOICE_NONE;
+            else if (!strcmp(x, "required")) {
+                forced = 1;
+                if (conv->ntools) conv->tool_choice = RC_CHOICE_REQUIRED;
+            }
         } else {
             const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
-            if (!name) return fail(e, "tool_choice: expected a string or a named function");
-            size_t keep = SIZE_MAX;
-            for (size_t q = 0; q < conv->ntools; q++)
-                if (!strcmp(conv->tools[q].name.s, name)) keep = q;
-            if (keep == SIZE_MAX) return fail(e, "tool_choice: no tool named '%s' was specified", name);
-            /* a named choice keeps only that tool and forces a call */
-            rc_tool_def only = conv->tools[keep];
-            for (size_t q = 0; q < conv->ntools; q++)
-                if (q != keep) {
-                    free(conv->tools[q].name.s);
-                    free(conv->tools[q].description.s);
-                    json_decref(conv->tools[q].parameters);
-                }
-            conv->tools[0] = only;
-            conv->ntools = 1;
-            conv->tool_choice = RC_CHOICE_REQUIRED;
+            forced = 1;
+            if (conv->ntools) {
+                size_t keep = SIZE_MAX;
+                for (size_t q = 0; q < conv->ntools; q++)
+                    if (!strcmp(conv->tools[q].name.s, name)) keep = q;
+                if (keep == SIZE_MAX)
+                    return fail(e, "Invalid value for 'tool_call': no function named '%s' was specified in the "
+                                   "'tools' parameter.", name);
+                rc_tool_def only = conv->tools[keep];
+                for (size_t q = 0; q < conv->ntools; q++)
+                    if (q != keep) free_tool(&conv->tools[q]);
+                conv->tools[0] = only;
+                conv->ntools = 1;
+                conv->tool_choice = RC_CHOICE_REQUIRED;
+            }
         }
-        if (conv->tool_choice == RC_CHOICE_REQUIRED && conv->thinking)
+        if (forced && conv->thinking && conv->ntools)
             return fail(e, "Thinking mode does not support this tool_choice");
     }
     if (conv->tool_choice == RC_CHOICE_NONE) {
-        for (size_t q = 0; q < conv->ntools; q++) {
-            free(conv->tools[q].name.s);
-            free(conv->tools[q].description.s);
-            json_decref(conv->tools[q].parameters);
-        }
+        for (size_t q = 0; q < conv->ntools; q++) free_tool(&conv->tools[q]);
         conv->ntools = 0;
     }
-    return convert_messages(msgs, conv, e);
+    if (convert_messages(msgs, conv, e)) return -1;
+    if (conv->json_mode && !mentions_json(conv))
+        return fail(e, "Prompt must contain the word 'json' in some form to use 'response_format' of type "
+                       "'json_object'.");
+    return 0;
 }

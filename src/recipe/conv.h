@@ -38,6 +38,7 @@ typedef struct {
     rc_tool_call *calls;
     size_t ncalls;
     rc_str tool_call_id; /* tool */
+    int prefix;          /* assistant prefill: last message, continued by the model */
 } rc_message;
 
 typedef struct {
@@ -55,7 +56,8 @@ typedef struct {
     size_t ntools;
     rc_tool_choice tool_choice;
     rc_effort effort;
-    int json_mode;
+    int json_mode;         /* response_format json_object */
+    json_t *json_schema;   /* response_format json_schema: its schema (owned), else NULL */
 } rc_conversation;
 
 void rc_conv_free(rc_conversation *c);

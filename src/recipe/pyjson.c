@@ -4,8 +4,10 @@
  * the same double (found by trying 1..17 significant digits), laid out in
  * fixed notation when the decimal exponent is in [-4, 16) and as d.ddde+XX
  * otherwise; integral values keep ".0". */
+#define _GNU_SOURCE /* memmem */
 #include "recipe/pyjson.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +19,9 @@
     } while (0)
 #define OUTS(s) OUT((s), strlen(s))
 
-int rc_pyfloat(double x, rc_bytes *out) {
+int rc_pyfloat(double x, rc_bytes *out) { return rc_pyfloat_style(x, RC_FLOAT_PY, out); }
+
+int rc_pyfloat_style(double x, rc_float_style st, rc_bytes *out) {
     char buf[64], digits[32];
     int exp10 = 0;
     if (x == 0) {
@@ -42,7 +46,8 @@ int rc_pyfloat(double x, rc_bytes *out) {
     exp10 = atoi(s + 1);
     while (nd > 1 && digits[nd - 1] == '0') digits[--nd] = 0; /* %.*e may pad */
     if (neg) OUTS("-");
-    if (exp10 >= -4 && exp10 < 16) {
+    int lo = st == RC_FLOAT_V4 ? -5 : -4;
+    if (exp10 >= lo && exp10 < 16) {
         if (exp10 >= 0) {
             for (int i = 0; i <= exp10; i++) OUT(i < (int)nd ? &digits[i] : "0", 1);
             OUTS(".");
@@ -59,7 +64,8 @@ int rc_pyfloat(double x, rc_bytes *out) {
             OUTS(".");
             OUT(digits + 1, nd - 1);
         }
-        snprintf(buf, sizeof buf, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+        snprintf(buf, sizeof buf, st == RC_FLOAT_V4 && exp10 < 0 ? "e%c%d" : "e%c%02d", exp10 < 0 ? '-' : '+',
+                 exp10 < 0 ? -exp10 : exp10);
         OUTS(buf);
     }
     return 0;
@@ -97,7 +103,13 @@ int rc_pyjson_string(const char *s, size_t n, rc_bytes *out) {
     return 0;
 }
 
-int rc_pyjson(const json_t *v, rc_bytes *out) {
+int rc_json_is_u64(const json_t *v) {
+    return json_is_string(v) && json_string_length(v) > 5 && !memcmp(json_string_value(v), "\0U64:", 5);
+}
+
+int rc_pyjson(const json_t *v, rc_bytes *out) { return rc_pyjson_style(v, RC_FLOAT_PY, out); }
+
+int rc_pyjson_style(const json_t *v, rc_float_style st, rc_bytes *out) {
     char buf[32];
     switch (json_typeof(v)) {
     case JSON_NULL: OUTS("null"); return 0;
@@ -107,13 +119,18 @@ int rc_pyjson(const json_t *v, rc_bytes *out) {
         snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
         OUTS(buf);
         return 0;
-    case JSON_REAL: return rc_pyfloat(json_real_value(v), out);
-    case JSON_STRING: return rc_pyjson_string(json_string_value(v), json_string_length(v), out);
+    case JSON_REAL: return rc_pyfloat_style(json_real_value(v), st, out);
+    case JSON_STRING:
+        if (rc_json_is_u64(v)) {
+            OUT(json_string_value(v) + 5, json_string_length(v) - 5); /* see rc_json_loadb */
+            return 0;
+        }
+        return rc_pyjson_string(json_string_value(v), json_string_length(v), out);
     case JSON_ARRAY: {
         OUTS("[");
         for (size_t i = 0; i < json_array_size(v); i++) {
             if (i) OUTS(", ");
-            int rc = rc_pyjson(json_array_get(v, i), out);
+            int rc = rc_pyjson_style(json_array_get(v, i), st, out);
             if (rc) return rc;
         }
         OUTS("]");
@@ -130,11 +147,77 @@ int rc_pyjson(const json_t *v, rc_bytes *out) {
             int rc = rc_pyjson_string(k, strlen(k), out);
             if (rc) return rc;
             OUTS(": ");
-            if ((rc = rc_pyjson(x, out))) return rc;
+            if ((rc = rc_pyjson_style(x, st, out))) return rc;
         }
         OUTS("}");
         return 0;
     }
     }
     return RC_EINVAL;
+}
+
+/* Rewrite integer literals that do not fit int64 into float literals
+ * (append ".0"), leaving strings alone; then parse again. */
+json_t *rc_json_loadb(const char *text, size_t n, size_t flags, json_error_t *je) {
+    json_t *v = json_loadb(text, n, flags, je);
+    /* "-0" is an integer to jansson but -0.0 to the reference */
+    int neg_zero = memmem(text, n, "-0", 2) != NULL;
+    if (v ? !neg_zero : !strstr(je->text, "too big")) return v;
+    json_decref(v);
+    rc_bytes b = {0};
+    int in_str = 0;
+    /* the marker must not be forgeable by the input itself */
+    int sentinel_ok = !memmem(text, n, "\\u0000U64:", 10);
+    for (size_t i = 0; i < n;) {
+        char c = text[i];
+        if (in_str) {
+            if (c == '\\' && i + 1 < n) {
+                rc_bytes_append(&b, text + i, 2);
+                i += 2;
+                continue;
+            }
+            if (c == '"') in_str = 0;
+            rc_bytes_append(&b, &c, 1);
+            i++;
+            continue;
+        }
+        if (c == '"') {
+            in_str = 1;
+            rc_bytes_append(&b, &c, 1);
+            i++;
+            continue;
+        }
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t j = i + (c == '-');
+            while (j < n && text[j] >= '0' && text[j] <= '9') j++;
+            int is_int = !(j < n && (text[j] == '.' || text[j] == 'e' || text[j] == 'E'));
+            size_t digits = j - i - (c == '-');
+            rc_bytes_append(&b, text + i, j - i);
+            if (is_int && digits == 1 && c == '-' && text[i + 1] == '0') rc_bytes_append(&b, ".0", 2);
+            if (is_int && digits >= 19) {
+                errno = 0;
+                (void)strtoll(text + i, NULL, 10);
+                if (errno == ERANGE) {
+                    errno = 0;
+                    (void)strtoull(text + i, NULL, 10);
+                    if (c != '-' && errno != ERANGE && sentinel_ok) {
+                        /* u64 range: kept as its digits behind a marker */
+                        b.n -= j - i;
+                        rc_bytes_append(&b, "\"\\u0000U64:", 11);
+                        rc_bytes_append(&b, text + i, j - i);
+                        rc_bytes_append(&b, "\"", 1);
+                    } else {
+                        rc_bytes_append(&b, ".0", 2);
+                    }
+                }
+            }
+            i = j;
+            continue;
+        }
+        rc_bytes_append(&b, &c, 1);
+        i++;
+    }
+    v = json_loadb(b.v ? b.v : "", b.n, flags | JSON_ALLOW_NUL, je);
+    rc_bytes_free(&b);
+    return v;
 }

@@ -41,9 +41,12 @@ static const char EFFORT_MAX[] =
     "Do not stop reasoning until you have independently verified the solution from multiple angles and are "
     "certain that no assumption remains unchecked and no error remains undiscovered.\n\n";
 
-static const char JSON_SUFFIX[] =
-    "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
-    "{\"type\": \"json_object\"}";
+static const char SCHEMA_HEAD[] =
+    "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
+static const char JSON_SUFFIX_V41[] = "{\"type\": \"json_object\"}"; /* after SCHEMA_HEAD */
+static const char JSON_SUFFIX_V4[] =
+    "\n\nYou are a helpful assistant designed to output JSON.\n## Response Format:\n\nReply with JSON object "
+    "ONLY.";
 
 /* ------------------------------------------------------------ strings */
 
@@ -89,6 +92,7 @@ void rc_conv_free(rc_conversation *c) {
         json_decref(c->tools[i].parameters);
     }
     free(c->tools);
+    json_decref(c->json_schema);
     memset(c, 0, sizeof *c);
 }
 
@@ -113,6 +117,7 @@ static int msg_copy(rc_message *d, const rc_message *s) {
     memset(d, 0, sizeof *d);
     d->role = s->role;
     d->has_reasoning = s->has_reasoning;
+    d->prefix = s->prefix;
     if (rc_str_set(&d->content, s->content.s ? s->content.s : "", s->content.n) ||
         rc_str_set(&d->reasoning, s->reasoning.s ? s->reasoning.s : "", s->reasoning.n) ||
         rc_str_set(&d->tool_call_id, s->tool_call_id.s ? s->tool_call_id.s : "", s->tool_call_id.n))
@@ -142,6 +147,7 @@ void rc_prompt_free(rc_prompt *p) {
 typedef struct {
     rc_prompt *p;
     rc_encoding enc;
+    rc_float_style fs; /* how pyjson writes floats for this encoding */
     int rc;
 } wr;
 
@@ -221,7 +227,7 @@ static void tools_prompt(wr *w, const rc_conversation *c) {
                                              t->has_description ? t->description.n : 0, &w->p->text);
         txts(w, ", \"parameters\": ");
         if (t->parameters) {
-            if (!w->rc) w->rc = rc_pyjson(t->parameters, &w->p->text);
+            if (!w->rc) w->rc = rc_pyjson_style(t->parameters, w->fs, &w->p->text);
         } else {
             txts(w, "{}");
         }
@@ -243,7 +249,7 @@ static void tool_calls_block(wr *w, const rc_message *m) {
         txt(w, tc->name.s, tc->name.n);
         txts(w, "\">\n");
         json_error_t je;
-        json_t *args = json_loadb(tc->arguments.s, tc->arguments.n, 0, &je);
+        json_t *args = rc_json_loadb(tc->arguments.s, tc->arguments.n, 0, &je);
         if (!json_is_object(args)) {
             /* not a JSON object: one parameter named "arguments" with the raw text */
             json_decref(args);
@@ -258,14 +264,16 @@ static void tool_calls_block(wr *w, const rc_message *m) {
             dsml_open(w, 0, P);
             txts(w, " name=\"");
             txts(w, key);
-            txts(w, json_is_string(v) ? "\" string=\"true\">" : "\" string=\"false\">");
-            if (json_is_string(v)) txt(w, json_string_value(v), json_string_length(v));
-            else if (!w->rc) w->rc = rc_pyjson(v, &w->p->text);
+            int is_str = json_is_string(v) && !rc_json_is_u64(v);
+            txts(w, is_str ? "\" string=\"true\">" : "\" string=\"false\">");
+            if (is_str) txt(w, json_string_value(v), json_string_length(v));
+            else if (!w->rc) w->rc = rc_pyjson_style(v, w->fs, &w->p->text);
             dsml_open(w, 1, P);
             txts(w, ">");
         }
+        /* V4 writes no blank line for a call without arguments, V4.1 does */
+        if (!first || w->enc == RC_ENC_V41) txts(w, "\n");
         json_decref(args);
-        txts(w, "\n");
         dsml_open(w, 1, C);
         txts(w, ">");
     }
@@ -276,83 +284,91 @@ static void tool_calls_block(wr *w, const rc_message *m) {
 
 /* ------------------------------------------------------- normalisation */
 
+static int str_cmp(const rc_str *a, const rc_str *b) {
+    size_t n = a->n < b->n ? a->n : b->n;
+    int c = n ? memcmp(a->s, b->s, n) : 0;
+    return c ? c : (a->n > b->n) - (a->n < b->n);
+}
+
+/* index of the call with this id in assistant a, 0 if none */
+static size_t call_pos(const rc_message *a, const rc_str *id) {
+    for (size_t q = 0; q < a->ncalls; q++)
+        if (!str_cmp(&a->calls[q].id, id)) return q;
+    return 0;
+}
+
 static int is_user_like(const rc_message *m) { return m->role == RC_ROLE_USER || m->role == RC_ROLE_TOOL; }
 
+
+/* Normalisation as deepseek-recipe 0.2.0 does it (docs/RECIPE.md):
+ *  - V4 has no system token: every non-empty system message, wherever it
+ *    is, is merged ("\n\n") into one leading system message;
+ *  - V4.1 keeps system messages in place and drops empty ones;
+ *  - consecutive user messages merge with "\n\n" (V4 skips empty ones,
+ *    V4.1 joins them too);
+ *  - V4 sorts an assistant's tool calls and their results by call id. */
 static int normalize(const rc_conversation *c, rc_encoding enc, rc_message **outv, size_t *outn) {
-    rc_message *v = calloc(c->nmsgs + 1, sizeof *v);
+    rc_message *v = calloc(c->nmsgs + 2, sizeof *v);
     if (!v) return RC_ENOMEM;
     size_t n = 0;
-    int has_non_system = 0, rc = 0;
+    int rc = 0;
+    if (enc == RC_ENC_V4) {
+        for (size_t i = 0; i < c->nmsgs && !rc; i++) {
+            const rc_message *m = &c->msgs[i];
+            if (m->role != RC_ROLE_SYSTEM || !m->content.n) continue;
+            if (!n) {
+                rc = msg_copy(&v[0], m);
+                n = 1;
+            } else {
+                rc = rc_str_append(&v[0].content, "\n\n", 2);
+                if (!rc) rc = rc_str_append(&v[0].content, m->content.s, m->content.n);
+            }
+        }
+    }
     for (size_t i = 0; i < c->nmsgs && !rc; i++) {
         const rc_message *m = &c->msgs[i];
         rc_message *last = n ? &v[n - 1] : NULL;
-        if (m->role == RC_ROLE_SYSTEM && enc == RC_ENC_V4) {
-            if (!has_non_system) {
-                if (last && last->role == RC_ROLE_SYSTEM) {
-                    if (last->content.n && m->content.n) rc = rc_str_append(&last->content, "\n\n", 2);
-                    if (!rc) rc = rc_str_append(&last->content, m->content.s, m->content.n);
-                    continue;
-                }
-            } else {
+        if (m->role == RC_ROLE_SYSTEM) {
+            if (enc == RC_ENC_V4 || !m->content.n) continue;
+        } else if (m->role == RC_ROLE_USER && last && last->role == RC_ROLE_USER) {
+            if (enc == RC_ENC_V4) {
                 if (!m->content.n) continue;
-                if (!(rc = msg_copy(&v[n], m))) v[n++].role = RC_ROLE_USER;
-                continue;
-            }
-        } else if (m->role == RC_ROLE_USER) {
-            has_non_system = 1;
-            if (last && last->role == RC_ROLE_USER) {
+                if (last->content.n) rc = rc_str_append(&last->content, "\n\n", 2);
+            } else {
                 rc = rc_str_append(&last->content, "\n\n", 2);
-                if (!rc) rc = rc_str_append(&last->content, m->content.s, m->content.n);
-                continue;
             }
-        } else if (m->role != RC_ROLE_SYSTEM) {
-            has_non_system = 1;
+            if (!rc) rc = rc_str_append(&last->content, m->content.s, m->content.n);
+            continue;
         }
         if (!(rc = msg_copy(&v[n], m))) n++;
     }
-    /* tool results follow the order of the calls they answer */
-    const rc_message *order = NULL;
-    for (size_t i = 0; i < n && !rc;) {
-        if (v[i].role == RC_ROLE_ASSISTANT && v[i].ncalls) order = &v[i];
-        if (!is_user_like(&v[i])) {
-            i++;
-            continue;
-        }
-        size_t j = i;
-        while (j < n && is_user_like(&v[j])) j++;
-        size_t ntool = 0;
-        for (size_t k = i; k < j; k++) ntool += v[k].role == RC_ROLE_TOOL;
-        if (ntool > 1 && order) {
-            /* stable insertion sort of the tool slots by call position */
-            size_t *slot = malloc(ntool * sizeof *slot), m = 0;
-            rc_message *tools = malloc(ntool * sizeof *tools);
-            size_t *pos = malloc(ntool * sizeof *pos);
-            if (!slot || !tools || !pos) rc = RC_ENOMEM;
-            for (size_t k = i; !rc && k < j; k++) {
-                if (v[k].role != RC_ROLE_TOOL) continue;
-                size_t p = 0;
-                for (size_t q = 0; q < order->ncalls; q++)
-                    if (order->calls[q].id.n == v[k].tool_call_id.n &&
-                        !memcmp(order->calls[q].id.s, v[k].tool_call_id.s, v[k].tool_call_id.n)) {
-                        p = q;
-                        break;
-                    }
-                size_t at = m;
-                while (at > 0 && pos[at - 1] > p) {
-                    pos[at] = pos[at - 1];
-                    tools[at] = tools[at - 1];
-                    at--;
-                }
-                pos[at] = p;
-                tools[at] = v[k];
-                slot[m++] = k;
+    /* V4 keys tool calls by id, so an assistant's calls come out sorted by id
+     * (bytewise, stable); V4.1 keeps the request's order.  In both, the tool
+     * results that follow are put in the order of the calls they answer
+     * (unknown ids first, as position 0). */
+    for (size_t i = 0; i < n; i++) {
+        rc_message *a = &v[i];
+        if (a->role != RC_ROLE_ASSISTANT || a->ncalls < 1) continue;
+        for (size_t k = 1; enc == RC_ENC_V4 && k < a->ncalls; k++) {
+            rc_tool_call tc = a->calls[k];
+            size_t q = k;
+            while (q > 0 && str_cmp(&a->calls[q - 1].id, &tc.id) > 0) {
+                a->calls[q] = a->calls[q - 1];
+                q--;
             }
-            for (size_t q = 0; !rc && q < m; q++) v[slot[q]] = tools[q];
-            free(slot);
-            free(tools);
-            free(pos);
+            a->calls[q] = tc;
         }
-        i = j;
+        size_t b = i + 1, e = b;
+        while (e < n && v[e].role == RC_ROLE_TOOL) e++;
+        for (size_t k = b + 1; k < e; k++) {
+            rc_message m = v[k];
+            size_t pm = call_pos(a, &m.tool_call_id), q = k;
+            while (q > b && call_pos(a, &v[q - 1].tool_call_id) > pm) {
+                v[q] = v[q - 1];
+                q--;
+            }
+            v[q] = m;
+        }
     }
     if (rc) {
         for (size_t k = 0; k < n; k++) msg_free(&v[k]);
@@ -373,11 +389,16 @@ int rc_render(const rc_conversation *c, rc_encoding enc, rc_prompt *out, rc_err 
     int rc = normalize(c, enc, &msgs, &n);
     if (rc) return rc_errf(err, rc, "out of memory");
     wr w = {.p = out, .enc = enc};
+    int prefixed = 0;
     int tools_on = c->tool_choice != RC_CHOICE_NONE && c->ntools > 0;
 
     /* the tool prompt and JSON suffix go at the end of a (possibly new) first
      * system message; we render them in place instead of editing content */
-    int sys0_inserted = (tools_on || c->json_mode) && (n == 0 || msgs[0].role != RC_ROLE_SYSTEM);
+    int json_on = c->json_mode || c->json_schema;
+    int sys0_inserted = (tools_on || json_on) && (n == 0 || msgs[0].role != RC_ROLE_SYSTEM);
+    /* historical reasoning is kept only in thinking mode with tools present */
+    int keep_reasoning = c->thinking && tools_on;
+    w.fs = enc == RC_ENC_V4 ? RC_FLOAT_V4 : RC_FLOAT_PY;
     tok(&w, S_BOS);
     size_t total = n + (size_t)sys0_inserted;
     for (size_t idx = 0; idx < total && !w.rc; idx++) {
@@ -409,7 +430,16 @@ int rc_render(const rc_conversation *c, rc_encoding enc, rc_prompt *out, rc_err 
                     txts(&w, "\n\n");
                     tools_prompt(&w, c);
                 }
-                if (c->json_mode) txts(&w, JSON_SUFFIX);
+                if (c->json_schema) {
+                    txts(&w, SCHEMA_HEAD);
+                    if (!w.rc) w.rc = rc_pyjson_style(c->json_schema, w.fs, &w.p->text);
+                } else if (c->json_mode) {
+                    if (enc == RC_ENC_V4) txts(&w, JSON_SUFFIX_V4);
+                    else {
+                        txts(&w, SCHEMA_HEAD);
+                        txts(&w, JSON_SUFFIX_V41);
+                    }
+                }
             }
             continue;
         }
@@ -428,7 +458,22 @@ int rc_render(const rc_conversation *c, rc_encoding enc, rc_prompt *out, rc_err 
             break;
         case RC_ROLE_ASSISTANT:
             tok(&w, S_ASSISTANT);
-            if (c->thinking && idx > 0) {
+            if (m->prefix) { /* prefill: the model continues this message */
+                if (c->thinking) {
+                    tok(&w, S_THINK);
+                    if (m->reasoning.n || m->content.n) {
+                        txt(&w, m->reasoning.s, m->reasoning.n);
+                        tok(&w, S_THINK_END);
+                        txt(&w, m->content.s, m->content.n);
+                    }
+                } else {
+                    tok(&w, S_THINK_END);
+                    txt(&w, m->content.s, m->content.n);
+                }
+                prefixed = 1;
+                break;
+            }
+            if (keep_reasoning) {
                 tok(&w, S_THINK);
                 txt(&w, m->reasoning.s, m->reasoning.n);
                 tok(&w, S_THINK_END);
@@ -446,9 +491,11 @@ int rc_render(const rc_conversation *c, rc_encoding enc, rc_prompt *out, rc_err 
             break;
         }
     }
-    tok(&w, S_ASSISTANT);
-    tok(&w, c->thinking ? S_THINK : S_THINK_END);
-    if (c->tool_choice == RC_CHOICE_REQUIRED && c->ntools > 0) {
+    if (!prefixed) {
+        tok(&w, S_ASSISTANT);
+        tok(&w, c->thinking ? S_THINK : S_THINK_END);
+    }
+    if (!prefixed && c->tool_choice == RC_CHOICE_REQUIRED && c->ntools > 0) {
         txts(&w, "\n\n");
         dsml_open(&w, 0, dsml_block(enc));
         txts(&w, ">\n");
