@@ -40,7 +40,9 @@ typedef struct {
 static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *out) {
     rc_api_error e = {0};
     json_error_t je;
-    json_t *req = rc_json_loadb(body, n, 0, &je);
+    if (jsonl && n && body[n - 1] == '\n') n--; /* the line break is framing, not body */
+    char syn[256];
+    json_t *req = rc_json_syntax_error(body, n, syn, sizeof syn) ? NULL : rc_json_loadb(body, n, JSON_DECODE_ANY, &je);
     rc_conversation conv;
     rc_inference inf;
     memset(&conv, 0, sizeof conv);
@@ -49,8 +51,10 @@ static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *o
     if (!req) {
         e.status = 400;
         e.type = "invalid_request_error";
-        snprintf(e.message, sizeof e.message, "invalid JSON body: %s at line %d column %d", je.text, je.line,
-                 je.column);
+        if (rc_json_syntax_error(body, n, syn, sizeof syn))
+            snprintf(e.message, sizeof e.message, "invalid JSON request: %s", syn);
+        else
+            snprintf(e.message, sizeof e.message, "invalid JSON request: %s", je.text);
         bad = 1;
     } else if (rc_chat_convert(req, &conv, &inf, &e)) {
         bad = 1;

@@ -90,8 +90,13 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
     const json_t *pending = NULL;
     size_t pending_at = 0, answered = 0;
     char where[64];
+    size_t nmsgs = json_array_size(msgs);
+    int any_calls = 0;
     json_array_foreach(msgs, i, m) {
         snprintf(where, sizeof where, "messages[%zu]", i);
+        const char *role0 = json_string_value(json_object_get(m, "role"));
+        (void)role0;
+        any_calls |= json_array_size(json_object_get(m, "tool_calls")) > 0;
         if (!json_is_object(m)) return fail(e, "%s: expected an object", where);
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role) return fail(e, "%s: missing field `role`", where);
@@ -156,6 +161,11 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
                         return fail(e, "%s.tool_calls[%zu]: expected id, function.name and function.arguments",
                                     where, k);
                     }
+                    for (size_t q = 0; q < msg->ncalls; q++)
+                        if (!strcmp(msg->calls[q].id.s, id)) {
+                            free(text.s);
+                            return fail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, i);
+                        }
                     rc_tool_call *c = &msg->calls[msg->ncalls++];
                     rc_str_set(&c->id, id, strlen(id));
                     rc_str_set(&c->name, name, strlen(name));
@@ -183,7 +193,7 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             for (size_t k = 0; k < answered; k++)
                 if (!strcmp(conv->msgs[conv->nmsgs - answered + k].tool_call_id.s, id)) {
                     free(text.s);
-                    return fail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, i);
+                    return fail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, pending_at);
                 }
             if (!known) {
                 free(text.s);
@@ -204,6 +214,16 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
         if (!msg) return fail(e, "out of memory");
     }
     (void)pending_at;
+    /* prefill checks come after the tool-call sequence checks */
+    json_array_foreach(msgs, i, m) {
+        const char *r = json_string_value(json_object_get(m, "role"));
+        if (json_is_true(json_object_get(m, "prefix")) && (i + 1 != nmsgs || strcmp(r, "assistant")))
+            return fail(e, "Invalid completion message: prefix set true with message which is not final message "
+                           "or message role is not assistant");
+    }
+    const json_t *last = json_array_get(msgs, nmsgs - 1);
+    if (json_is_true(json_object_get(last, "prefix")) && any_calls)
+        return fail(e, "Function call should not be used with prefix");
     if (pending && answered < json_array_size(pending))
         return fail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding to "
                        "each 'tool_call_id'. (insufficient tool messages following tool_calls message)");
@@ -243,7 +263,7 @@ static int missing(rc_api_error *e, const char *field) {
 /* an unsigned integer field of width `bits` (32 or 64) */
 static int check_uint(rc_api_error *e, const json_t *v, int bits) {
     const char *ty = bits == 32 ? "u32" : "u64";
-    if (json_is_null(v)) return 0;
+    if (json_is_null(v) || (bits == 64 && rc_json_is_u64(v))) return 0;
     if (json_is_integer(v)) {
         long long x = json_integer_value(v);
         if (x < 0 || (bits == 32 && x > 4294967295LL))
@@ -269,7 +289,7 @@ static int deser_message(const json_t *m, rc_api_error *e) {
     json_t *v;
     json_object_foreach((json_t *)m, key, v) {
         if (!strcmp(key, "content")) {
-            if (json_is_null(v) || json_is_string(v)) continue;
+            if (json_is_string(v) || (json_is_null(v) && !strcmp(r, "assistant"))) continue;
             if (!json_is_array(v)) return fail(e, "invalid request body: content should be a string or a list");
             size_t i;
             json_t *part;
@@ -328,6 +348,12 @@ static int deser_message(const json_t *m, rc_api_error *e) {
 
 /* serde pass over the body: fields in input order, then missing fields */
 static int deser_body(const json_t *body, rc_api_error *e) {
+    if (json_is_array(body)) { /* serde reads a sequence as the struct's fields in order */
+        json_t *first = json_array_get(body, 0);
+        if (first && !json_is_array(first)) return bad_type(e, first, "a sequence");
+        return fail(e, "invalid request body: invalid length %zu, expected struct ChatCompletionRequest with 20 elements",
+                    json_array_size(body));
+    }
     if (!json_is_object(body)) return bad_type(e, body, "struct ChatCompletionRequest");
     const char *key;
     json_t *v;
@@ -356,22 +382,22 @@ static int deser_body(const json_t *body, rc_api_error *e) {
             json_array_foreach(v, i, x) if (!json_is_string(x)) return bad_type(e, x, "a string");
         } else if (!strcmp(key, "reasoning_effort")) {
             if (json_is_null(v)) continue;
-            if (!json_is_string(v)) return bad_type(e, v, "variant identifier");
+            if (!json_is_string(v)) return bad_type(e, v, "string or map");
             int th;
             rc_effort ef;
             if (parse_effort(json_string_value(v), &th, &ef))
                 return fail(e, "invalid request body: unknown variant `%s`, expected one of `none`, `minimal`, "
-                               "`low`, `medium`, `high`, `xhigh`, `max`, `ultra`",
+                               "`low`, `medium`, `high`, `xhigh`, `ultra`, `max`",
                             json_string_value(v));
         } else if (!strcmp(key, "thinking")) {
             if (json_is_null(v)) continue;
-            if (!json_is_object(v)) return bad_type(e, v, "struct Thinking");
+            if (!json_is_object(v)) return bad_type(e, v, "struct ChatCompletionThinking");
             json_t *ty = json_object_get(v, "type");
             if (!ty) return missing(e, "type");
             const char *t = json_string_value(ty);
             if (!t) return bad_type(e, ty, "variant identifier");
             if (strcmp(t, "enabled") && strcmp(t, "adaptive") && strcmp(t, "disabled"))
-                return fail(e, "invalid request body: unknown variant `%s`, expected one of `enabled`, `adaptive`, `disabled`", t);
+                return fail(e, "invalid request body: unknown variant `%s`, expected one of `adaptive`, `enabled`, `disabled`", t);
         } else if (!strcmp(key, "response_format")) {
             if (json_is_null(v)) continue;
             if (!json_is_object(v)) return bad_type(e, v, "internally tagged enum ChatCompletionResponseFormat");
@@ -534,11 +560,15 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
     if ((v = json_object_get(body, "presence_penalty")) && !json_is_null(v) &&
         !(json_number_value(v) >= -2 && json_number_value(v) <= 2))
         return range_fail(e, "presence_penalty", "[-2, 2]");
-    if ((v = json_object_get(body, "seed")) && !json_is_null(v) && json_integer_value(v) < 0)
+    if ((v = json_object_get(body, "seed")) && rc_json_is_u64(v)) /* >= 2^63 */
         return range_fail(e, "seed", "[0, 2^63)");
-    if ((v = json_object_get(body, "top_logprobs")) && !json_is_null(v) &&
-        !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 20))
-        return fail(e, "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].");
+    if ((v = json_object_get(body, "top_logprobs")) && !json_is_null(v)) {
+        if (!json_is_true(json_object_get(body, "logprobs")))
+            return fail(e, "Invalid top_logprobs and logprobs value, logprobs must be set to true if top_logprobs "
+                           "is used.");
+        if (!(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 20))
+            return fail(e, "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].");
+    }
     inf->stream = json_is_true(json_object_get(body, "stream"));
     if ((v = json_object_get(body, "stream_options")) && !json_is_null(v) && !inf->stream)
         return fail(e, "stream_options should be set along with stream = true");
@@ -670,6 +700,8 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
         conv->ntools = 0;
     }
     if (convert_messages(msgs, conv, e)) return -1;
+    if (conv->json_mode && conv->nmsgs && conv->msgs[conv->nmsgs - 1].prefix)
+        return fail(e, "response_format json_object should not be used with prefix");
     if (conv->json_mode && !mentions_json(conv))
         return fail(e, "Prompt must contain the word 'json' in some form to use 'response_format' of type "
                        "'json_object'.");

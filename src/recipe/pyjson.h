@@ -30,6 +30,9 @@ int rc_pyjson_string(const char *s, size_t n, rc_bytes *out);
  * as floats.  flags as for json_loadb. */
 /* 1 if v is such a kept u64 literal (a marked string, not a real string) */
 int rc_json_is_u64(const json_t *v);
+/* 1 and a serde_json-worded message ("EOF while parsing an object at line
+ * 1 column 1") if s is not one well-formed JSON value, else 0 */
+int rc_json_syntax_error(const char *s, size_t n, char *msg, size_t cap);
 json_t *rc_json_loadb(const char *text, size_t n, size_t flags, json_error_t *je);
 
 #endif
