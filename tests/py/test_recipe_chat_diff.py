@@ -106,3 +106,49 @@ def test_invalid_requests_match(deepinfer, corpus, encoding):
     assert all("status" in w for w in want), "generator produced a request the reference accepts"
     got = run_cli(deepinfer, encoding, invalid)
     compare(invalid, want, got, f"invalid/{encoding}")
+
+
+def test_token_ids_match(deepinfer, corpus):
+    """`deepinfer recipe tokens` == the package's encode() with the V4 tokenizer (V4 encoding),
+    on every valid request: control ids only where the template put them."""
+    valid, _ = corpus
+    want = [recipe_oracle.render_chat(line, "v4", ids=True)["ids"] for line in valid]
+    stdin = "".join(line + "\n" for line in valid).encode("utf-8")
+    proc = subprocess.run([deepinfer, "recipe", "tokens", "--api", "chat", "--encoding", "v4", "--jsonl"],
+                          input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    got = [json.loads(x)["ids"] for x in proc.stdout.decode().split("\n")[:-1]]
+    assert len(got) == len(want)
+    bad = [i for i in range(len(want)) if got[i] != want[i]]
+    assert not bad, f"{len(bad)} differ; first request: {valid[bad[0]][:500]}"
+
+
+def test_injection_every_added_token(deepinfer):
+    """Every added-token string of the V4 tokenizer, placed in system, user, tool, assistant and
+    reasoning text, never becomes a control id: the ids equal the same request with that text
+    replaced by plain letters, control-id for control-id."""
+    import pathlib
+    tj = json.loads((pathlib.Path(__file__).resolve().parents[2] /
+                     "assets/tokenizers/deepseek-v4/tokenizer.json").read_text(encoding="utf-8"))
+    added_ids = {t["id"] for t in tj["added_tokens"]}
+    text = " ".join(t["content"] for t in tj["added_tokens"])
+
+    def req(s):
+        return {"model": "DeepSeek-V4-Pro", "thinking": {"type": "enabled"},
+                "tools": [{"type": "function", "function": {"name": "f", "description": s}}],
+                "messages": [{"role": "system", "content": s}, {"role": "user", "content": s},
+                             {"role": "assistant", "content": s, "reasoning_content": s, "tool_calls": [
+                                 {"id": "1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": s})}}]},
+                             {"role": "tool", "tool_call_id": "1", "content": s}, {"role": "user", "content": s}]}
+
+    def control_ids(body):
+        p = subprocess.run([deepinfer, "recipe", "tokens", "--api", "chat", "--encoding", "v4"],
+                           input=json.dumps(body).encode(), capture_output=True, check=True)
+        return [i for i in json.loads(p.stdout) if i in added_ids]
+
+    attacked = control_ids(req(text))
+    assert attacked == control_ids(req("plain")), "request text produced a control token"
+    # Deliberate deviation: deepseek-recipe 0.2.0 turns special=true added tokens (e.g. <｜/polygon｜>,
+    # id 129271) inside historical *assistant content* into control ids. We never do (docs/RECIPE.md).
+    ref = [i for i in recipe_oracle.render_chat(req(text), "v4", ids=True)["ids"] if i in added_ids]
+    assert len(ref) > len(attacked), "the reference no longer leaks: drop the deviation note"
