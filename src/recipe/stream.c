@@ -1,0 +1,319 @@
+/* stream.c - the output state machine (spec recipe.md §5.3-§5.8).
+ *
+ * Owns: stages, marker matching, withholding, actions -> events, finish
+ * reason.  Does not own: protocol events or JSON of responses (chat_out.c).
+ *
+ * Invariant: every input byte is either emitted (as part of a segment with
+ * an action) or withheld in `buf` because some branch of the current stage
+ * has matched it as the start of its marker.  `buf[0..done)` is emitted,
+ * `buf[done..scan)` is withheld, `buf[scan..)` not yet looked at. */
+#include "recipe/stream.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/vec.h"
+#include "recipe/pyjson.h"
+
+typedef enum {
+    A_SKIP, A_BAD_THINK, A_BAD_AFTER, A_RAW, A_REASONING, A_TOSPACE, A_STOP, A_TC_BEGIN, A_TOOLNAME,
+    A_TOOLNAME_END, A_LABEL, A_ARGS_STR, A_ARGS_RAW
+} act;
+
+typedef enum {
+    S_COMMON, S_JSON, S_MATCHED_JSON, S_TOOLCALLS, S_TOOLNAME, S_TOOLARGS, S_PARAMNAME, S_PARAMTYPE,
+    S_PARAMVALUE, S_REASONING, S_FINISHED
+} stage_id;
+
+enum { M_STR, M_NL_STR, M_LEAD_NL };
+enum { MAXB = 24, MAXPAT = 64 };
+
+typedef struct {
+    int kind;
+    const char *pat;
+    size_t plen;
+    stage_id next;
+    int next_flag;
+    act action;
+    const char *label; /* for A_LABEL */
+    int fail[MAXPAT];
+} branch;
+
+struct rc_stream {
+    rc_stream_opts o;
+    char **stop;
+    /* current stage */
+    stage_id st;
+    int flag; /* lead (Common, Reasoning, ToolArgs) or string (ParamValue) */
+    branch br[MAXB];
+    size_t nbr;
+    act unmatched;
+    size_t j[MAXB], nl[MAXB];
+    size_t fed; /* bytes fed to this stage instance */
+    /* bytes */
+    rc_bytes buf;
+    size_t done, scan;
+    /* outputs */
+    rc_bytes name, stopseq, tmp;
+    int finished, stopped, has_calls;
+    size_t bad_think, bad_after;
+    act last_label_act;
+};
+
+static void kmp(branch *b) {
+    b->fail[0] = 0;
+    for (size_t i = 1, k = 0; i < b->plen; i++) {
+        while (k > 0 && b->pat[i] != b->pat[k]) k = (size_t)b->fail[k - 1];
+        if (b->pat[i] == b->pat[k]) k++;
+        b->fail[i] = (int)k;
+    }
+}
+
+static void add(rc_stream *s, int kind, const char *pat, stage_id next, int nflag, act a, const char *label) {
+    if (s->nbr >= MAXB) return;
+    branch *b = &s->br[s->nbr++];
+    b->kind = kind;
+    b->pat = pat;
+    b->plen = pat ? strlen(pat) : 0;
+    if (b->plen > MAXPAT) b->plen = MAXPAT; /* stop sequences are capped when created */
+    b->next = next;
+    b->next_flag = nflag;
+    b->action = a;
+    b->label = label;
+    if (b->plen) kmp(b);
+}
+
+#define DSML_OPEN "<\xef\xbd\x9c" "DSML\xef\xbd\x9c"
+#define DSML_CLOSE "</\xef\xbd\x9c" "DSML\xef\xbd\x9c"
+
+static void enter(rc_stream *s, stage_id st, int flag) {
+    s->st = st;
+    s->flag = flag;
+    s->nbr = 0;
+    s->fed = 0;
+    memset(s->j, 0, sizeof s->j);
+    memset(s->nl, 0, sizeof s->nl);
+    switch (st) {
+    case S_COMMON:
+        if (s->o.json_output) {
+            add(s, M_STR, "```json\n", S_JSON, 0, A_SKIP, NULL);
+            add(s, M_STR, "```\n", S_JSON, 0, A_SKIP, NULL);
+            add(s, M_STR, "{", S_JSON, 0, A_LABEL, "{");
+            add(s, M_STR, "[", S_JSON, 0, A_LABEL, "[");
+            s->unmatched = A_TOSPACE;
+        } else {
+            for (size_t k = 0; k < s->o.nstop; k++) add(s, M_STR, s->stop[k], S_FINISHED, 0, A_STOP, NULL);
+            if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
+            if (flag) add(s, M_LEAD_NL, NULL, S_COMMON, 1, A_SKIP, NULL);
+            add(s, M_STR, "</think>", S_COMMON, 0, A_BAD_THINK, NULL);
+            s->unmatched = A_RAW;
+        }
+        break;
+    case S_JSON:
+        for (size_t k = 0; k < s->o.nstop; k++) add(s, M_STR, s->stop[k], S_FINISHED, 0, A_STOP, NULL);
+        add(s, M_STR, "\n```", S_MATCHED_JSON, 0, A_SKIP, NULL);
+        s->unmatched = A_RAW;
+        break;
+    case S_MATCHED_JSON:
+        if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
+        s->unmatched = A_TOSPACE;
+        break;
+    case S_TOOLCALLS:
+        add(s, M_STR, "invoke name=\"", S_TOOLNAME, 0, A_TC_BEGIN, NULL);
+        add(s, M_STR, DSML_CLOSE "tool_calls>", S_FINISHED, 0, A_SKIP, NULL);
+        add(s, M_STR, DSML_CLOSE " calls>", S_FINISHED, 0, A_SKIP, NULL);
+        s->unmatched = A_SKIP;
+        break;
+    case S_TOOLNAME:
+        add(s, M_STR, "\"", S_TOOLARGS, 1, A_TOOLNAME_END, NULL);
+        s->unmatched = A_TOOLNAME;
+        break;
+    case S_TOOLARGS:
+        add(s, M_STR, "parameter name=\"", S_PARAMNAME, 0, A_LABEL, flag ? "{\"" : ", \"");
+        add(s, M_STR, DSML_CLOSE, S_TOOLCALLS, 0, A_LABEL, flag ? "{}" : "}");
+        s->unmatched = A_SKIP;
+        break;
+    case S_PARAMNAME:
+        add(s, M_STR, "\"", S_PARAMTYPE, 0, A_LABEL, "\": ");
+        s->unmatched = A_ARGS_RAW;
+        break;
+    case S_PARAMTYPE:
+        add(s, M_STR, "true\">", S_PARAMVALUE, 1, A_LABEL, "\"");
+        add(s, M_STR, "false\">", S_PARAMVALUE, 0, A_SKIP, NULL);
+        s->unmatched = A_SKIP;
+        break;
+    case S_PARAMVALUE:
+        add(s, M_STR, DSML_CLOSE, S_TOOLARGS, 0, flag ? A_LABEL : A_SKIP, flag ? "\"" : NULL);
+        s->unmatched = flag ? A_ARGS_STR : A_ARGS_RAW;
+        break;
+    case S_REASONING:
+        if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
+        if (flag) add(s, M_LEAD_NL, NULL, S_REASONING, 1, A_SKIP, NULL);
+        add(s, M_NL_STR, "</think>", S_COMMON, 1, A_SKIP, NULL);
+        s->unmatched = A_REASONING;
+        break;
+    case S_FINISHED:
+        s->unmatched = A_BAD_AFTER;
+        break;
+    }
+}
+
+rc_stream *rc_stream_new(const rc_stream_opts *o) {
+    rc_stream *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->o = *o;
+    s->stop = calloc(o->nstop + 1, sizeof *s->stop);
+    size_t n = 0;
+    for (size_t k = 0; k < o->nstop; k++)
+        if (o->stop[k] && *o->stop[k] && strlen(o->stop[k]) <= MAXPAT) s->stop[n++] = strdup(o->stop[k]);
+    s->o.nstop = n;
+    s->last_label_act = A_SKIP;
+    if (o->tool_call_initial) enter(s, S_TOOLCALLS, 0);
+    else switch (o->reasoning) {
+        case RC_REASONING_START: enter(s, S_REASONING, 1); break;
+        case RC_REASONING_REASONING: enter(s, S_REASONING, 0); break;
+        case RC_REASONING_CONTENT: enter(s, S_COMMON, 0); break;
+        default: enter(s, S_COMMON, 1); break;
+        }
+    return s;
+}
+
+void rc_stream_free(rc_stream *s) {
+    if (!s) return;
+    for (size_t k = 0; k < s->o.nstop; k++) free(s->stop[k]);
+    free(s->stop);
+    rc_bytes_free(&s->buf);
+    rc_bytes_free(&s->name);
+    rc_bytes_free(&s->stopseq);
+    rc_bytes_free(&s->tmp);
+    free(s);
+}
+
+/* apply `a` to the next n withheld/scanned bytes */
+static void emit(rc_stream *s, act a, const char *label, size_t n, rc_event_fn fn, void *ctx) {
+    const char *p = s->buf.v + s->done;
+    s->done += n;
+    switch (a) {
+    case A_RAW:
+        if (n) fn(ctx, RC_EV_CONTENT, p, n);
+        break;
+    case A_REASONING:
+        if (n) fn(ctx, RC_EV_REASONING, p, n);
+        break;
+    case A_TOSPACE:
+        if (n) fn(ctx, RC_EV_CONTENT, " ", 1);
+        break;
+    case A_STOP:
+        rc_bytes_append(&s->stopseq, p, n);
+        s->stopped = 1;
+        break;
+    case A_TOOLNAME:
+        rc_bytes_append(&s->name, p, n);
+        break;
+    case A_TOOLNAME_END:
+        s->has_calls = 1;
+        fn(ctx, RC_EV_TOOL_CALL, s->name.v ? s->name.v : "", s->name.n);
+        s->name.n = 0;
+        break;
+    case A_LABEL:
+        /* a label in content (JSON mode "{" / "[") is content; else arguments */
+        if (s->st == S_COMMON) fn(ctx, RC_EV_CONTENT, label, strlen(label));
+        else fn(ctx, RC_EV_TOOL_ARGS, label, strlen(label));
+        break;
+    case A_ARGS_RAW:
+        if (n) fn(ctx, RC_EV_TOOL_ARGS, p, n);
+        break;
+    case A_ARGS_STR:
+        if (n) {
+            /* JSON string escaping of just this fragment, without quotes */
+            s->tmp.n = 0;
+            rc_pyjson_string(p, n, &s->tmp);
+            fn(ctx, RC_EV_TOOL_ARGS, s->tmp.v + 1, s->tmp.n - 2);
+        }
+        break;
+    case A_BAD_THINK: s->bad_think++; break;
+    case A_BAD_AFTER:
+        if (n) s->bad_after++;
+        break;
+    default: break;
+    }
+}
+
+/* advance branch k with byte c; returns 1 when it completes */
+static int step(rc_stream *s, size_t k, unsigned char c) {
+    branch *b = &s->br[k];
+    if (b->kind == M_LEAD_NL) return s->fed == 1 && c == '\n';
+    size_t j = s->j[k];
+    if (b->kind == M_NL_STR && j == 0 && c == '\n') {
+        s->nl[k]++;
+        return 0;
+    }
+    while (j > 0 && (unsigned char)b->pat[j] != c) j = (size_t)b->fail[j - 1];
+    if ((unsigned char)b->pat[j] == c) j++;
+    if (b->kind == M_NL_STR && j == 0) s->nl[k] = 0;
+    s->j[k] = j;
+    return j == b->plen;
+}
+
+static size_t matching_len(const rc_stream *s, size_t k) {
+    const branch *b = &s->br[k];
+    if (b->kind == M_LEAD_NL) return 0;
+    return s->j[k] + (b->kind == M_NL_STR ? s->nl[k] : 0);
+}
+
+int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, void *ctx) {
+    if (rc_bytes_append(&s->buf, text, n)) return s->finished;
+    while (s->scan < s->buf.n) {
+        unsigned char c = (unsigned char)s->buf.v[s->scan++];
+        s->fed++;
+        size_t hit = SIZE_MAX;
+        for (size_t k = 0; k < s->nbr; k++)
+            if (step(s, k, c)) {
+                hit = k;
+                break;
+            }
+        if (hit == SIZE_MAX) continue;
+        branch b = s->br[hit];
+        size_t mlen = b.kind == M_LEAD_NL ? 1 : b.plen + (b.kind == M_NL_STR ? s->nl[hit] : 0);
+        size_t stashed = s->scan - s->done;
+        if (stashed > mlen) emit(s, s->unmatched, NULL, stashed - mlen, fn, ctx);
+        emit(s, b.action, b.label, mlen, fn, ctx);
+        enter(s, b.next, b.next_flag);
+        if (b.next == S_FINISHED) s->finished = 1;
+    }
+    /* emit what no marker can still claim */
+    size_t keep = 0;
+    for (size_t k = 0; k < s->nbr; k++)
+        if (matching_len(s, k) > keep) keep = matching_len(s, k);
+    size_t stashed = s->scan - s->done;
+    if (stashed > keep) emit(s, s->unmatched, NULL, stashed - keep, fn, ctx);
+    /* drop emitted bytes */
+    if (s->done) {
+        memmove(s->buf.v, s->buf.v + s->done, s->buf.n - s->done);
+        s->buf.n -= s->done;
+        s->scan -= s->done;
+        s->done = 0;
+    }
+    return s->finished;
+}
+
+rc_finish rc_stream_finish(rc_stream *s, rc_finish backend, rc_event_fn fn, void *ctx) {
+    size_t stashed = s->scan - s->done;
+    if (stashed) emit(s, s->unmatched, NULL, stashed, fn, ctx);
+    s->buf.n = s->scan = s->done = 0;
+    if (s->stopped) return RC_FINISH_STOP_SEQUENCE;
+    if (backend == RC_FINISH_STOP && s->has_calls) return RC_FINISH_TOOL_CALLS;
+    return backend;
+}
+
+const char *rc_stream_stop_sequence(const rc_stream *s) {
+    return s->stopped ? (s->stopseq.v ? s->stopseq.v : "") : NULL;
+}
+
+int rc_stream_has_tool_calls(const rc_stream *s) { return s->has_calls; }
+
+void rc_stream_invalid_counts(const rc_stream *s, size_t *a, size_t *b) {
+    *a = s->bad_think;
+    *b = s->bad_after;
+}
