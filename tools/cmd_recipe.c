@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
+#include "recipe/chat_out.h"
 #include "recipe/protocol.h"
 #include "recipe/pyjson.h"
 
@@ -28,7 +30,16 @@ static const char recipe_help[] =
     "  --jsonl             one request per stdin line; one JSON object per output line:\n"
     "                      {\"prompt\": ...} or {\"ids\": [...]}, or {\"status\": 400, \"error\": {...}}\n"
     "\n"
-    "A rejected request prints the API error body on stdout and exits 1 (400-class).\n";
+    "A rejected request prints the API error body on stdout and exits 1 (400-class).\n"
+    "\n"
+    "       deepinfer recipe parse --api chat --request REQ.json [--stream] [--deterministic]\n"
+    "                              [--prompt-tokens P] [--cached-tokens C] [--finish stop|length|none]\n"
+    "                              < chunks.jsonl\n"
+    "parse   runs model output through the output parser and prints what the server would\n"
+    "        send: the SSE stream (--stream) or the JSON body. stdin: one JSON string per\n"
+    "        line, each one backend text chunk (or {\"text\": ..., \"tokens\": N}).\n"
+    "        --deterministic fixes id \"chatcmpl-test\", created 1767225600, fingerprint\n"
+    "        \"fp_test\" so outputs can be compared byte for byte.\n";
 
 typedef struct {
     int tokens;
@@ -114,20 +125,112 @@ static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *o
     return rc ? 1 : 0;
 }
 
+static int recipe_parse(const char *req_path, int stream, int deterministic, long long ptoks, long long ctoks,
+                        const char *finish) {
+    rc_bytes body = {0};
+    FILE *f = fopen(req_path, "rb");
+    if (!f) {
+        fprintf(stderr, "deepinfer recipe parse: cannot open %s\n", req_path);
+        return 1;
+    }
+    int rd = cli_read_all(f, &body, req_path);
+    fclose(f);
+    if (rd) return 1;
+    json_error_t je;
+    json_t *req = rc_json_loadb(body.v, body.n, 0, &je);
+    rc_bytes_free(&body);
+    rc_conversation conv;
+    rc_inference inf;
+    rc_api_error e = {0};
+    if (!req || rc_chat_convert(req, &conv, &inf, &e)) {
+        fprintf(stderr, "deepinfer recipe parse: request rejected: %s\n", req ? e.message : je.text);
+        json_decref(req);
+        rc_conv_free(&conv);
+        rc_inference_free(&inf);
+        return 1;
+    }
+    rc_stream_opts so = {
+        .parse_tool_calls = conv.ntools > 0,
+        .tool_call_initial = conv.tool_choice == RC_CHOICE_REQUIRED && conv.ntools > 0,
+        .json_output = conv.json_mode,
+        .reasoning = conv.thinking ? RC_REASONING_START : RC_REASONING_NONE,
+        .stop = (const char *const *)inf.stop,
+        .nstop = inf.nstop,
+    };
+    json_t *so_opts = json_object_get(req, "stream_options");
+    rc_chat_out_opts co = {
+        .id = deterministic ? "chatcmpl-test" : "chatcmpl-local",
+        .created = deterministic ? 1767225600 : (long long)time(NULL),
+        .model = json_string_value(json_object_get(req, "model")),
+        .fingerprint = deterministic ? "fp_test" : NULL,
+        .thinking = conv.thinking,
+        .stream = stream,
+        .include_usage = json_is_true(json_object_get(so_opts, "include_usage")),
+        .prompt_tokens = ptoks,
+        .cached_tokens = ctoks,
+    };
+    rc_stream *st = rc_stream_new(&so);
+    rc_chat_out *co_ = rc_chat_out_new(&co);
+    rc_bytes out = {0};
+    if (stream) rc_chat_out_start(co_, &out);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long long ctok = 0;
+    int done = 0;
+    while (!done && (n = getline(&line, &cap, stdin)) > 0) {
+        json_t *v = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        json_t *t = json_is_object(v) ? json_object_get(v, "text") : v;
+        if (!json_is_string(t)) {
+            fprintf(stderr, "deepinfer recipe parse: stdin lines must be JSON strings\n");
+            json_decref(v);
+            break;
+        }
+        json_t *nt = json_object_get(v, "tokens");
+        ctok += json_is_integer(nt) ? json_integer_value(nt) : 1;
+        done = rc_stream_feed(st, json_string_value(t), json_string_length(t), rc_chat_out_event, co_);
+        if (stream) rc_chat_out_flush(co_, &out);
+        json_decref(v);
+    }
+    free(line);
+    rc_finish backend = !strcmp(finish, "length") ? RC_FINISH_LENGTH
+                        : !strcmp(finish, "content_filter") ? RC_FINISH_CONTENT_FILTER
+                        : !strcmp(finish, "none") ? RC_FINISH_END_OF_STREAM : RC_FINISH_STOP;
+    rc_finish fin = rc_stream_finish(st, backend, rc_chat_out_event, co_);
+    rc_chat_out_finish(co_, fin, ctok, &out);
+    fwrite(out.v, 1, out.n, stdout);
+    rc_bytes_free(&out);
+    rc_chat_out_free(co_);
+    rc_stream_free(st);
+    json_decref(req);
+    rc_conv_free(&conv);
+    rc_inference_free(&inf);
+    return 0;
+}
+
 int cmd_recipe(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(recipe_help, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     opts o = {0};
+    int parse = 0;
     if (!strcmp(argv[1], "tokens")) o.tokens = 1;
+    else if (!strcmp(argv[1], "parse")) parse = 1;
     else if (strcmp(argv[1], "render")) {
-        fprintf(stderr, "deepinfer recipe: unknown subcommand '%s' (render, tokens)\n", argv[1]);
+        fprintf(stderr, "deepinfer recipe: unknown subcommand '%s' (render, tokens, parse)\n", argv[1]);
         return 2;
     }
     static const struct option lo[] = {{"api", required_argument, 0, 'a'},   {"encoding", required_argument, 0, 'e'},
                                        {"tokenizer", required_argument, 0, 't'}, {"jsonl", no_argument, 0, 'l'},
-                                       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+                                       {"help", no_argument, 0, 'h'},           {"request", required_argument, 0, 'r'},
+                                       {"stream", no_argument, 0, 's'},         {"deterministic", no_argument, 0, 'd'},
+                                       {"prompt-tokens", required_argument, 0, 'p'},
+                                       {"cached-tokens", required_argument, 0, 'c'},
+                                       {"finish", required_argument, 0, 'f'},   {0, 0, 0, 0}};
+    const char *req_path = NULL, *finish = "stop";
+    int stream = 0, deterministic = 0;
+    long long ptoks = 0, ctoks = 0;
     const char *api = "chat", *path = cli_default_tokenizer();
     int jsonl = 0, c;
     optind = 1;
@@ -144,6 +247,12 @@ int cmd_recipe(int argc, char **argv) {
             break;
         case 't': path = optarg; break;
         case 'l': jsonl = 1; break;
+        case 'r': req_path = optarg; break;
+        case 's': stream = 1; break;
+        case 'd': deterministic = 1; break;
+        case 'p': ptoks = atoll(optarg); break;
+        case 'c': ctoks = atoll(optarg); break;
+        case 'f': finish = optarg; break;
         case 'h': fputs(recipe_help, stdout); return 0;
         default: fputs(recipe_help, stderr); return 2;
         }
@@ -151,6 +260,13 @@ int cmd_recipe(int argc, char **argv) {
     if (strcmp(api, "chat")) {
         fprintf(stderr, "deepinfer recipe: --api %s is not implemented yet (chat only)\n", api);
         return 2;
+    }
+    if (parse) {
+        if (!req_path) {
+            fprintf(stderr, "deepinfer recipe parse: --request FILE is required\n");
+            return 2;
+        }
+        return recipe_parse(req_path, stream, deterministic, ptoks, ctoks, finish);
     }
     rc_err err = {0};
     if (o.tokens && rc_tokenizer_load(path, &o.tok, &err)) {

@@ -131,3 +131,89 @@ CONVERSION_OPTIONS_DEFAULTS = {
     "non_thinking_max_tokens_upper_bound": 393216,
     "model_versions_by_name": {"DeepSeek-V4-Pro": "DeepseekV4Pro", "DeepSeek-V4.1-Flash": "DeepseekV41Flash"},
 }
+
+
+# ---------------------------------------------------------------------------- Responses / Messages
+#
+# Same pipeline and return contract as render_chat, with ResponsesRequest / MessagesRequest in place of
+# ChatCompletionRequest (see docs/RECIPE-RM.md).  Error reporting in 0.2.0 (checked) is identical for both
+# APIs and identical to Chat: the constructor raises a plain ValueError for deserialization failures (we map
+# it to 400 + the standard body, like the upstream server), and convert raises ConversionError whose .body
+# is the *OpenAI-style* body {"error":{"message","type","param","code"}} -- also for Anthropic Messages (no
+# {"type":"error","error":{"type":...}} shape).  Every status observed is 400.
+
+def _convert_with(cls, request: Any, options: "dr.ConversionOptions | None" = None):
+    if isinstance(request, dict):
+        body: Any = json.dumps(request, ensure_ascii=False)
+    else:
+        body = request
+    try:
+        req = cls(body)
+    except ValueError as e:
+        return None, {"status": 400, "error": _error_body(str(e), 400)}
+    try:
+        conv = req.convert(options if options is not None else dr.ConversionOptions())
+    except dr.ConversionError as e:
+        return None, {"status": int(e.status_code), "error": json.loads(e.body)}
+    return conv, None
+
+
+def convert_responses(request: Any, options: "dr.ConversionOptions | None" = None):
+    """Return (ConversationRequest, None) or (None, {"status", "error"}) for a Responses body."""
+    return _convert_with(dr.ResponsesRequest, request, options)
+
+
+def convert_messages(request: Any, options: "dr.ConversionOptions | None" = None):
+    """Return (ConversationRequest, None) or (None, {"status", "error"}) for an Anthropic Messages body."""
+    return _convert_with(dr.MessagesRequest, request, options)
+
+
+def _render_converted(conv, err, encoding: str, ids: bool) -> dict:
+    if err is not None:
+        return err
+    out: dict = {"prompt": _encoder(encoding, False).render_conversation(conv.conversation).prompt}
+    if ids:
+        out["ids"] = _encoder(encoding, True).encode(conv.conversation)
+    return out
+
+
+def render_responses(request: Any, encoding: str, *, ids: bool = False) -> dict:
+    """Render an OpenAI Responses request body (dict, or raw JSON str/bytes); contract as render_chat."""
+    conv, err = convert_responses(request)
+    return _render_converted(conv, err, encoding, ids)
+
+
+def render_messages(request: Any, encoding: str, *, ids: bool = False) -> dict:
+    """Render an Anthropic Messages request body (dict, or raw JSON str/bytes); contract as render_chat."""
+    conv, err = convert_messages(request)
+    return _render_converted(conv, err, encoding, ids)
+
+
+RENDERERS = {"chat": render_chat, "responses": render_responses, "messages": render_messages}
+
+
+def conversation_dump(conv) -> dict:
+    """A comparable dump of a converted Conversation (messages + prompt-relevant settings)."""
+    c = conv.conversation
+    msgs = []
+    for m in c.messages:
+        d: dict = {"role": m.role, "content": m.content}
+        if m.reasoning_content is not None:
+            d["reasoning_content"] = m.reasoning_content
+        if m.tool_calls is not None:
+            d["tool_calls"] = [(t.id, t.name, t.arguments) for t in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.prefix:
+            d["prefix"] = True
+        msgs.append(d)
+    return {
+        "messages": msgs,
+        "thinking_mode": c.thinking_mode,
+        "reasoning_effort": c.reasoning_effort,
+        "tool_choice": c.tool_choice,
+        "response_format": c.response_format,
+        "response_schema": json.dumps(c.response_schema) if c.response_schema is not None else None,
+        "response_regex": c.response_regex,
+        "tools": [(t.name, t.description, json.dumps(t.parameters), t.strict) for t in c.tools],
+    }
