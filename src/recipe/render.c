@@ -509,24 +509,91 @@ int rc_render(const rc_conversation *c, rc_encoding enc, rc_prompt *out, rc_err 
     return 0;
 }
 
+/* Tokens of a rendered prompt.  Text between control spans is independent
+ * (content mode), so the spans are the unit of parallelism: long ones are
+ * encoded in segments on the pool one after another, short ones are handed
+ * out to the pool's threads as tasks; the results are joined in order. */
+typedef struct {
+    const rc_prompt *p;
+    const rc_tokenizer *tok;
+    size_t *off, *len;
+    rc_ids *ids;
+    int *rc;
+} span_job;
+
+static void span_task(void *vp, size_t k) {
+    span_job *j = vp;
+    j->rc[k] = rc_tokenizer_encode(j->tok, j->p->text.v + j->off[k], j->len[k], RC_ENCODE_CONTENT, &j->ids[k], NULL);
+}
+
+enum { SPAN_BIG = 32 * 1024 };
+
 int rc_prompt_tokens(const rc_prompt *p, const rc_tokenizer *tok_, rc_pool *pool, rc_ids *out, rc_err *err) {
+    size_t n = p->nspecial + 1;
+    size_t *off = calloc(n, sizeof *off), *len = calloc(n, sizeof *len);
+    rc_ids *ids = calloc(n, sizeof *ids);
+    int *rcs = calloc(n, sizeof *rcs);
+    int32_t *sid = calloc(n, sizeof *sid);
+    int rc = (!off || !len || !ids || !rcs || !sid) ? rc_errf(err, RC_ENOMEM, "out of memory") : 0;
+    /* text span k precedes control span k; span n-1 is the tail */
     size_t at = 0;
     char name[64];
-    for (size_t k = 0; k <= p->nspecial; k++) {
+    for (size_t k = 0; !rc && k < n; k++) {
         size_t end = k < p->nspecial ? p->special[k].off : p->text.n;
-        if (end > at) {
-            int rc = rc_tokenizer_encode_parallel(tok_, pool, p->text.v + at, end - at, RC_ENCODE_CONTENT, out, err);
-            if (rc) return rc;
-        }
+        off[k] = at;
+        len[k] = end - at;
         if (k == p->nspecial) break;
-        size_t len = p->special[k].len;
-        if (len >= sizeof name) return rc_errf(err, RC_EINVAL, "control token too long");
-        memcpy(name, p->text.v + p->special[k].off, len);
-        name[len] = 0;
-        int32_t id = rc_tokenizer_added_id(tok_, name);
-        if (id < 0) return rc_errf(err, RC_EINVAL, "tokenizer has no control token %s", name);
-        if (rc_ids_push(out, id)) return rc_errf(err, RC_ENOMEM, "out of memory");
-        at = p->special[k].off + len;
+        size_t l = p->special[k].len;
+        if (l >= sizeof name) {
+            rc = rc_errf(err, RC_EINVAL, "control token too long");
+            break;
+        }
+        memcpy(name, p->text.v + p->special[k].off, l);
+        name[l] = 0;
+        sid[k] = rc_tokenizer_added_id(tok_, name);
+        if (sid[k] < 0) rc = rc_errf(err, RC_EINVAL, "tokenizer has no control token %s", name);
+        at = p->special[k].off + l;
     }
-    return 0;
+    /* short spans: one task each; the UTF-8 check is done per span */
+    size_t *small = rc ? NULL : calloc(n, sizeof *small), ns = 0;
+    for (size_t k = 0; !rc && k < n; k++)
+        if (len[k] && len[k] < SPAN_BIG) small[ns++] = k;
+    if (!rc && ns) {
+        size_t *so = calloc(ns, sizeof *so), *sl = calloc(ns, sizeof *sl);
+        rc_ids *si = calloc(ns, sizeof *si);
+        int *sr = calloc(ns, sizeof *sr);
+        if (so && sl && si && sr) {
+            for (size_t q = 0; q < ns; q++) {
+                so[q] = off[small[q]];
+                sl[q] = len[small[q]];
+            }
+            span_job j = {p, tok_, so, sl, si, sr};
+            rc_pool_run(pool, ns, span_task, &j);
+            for (size_t q = 0; q < ns; q++) {
+                ids[small[q]] = si[q];
+                if (sr[q]) rc = rc_errf(err, sr[q], "prompt text could not be tokenized");
+            }
+        } else {
+            rc = rc_errf(err, RC_ENOMEM, "out of memory");
+        }
+        free(so);
+        free(sl);
+        free(si);
+        free(sr);
+    }
+    free(small);
+    for (size_t k = 0; !rc && k < n; k++)
+        if (len[k] >= SPAN_BIG)
+            rc = rc_tokenizer_encode_parallel(tok_, pool, p->text.v + off[k], len[k], RC_ENCODE_CONTENT, &ids[k], err);
+    for (size_t k = 0; !rc && k < n; k++) {
+        if (rc_ids_append(out, ids[k].v, ids[k].n)) rc = rc_errf(err, RC_ENOMEM, "out of memory");
+        if (!rc && k < p->nspecial && rc_ids_push(out, sid[k])) rc = rc_errf(err, RC_ENOMEM, "out of memory");
+    }
+    for (size_t k = 0; ids && k < n; k++) rc_ids_free(&ids[k]);
+    free(off);
+    free(len);
+    free(ids);
+    free(rcs);
+    free(sid);
+    return rc;
 }
