@@ -24,7 +24,8 @@ static const char recipe_help[] =
     "tokens  prints its token ids as one JSON array; control tokens appear only where the\n"
     "        template put them, never from text inside the request.\n"
     "\n"
-    "  --api chat          OpenAI Chat Completions (responses and messages: not yet)\n"
+    "  --api API           chat (OpenAI Chat Completions), responses (OpenAI Responses) or\n"
+    "                      messages (Anthropic Messages)\n"
     "  --encoding v4|v4.1  DeepSeek prompt encoding (default v4)\n"
     "  --tokenizer FILE    for tokens (default: the bundled V4 tokenizer)\n"
     "  --jsonl             one request per stdin line; one JSON object per output line:\n"
@@ -41,7 +42,10 @@ static const char recipe_help[] =
     "        --deterministic fixes id \"chatcmpl-test\", created 1767225600, fingerprint\n"
     "        \"fp_test\" so outputs can be compared byte for byte.\n";
 
+typedef int (*convert_fn)(const json_t *, rc_conversation *, rc_inference *, rc_api_error *);
+
 typedef struct {
+    convert_fn convert;
     int tokens;
     rc_encoding enc;
     rc_tokenizer *tok;
@@ -67,7 +71,7 @@ static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *o
         else
             snprintf(e.message, sizeof e.message, "invalid JSON request: %s", je.text);
         bad = 1;
-    } else if (rc_chat_convert(req, &conv, &inf, &e)) {
+    } else if (o->convert(req, &conv, &inf, &e)) {
         bad = 1;
     }
     if (bad) {
@@ -257,8 +261,11 @@ int cmd_recipe(int argc, char **argv) {
         default: fputs(recipe_help, stderr); return 2;
         }
     }
-    if (strcmp(api, "chat")) {
-        fprintf(stderr, "deepinfer recipe: --api %s is not implemented yet (chat only)\n", api);
+    if (!strcmp(api, "chat")) o.convert = rc_chat_convert;
+    else if (!strcmp(api, "responses")) o.convert = rc_responses_convert;
+    else if (!strcmp(api, "messages")) o.convert = rc_messages_convert;
+    else {
+        fprintf(stderr, "deepinfer recipe: --api must be chat, responses or messages\n");
         return 2;
     }
     if (parse) {

@@ -9,36 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/protocol.h"
+#include "recipe/protocol_internal.h"
 #include "recipe/pyjson.h"
 
-static int fail(rc_api_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(rc_api_error *e, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    e->status = 400;
-    e->type = "invalid_request_error";
-    return -1;
-}
 
-void rc_inference_free(rc_inference *inf) {
-    for (size_t i = 0; i < inf->nstop; i++) free(inf->stop[i]);
-    free(inf->stop);
-    memset(inf, 0, sizeof *inf);
-}
 
-int rc_api_error_json(const rc_api_error *e, rc_bytes *out) {
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", e->message, "type", e->type, "param",
-                          "code", e->type);
-    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(j);
-    if (!s) return RC_ENOMEM;
-    int rc = rc_bytes_append(out, s, strlen(s));
-    free(s);
-    return rc;
-}
 
 /* message content: a string, or an array of {"type":"text","text":...}
  * parts joined with "\n\n"; null counts as absent */
@@ -46,9 +21,9 @@ static int content_text(const json_t *c, rc_str *out, int *present, const char *
     *present = 0;
     if (!c || json_is_null(c)) return 0;
     *present = 1;
-    if (json_is_string(c)) return rc_str_set(out, json_string_value(c), json_string_length(c)) ? fail(e, "out of memory") : 0;
-    if (!json_is_array(c)) return fail(e, "%s: content must be a string or an array of content parts", where);
-    if (rc_str_set(out, "", 0)) return fail(e, "out of memory");
+    if (json_is_string(c)) return rc_str_set(out, json_string_value(c), json_string_length(c)) ? rc_pfail(e, "out of memory") : 0;
+    if (!json_is_array(c)) return rc_pfail(e, "%s: content must be a string or an array of content parts", where);
+    if (rc_str_set(out, "", 0)) return rc_pfail(e, "out of memory");
     size_t i;
     json_t *part;
     json_array_foreach(c, i, part) {
@@ -58,30 +33,12 @@ static int content_text(const json_t *c, rc_str *out, int *present, const char *
         const char *t = !strcmp(ty, "text") ? json_string_value(text) : "[Unsupported Image]";
         size_t tn = !strcmp(ty, "text") ? json_string_length(text) : strlen(t);
         if ((i && rc_str_append(out, "\n\n", 2)) || rc_str_append(out, t, tn))
-            return fail(e, "out of memory");
+            return rc_pfail(e, "out of memory");
     }
     return 0;
 }
 
-static int valid_tool_name(const char *s, size_t n) {
-    if (n < 1 || n > 128) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
 
-static int parse_effort(const char *s, int *thinking, rc_effort *eff) {
-    if (!strcmp(s, "none")) *thinking = 0;
-    else if (!strcmp(s, "minimal") || !strcmp(s, "low")) *eff = RC_EFFORT_LOW;
-    else if (!strcmp(s, "medium") || !strcmp(s, "high")) *eff = RC_EFFORT_HIGH;
-    else if (!strcmp(s, "xhigh")) *eff = RC_EFFORT_XHIGH;
-    else if (!strcmp(s, "max") || !strcmp(s, "ultra")) *eff = RC_EFFORT_MAX;
-    else return -1;
-    return 0;
-}
 
 static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_error *e) {
     size_t i;
@@ -97,9 +54,9 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
         const char *role0 = json_string_value(json_object_get(m, "role"));
         (void)role0;
         any_calls |= json_array_size(json_object_get(m, "tool_calls")) > 0;
-        if (!json_is_object(m)) return fail(e, "%s: expected an object", where);
+        if (!json_is_object(m)) return rc_pfail(e, "%s: expected an object", where);
         const char *role = json_string_value(json_object_get(m, "role"));
-        if (!role) return fail(e, "%s: missing field `role`", where);
+        if (!role) return rc_pfail(e, "%s: missing field `role`", where);
         rc_str text = {0};
         int present;
         if (content_text(json_object_get(m, "content"), &text, &present, where, e)) {
@@ -108,7 +65,7 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
         }
         if (pending && strcmp(role, "tool") && answered < json_array_size(pending)) {
             free(text.s);
-            return fail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding "
+            return rc_pfail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding "
                            "to each 'tool_call_id'. (insufficient tool messages following tool_calls message)");
         }
         if (strcmp(role, "tool")) pending = NULL;
@@ -122,7 +79,7 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
         } else if (!strcmp(role, "user")) {
             if (!present) {
                 free(text.s);
-                return fail(e, "%s: missing field `content`", where);
+                return rc_pfail(e, "%s: missing field `content`", where);
             }
             msg = rc_conv_push(conv, RC_ROLE_USER, text.s, text.n);
         } else if (!strcmp(role, "latest_reminder")) {
@@ -132,7 +89,7 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             if (calls && json_is_null(calls)) calls = NULL;
             if (!present && !calls) {
                 free(text.s);
-                return fail(e, "Invalid assistant message: content or tool_calls must be set");
+                return rc_pfail(e, "Invalid assistant message: content or tool_calls must be set");
             }
             msg = rc_conv_push(conv, RC_ROLE_ASSISTANT, text.s, text.n);
             if (!msg) break;
@@ -145,7 +102,7 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             if (calls) {
                 if (!json_is_array(calls) || json_array_size(calls) == 0) {
                     free(text.s);
-                    return fail(e, "Invalid '%s.tool_calls': empty array. Expected an array with minimum length 1, but got "
+                    return rc_pfail(e, "Invalid '%s.tool_calls': empty array. Expected an array with minimum length 1, but got "
                            "an empty array instead.", where);
                 }
                 msg->calls = calloc(json_array_size(calls), sizeof *msg->calls);
@@ -158,13 +115,13 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
                     json_t *args = json_object_get(fn, "arguments");
                     if (!id || !name || !json_is_string(args)) {
                         free(text.s);
-                        return fail(e, "%s.tool_calls[%zu]: expected id, function.name and function.arguments",
+                        return rc_pfail(e, "%s.tool_calls[%zu]: expected id, function.name and function.arguments",
                                     where, k);
                     }
                     for (size_t q = 0; q < msg->ncalls; q++)
                         if (!strcmp(msg->calls[q].id.s, id)) {
                             free(text.s);
-                            return fail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, i);
+                            return rc_pfail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, i);
                         }
                     rc_tool_call *c = &msg->calls[msg->ncalls++];
                     rc_str_set(&c->id, id, strlen(id));
@@ -179,12 +136,12 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             const char *id = json_string_value(json_object_get(m, "tool_call_id"));
             if (!pending) {
                 free(text.s);
-                return fail(e, "Messages with role 'tool' must be a response to a preceding message with "
+                return rc_pfail(e, "Messages with role 'tool' must be a response to a preceding message with "
                                "'tool_calls'");
             }
             if (!id) {
                 free(text.s);
-                return fail(e, "%s: missing field `tool_call_id`", where);
+                return rc_pfail(e, "%s: missing field `tool_call_id`", where);
             }
             /* each id answered exactly once */
             const rc_message *am = &conv->msgs[conv->nmsgs - 1 - answered];
@@ -193,11 +150,11 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             for (size_t k = 0; k < answered; k++)
                 if (!strcmp(conv->msgs[conv->nmsgs - answered + k].tool_call_id.s, id)) {
                     free(text.s);
-                    return fail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, pending_at);
+                    return rc_pfail(e, "Duplicate value for 'tool_call_id' of %s in message[%zu]", id, pending_at);
                 }
             if (!known) {
                 free(text.s);
-                return fail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding "
+                return rc_pfail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding "
                                "to each 'tool_call_id', The following tool_call_ids did not have response messages: "
                                "%s", id);
             }
@@ -206,143 +163,106 @@ static int convert_messages(const json_t *msgs, rc_conversation *conv, rc_api_er
             answered++;
         } else {
             free(text.s);
-            return fail(e, "%s: unknown variant `%s`, expected one of `system`, `user`, `assistant`, `tool`, "
+            return rc_pfail(e, "%s: unknown variant `%s`, expected one of `system`, `user`, `assistant`, `tool`, "
                            "`latest_reminder`",
                         where, role);
         }
         free(text.s);
-        if (!msg) return fail(e, "out of memory");
+        if (!msg) return rc_pfail(e, "out of memory");
     }
     (void)pending_at;
     /* prefill checks come after the tool-call sequence checks */
     json_array_foreach(msgs, i, m) {
         const char *r = json_string_value(json_object_get(m, "role"));
         if (json_is_true(json_object_get(m, "prefix")) && (i + 1 != nmsgs || strcmp(r, "assistant")))
-            return fail(e, "Invalid completion message: prefix set true with message which is not final message "
+            return rc_pfail(e, "Invalid completion message: prefix set true with message which is not final message "
                            "or message role is not assistant");
     }
     const json_t *last = json_array_get(msgs, nmsgs - 1);
     if (json_is_true(json_object_get(last, "prefix")) && any_calls)
-        return fail(e, "Function call should not be used with prefix");
+        return rc_pfail(e, "Function call should not be used with prefix");
     if (pending && answered < json_array_size(pending))
-        return fail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+        return rc_pfail(e, "An assistant message with 'tool_calls' must be followed by tool messages responding to "
                        "each 'tool_call_id'. (insufficient tool messages following tool_calls message)");
     return 0;
 }
 
 /* serde's wording for an unexpected JSON value ("invalid type: X, expected Y") */
-static void unexp(const json_t *v, char *buf, size_t n) {
-    switch (json_typeof(v)) {
-    case JSON_NULL: snprintf(buf, n, "null"); break;
-    case JSON_TRUE: snprintf(buf, n, "boolean `true`"); break;
-    case JSON_FALSE: snprintf(buf, n, "boolean `false`"); break;
-    case JSON_INTEGER: snprintf(buf, n, "integer `%lld`", (long long)json_integer_value(v)); break;
-    case JSON_REAL: {
-        rc_bytes b = {0};
-        rc_pyfloat(json_real_value(v), &b);
-        snprintf(buf, n, "floating point `%s`", b.v ? b.v : "");
-        rc_bytes_free(&b);
-        break;
-    }
-    case JSON_STRING: snprintf(buf, n, "string \"%.200s\"", json_string_value(v)); break;
-    case JSON_ARRAY: snprintf(buf, n, "sequence"); break;
-    case JSON_OBJECT: snprintf(buf, n, "map"); break;
-    }
-}
 
-static int bad_type(rc_api_error *e, const json_t *v, const char *expected) {
-    char u[300];
-    unexp(v, u, sizeof u);
-    return fail(e, "invalid request body: invalid type: %s, expected %s", u, expected);
-}
 
-static int missing(rc_api_error *e, const char *field) {
-    return fail(e, "invalid request body: missing field `%s`", field);
-}
 
 /* an unsigned integer field of width `bits` (32 or 64) */
-static int check_uint(rc_api_error *e, const json_t *v, int bits) {
-    const char *ty = bits == 32 ? "u32" : "u64";
-    if (json_is_null(v) || (bits == 64 && rc_json_is_u64(v))) return 0;
-    if (json_is_integer(v)) {
-        long long x = json_integer_value(v);
-        if (x < 0 || (bits == 32 && x > 4294967295LL))
-            return fail(e, "invalid request body: invalid value: integer `%lld`, expected %s", x, ty);
-        return 0;
-    }
-    return bad_type(e, v, ty);
-}
 
 static const char *const ROLES = "`system`, `user`, `assistant`, `tool`, `latest_reminder`";
 
 /* the deserialisation checks of one message (serde's order: the tag, then fields) */
 static int deser_message(const json_t *m, rc_api_error *e) {
-    if (!json_is_object(m)) return bad_type(e, m, "internally tagged enum ChatCompletionRequestMessage");
+    if (!json_is_object(m)) return rc_pbad_type(e, m, "internally tagged enum ChatCompletionRequestMessage");
     json_t *role = json_object_get(m, "role");
-    if (!role) return missing(e, "role");
-    if (!json_is_string(role)) return bad_type(e, role, "variant identifier");
+    if (!role) return rc_pmissing(e, "role");
+    if (!json_is_string(role)) return rc_pbad_type(e, role, "variant identifier");
     const char *r = json_string_value(role);
     if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
         strcmp(r, "latest_reminder"))
-        return fail(e, "invalid request body: unknown variant `%s`, expected one of %s", r, ROLES);
+        return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of %s", r, ROLES);
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)m, key, v) {
         if (!strcmp(key, "content")) {
             if (json_is_string(v) || (json_is_null(v) && !strcmp(r, "assistant"))) continue;
-            if (!json_is_array(v)) return fail(e, "invalid request body: content should be a string or a list");
+            if (!json_is_array(v)) return rc_pfail(e, "invalid request body: content should be a string or a list");
             size_t i;
             json_t *part;
             json_array_foreach(v, i, part) {
                 if (!json_is_object(part))
-                    return bad_type(e, part, "internally tagged enum ChatCompletionRequestContentBlock");
+                    return rc_pbad_type(e, part, "internally tagged enum ChatCompletionRequestContentBlock");
                 json_t *ty = json_object_get(part, "type");
-                if (!ty) return missing(e, "type");
-                if (!json_is_string(ty)) return bad_type(e, ty, "variant identifier");
+                if (!ty) return rc_pmissing(e, "type");
+                if (!json_is_string(ty)) return rc_pbad_type(e, ty, "variant identifier");
                 const char *t = json_string_value(ty);
                 if (!strcmp(t, "text")) {
                     json_t *tx = json_object_get(part, "text");
-                    if (!tx) return missing(e, "text");
-                    if (!json_is_string(tx)) return bad_type(e, tx, "a string");
+                    if (!tx) return rc_pmissing(e, "text");
+                    if (!json_is_string(tx)) return rc_pbad_type(e, tx, "a string");
                 } else if (strcmp(t, "image_url") && strcmp(t, "file")) {
-                    return fail(e, "invalid request body: unknown variant `%s`, expected one of `text`, `image_url`, `file`", t);
+                    return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of `text`, `image_url`, `file`", t);
                 }
             }
         } else if (!strcmp(key, "reasoning_content") || (!strcmp(key, "tool_call_id") && !strcmp(r, "tool"))) {
-            if (!json_is_string(v) && !json_is_null(v)) return bad_type(e, v, "a string");
+            if (!json_is_string(v) && !json_is_null(v)) return rc_pbad_type(e, v, "a string");
         } else if (!strcmp(key, "tool_calls") && !strcmp(r, "assistant")) {
             if (json_is_null(v)) continue;
-            if (!json_is_array(v)) return bad_type(e, v, "a sequence");
+            if (!json_is_array(v)) return rc_pbad_type(e, v, "a sequence");
             size_t i;
             json_t *tc;
             json_array_foreach(v, i, tc) {
-                if (!json_is_object(tc)) return bad_type(e, tc, "struct ChatCompletionMessageToolCall");
+                if (!json_is_object(tc)) return rc_pbad_type(e, tc, "struct ChatCompletionMessageToolCall");
                 const char *k2;
                 json_t *v2;
                 json_object_foreach(tc, k2, v2) {
-                    if (!strcmp(k2, "id") && !json_is_string(v2)) return bad_type(e, v2, "a string");
+                    if (!strcmp(k2, "id") && !json_is_string(v2)) return rc_pbad_type(e, v2, "a string");
                     if (!strcmp(k2, "function")) {
-                        if (!json_is_object(v2)) return bad_type(e, v2, "struct FunctionCall");
+                        if (!json_is_object(v2)) return rc_pbad_type(e, v2, "struct FunctionCall");
                         json_t *nm = json_object_get(v2, "name"), *ar = json_object_get(v2, "arguments");
                         const char *k3;
                         json_t *v3;
                         json_object_foreach(v2, k3, v3) {
                             if ((!strcmp(k3, "name") || !strcmp(k3, "arguments")) && !json_is_string(v3))
-                                return bad_type(e, v3, "a string");
+                                return rc_pbad_type(e, v3, "a string");
                         }
-                        if (!nm) return missing(e, "name");
-                        if (!ar) return missing(e, "arguments");
+                        if (!nm) return rc_pmissing(e, "name");
+                        if (!ar) return rc_pmissing(e, "arguments");
                     }
                 }
-                if (!json_object_get(tc, "id")) return missing(e, "id");
-                if (!json_object_get(tc, "function")) return missing(e, "function");
+                if (!json_object_get(tc, "id")) return rc_pmissing(e, "id");
+                if (!json_object_get(tc, "function")) return rc_pmissing(e, "function");
             }
         }
     }
-    if (!strcmp(r, "tool") && !json_object_get(m, "tool_call_id")) return missing(e, "tool_call_id");
+    if (!strcmp(r, "tool") && !json_object_get(m, "tool_call_id")) return rc_pmissing(e, "tool_call_id");
     if ((!strcmp(r, "user") || !strcmp(r, "system") || !strcmp(r, "tool") || !strcmp(r, "latest_reminder")) &&
         !json_object_get(m, "content"))
-        return missing(e, "content");
+        return rc_pmissing(e, "content");
     return 0;
 }
 
@@ -350,103 +270,103 @@ static int deser_message(const json_t *m, rc_api_error *e) {
 static int deser_body(const json_t *body, rc_api_error *e) {
     if (json_is_array(body)) { /* serde reads a sequence as the struct's fields in order */
         json_t *first = json_array_get(body, 0);
-        if (first && !json_is_array(first)) return bad_type(e, first, "a sequence");
-        return fail(e, "invalid request body: invalid length %zu, expected struct ChatCompletionRequest with 20 elements",
+        if (first && !json_is_array(first)) return rc_pbad_type(e, first, "a sequence");
+        return rc_pfail(e, "invalid request body: invalid length %zu, expected struct ChatCompletionRequest with 20 elements",
                     json_array_size(body));
     }
-    if (!json_is_object(body)) return bad_type(e, body, "struct ChatCompletionRequest");
+    if (!json_is_object(body)) return rc_pbad_type(e, body, "struct ChatCompletionRequest");
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)body, key, v) {
         if (!strcmp(key, "model")) {
-            if (!json_is_string(v)) return bad_type(e, v, "a string");
+            if (!json_is_string(v)) return rc_pbad_type(e, v, "a string");
         } else if (!strcmp(key, "messages")) {
-            if (!json_is_array(v)) return bad_type(e, v, "a sequence");
+            if (!json_is_array(v)) return rc_pbad_type(e, v, "a sequence");
             size_t i;
             json_t *m;
             json_array_foreach(v, i, m) if (deser_message(m, e)) return -1;
         } else if (!strcmp(key, "max_tokens") || !strcmp(key, "max_completion_tokens")) {
-            if (check_uint(e, v, 32)) return -1;
+            if (rc_pcheck_uint(e, v, 32)) return -1;
         } else if (!strcmp(key, "seed")) {
-            if (check_uint(e, v, 64)) return -1;
+            if (rc_pcheck_uint(e, v, 64)) return -1;
         } else if (!strcmp(key, "n")) {
-            if (check_uint(e, v, 32)) return -1;
+            if (rc_pcheck_uint(e, v, 32)) return -1;
         } else if (!strcmp(key, "temperature") || !strcmp(key, "top_p") || !strcmp(key, "frequency_penalty") ||
                    !strcmp(key, "presence_penalty")) {
-            if (!json_is_null(v) && !json_is_number(v)) return bad_type(e, v, "f32");
+            if (!json_is_null(v) && !json_is_number(v)) return rc_pbad_type(e, v, "f32");
         } else if (!strcmp(key, "stop")) {
             if (json_is_null(v) || json_is_string(v)) continue;
-            if (!json_is_array(v)) return fail(e, "invalid request body: expected a string or a list");
+            if (!json_is_array(v)) return rc_pfail(e, "invalid request body: expected a string or a list");
             size_t i;
             json_t *x;
-            json_array_foreach(v, i, x) if (!json_is_string(x)) return bad_type(e, x, "a string");
+            json_array_foreach(v, i, x) if (!json_is_string(x)) return rc_pbad_type(e, x, "a string");
         } else if (!strcmp(key, "reasoning_effort")) {
             if (json_is_null(v)) continue;
-            if (!json_is_string(v)) return bad_type(e, v, "string or map");
+            if (!json_is_string(v)) return rc_pbad_type(e, v, "string or map");
             int th;
             rc_effort ef;
-            if (parse_effort(json_string_value(v), &th, &ef))
-                return fail(e, "invalid request body: unknown variant `%s`, expected one of `none`, `minimal`, "
+            if (rc_pparse_effort(json_string_value(v), &th, &ef))
+                return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of `none`, `minimal`, "
                                "`low`, `medium`, `high`, `xhigh`, `ultra`, `max`",
                             json_string_value(v));
         } else if (!strcmp(key, "thinking")) {
             if (json_is_null(v)) continue;
-            if (!json_is_object(v)) return bad_type(e, v, "struct ChatCompletionThinking");
+            if (!json_is_object(v)) return rc_pbad_type(e, v, "struct ChatCompletionThinking");
             json_t *ty = json_object_get(v, "type");
-            if (!ty) return missing(e, "type");
+            if (!ty) return rc_pmissing(e, "type");
             const char *t = json_string_value(ty);
-            if (!t) return bad_type(e, ty, "variant identifier");
+            if (!t) return rc_pbad_type(e, ty, "variant identifier");
             if (strcmp(t, "enabled") && strcmp(t, "adaptive") && strcmp(t, "disabled"))
-                return fail(e, "invalid request body: unknown variant `%s`, expected one of `adaptive`, `enabled`, `disabled`", t);
+                return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of `adaptive`, `enabled`, `disabled`", t);
         } else if (!strcmp(key, "response_format")) {
             if (json_is_null(v)) continue;
-            if (!json_is_object(v)) return bad_type(e, v, "internally tagged enum ChatCompletionResponseFormat");
+            if (!json_is_object(v)) return rc_pbad_type(e, v, "internally tagged enum ChatCompletionResponseFormat");
             json_t *ty = json_object_get(v, "type");
-            if (!ty) return missing(e, "type");
+            if (!ty) return rc_pmissing(e, "type");
             const char *t = json_string_value(ty);
-            if (!t) return bad_type(e, ty, "variant identifier");
+            if (!t) return rc_pbad_type(e, ty, "variant identifier");
             if (strcmp(t, "json_object") && strcmp(t, "json_schema") && strcmp(t, "regex") && strcmp(t, "text"))
-                return fail(e, "invalid request body: unknown variant `%s`, expected one of `json_object`, `json_schema`, `regex`, `text`", t);
+                return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of `json_object`, `json_schema`, `regex`, `text`", t);
         } else if (!strcmp(key, "tools")) {
             if (json_is_null(v)) continue;
-            if (!json_is_array(v)) return bad_type(e, v, "a sequence");
+            if (!json_is_array(v)) return rc_pbad_type(e, v, "a sequence");
             size_t i;
             json_t *t;
             json_array_foreach(v, i, t) {
-                if (!json_is_object(t)) return bad_type(e, t, "internally tagged enum ChatCompletionTool");
+                if (!json_is_object(t)) return rc_pbad_type(e, t, "internally tagged enum ChatCompletionTool");
                 json_t *ty = json_object_get(t, "type");
-                if (!ty) return missing(e, "type");
+                if (!ty) return rc_pmissing(e, "type");
                 const char *tt = json_string_value(ty);
-                if (!tt) return bad_type(e, ty, "variant identifier");
+                if (!tt) return rc_pbad_type(e, ty, "variant identifier");
                 if (strcmp(tt, "function"))
-                    return fail(e, "invalid request body: unknown variant `%s`, expected `function`", tt);
+                    return rc_pfail(e, "invalid request body: unknown variant `%s`, expected `function`", tt);
                 json_t *fn = json_object_get(t, "function");
-                if (!fn) return missing(e, "function");
-                if (!json_is_object(fn)) return bad_type(e, fn, "struct FunctionObject");
+                if (!fn) return rc_pmissing(e, "function");
+                if (!json_is_object(fn)) return rc_pbad_type(e, fn, "struct FunctionObject");
                 json_t *nm = json_object_get(fn, "name");
-                if (!nm) return missing(e, "name");
-                if (!json_is_string(nm)) return bad_type(e, nm, "a string");
+                if (!nm) return rc_pmissing(e, "name");
+                if (!json_is_string(nm)) return rc_pbad_type(e, nm, "a string");
             }
         } else if (!strcmp(key, "tool_choice")) {
             if (json_is_null(v)) continue;
             if (json_is_string(v)) {
                 const char *t = json_string_value(v);
                 if (strcmp(t, "none") && strcmp(t, "auto") && strcmp(t, "required"))
-                    return fail(e, "invalid request body: expected one of `none`, `auto`, `required` or a tool");
+                    return rc_pfail(e, "invalid request body: expected one of `none`, `auto`, `required` or a tool");
             } else if (json_is_object(v)) {
                 json_t *fn = json_object_get(v, "function");
-                if (!fn) return missing(e, "function");
+                if (!fn) return rc_pmissing(e, "function");
                 if (!json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
-                    return missing(e, "name");
+                    return rc_pmissing(e, "name");
             } else {
-                return fail(e, "invalid request body: expected one of `none`, `auto`, `required` or a tool");
+                return rc_pfail(e, "invalid request body: expected one of `none`, `auto`, `required` or a tool");
             }
         } else if (!strcmp(key, "stream")) {
-            if (!json_is_null(v) && !json_is_boolean(v)) return bad_type(e, v, "a boolean");
+            if (!json_is_null(v) && !json_is_boolean(v)) return rc_pbad_type(e, v, "a boolean");
         }
     }
-    if (!json_object_get(body, "model")) return missing(e, "model");
-    if (!json_object_get(body, "messages")) return missing(e, "messages");
+    if (!json_object_get(body, "model")) return rc_pmissing(e, "model");
+    if (!json_object_get(body, "messages")) return rc_pmissing(e, "messages");
     return 0;
 }
 
@@ -455,157 +375,11 @@ static int deser_body(const json_t *body, rc_api_error *e) {
  * known keywords only, in the model's field order, every object closed
  * ("additionalProperties": false) with all properties required.  Returns a
  * new value, or NULL with e filled. */
-static void copy_key(json_t *dst, const json_t *src, const char *k) {
-    json_t *v = json_object_get(src, k);
-    if (v && !json_is_null(v)) json_object_set(dst, k, v);
-}
 
-static json_t *strict_schema(const json_t *in, int top, rc_api_error *e) {
-    static const char *const PFX = "Invalid tool parameters schema : ";
-    if (!json_is_object(in)) {
-        fail(e, "%sinvalid type: expected a map", PFX);
-        return NULL;
-    }
-    json_t *out = json_object();
-    json_t *ty = json_object_get(in, "type");
-    if (json_object_get(in, "$ref")) {
-        copy_key(out, in, "$ref");
-        return out;
-    }
-    if (json_object_get(in, "anyOf") && !ty) {
-        json_t *arr = json_array(), *any = json_object_get(in, "anyOf");
-        for (size_t k = 0; k < json_array_size(any); k++) {
-            json_t *x = strict_schema(json_array_get(any, k), 0, e);
-            if (!x) goto bad_arr;
-            json_array_append_new(arr, x);
-        }
-        json_object_set_new(out, "anyOf", arr);
-        copy_key(out, in, "description");
-        return out;
-    bad_arr:
-        json_decref(arr);
-        json_decref(out);
-        return NULL;
-    }
-    if (!ty) {
-        json_decref(out);
-        fail(e, "%sone of `type`, `anyOf`, `$ref` field is required", PFX);
-        return NULL;
-    }
-    json_object_set(out, "type", ty);
-    const char *t = json_string_value(ty);
-    if (!t) { /* a list of types */
-        copy_key(out, in, "description");
-        return out;
-    }
-    if (!strcmp(t, "string")) {
-        copy_key(out, in, "description");
-        copy_key(out, in, "pattern");
-        const char *f = json_string_value(json_object_get(in, "format"));
-        if (f && strcmp(f, "email") && strcmp(f, "hostname") && strcmp(f, "ipv4") && strcmp(f, "ipv6") &&
-            strcmp(f, "uuid")) {
-            json_decref(out);
-            fail(e, "%sunknown variant `%s`, expected one of `email`, `hostname`, `ipv4`, `ipv6`, `uuid`", PFX, f);
-            return NULL;
-        }
-        copy_key(out, in, "format");
-        copy_key(out, in, "enum");
-    } else if (!strcmp(t, "number") || !strcmp(t, "integer")) {
-        static const char *const keys[] = {"description", "default", "const", "minimum", "maximum",
-                                           "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) copy_key(out, in, keys[k]);
-    } else if (!strcmp(t, "array")) {
-        json_t *items = json_object_get(in, "items");
-        if (!items) {
-            json_decref(out);
-            fail(e, "%smissing field `items`", PFX);
-            return NULL;
-        }
-        json_t *x = strict_schema(items, 0, e);
-        if (!x) {
-            json_decref(out);
-            return NULL;
-        }
-        json_object_set_new(out, "items", x);
-        copy_key(out, in, "description");
-    } else if (!strcmp(t, "object")) {
-        json_t *props = json_object_get(in, "properties");
-        if (!json_is_object(props)) {
-            if (!top) {
-                json_decref(out);
-                fail(e, "An object with no properties is not allowed.");
-                return NULL;
-            }
-            props = NULL;
-        }
-        if (json_is_true(json_object_get(in, "additionalProperties"))) {
-            json_decref(out);
-            fail(e, "additionalProperties should not be true");
-            return NULL;
-        }
-        json_t *req = json_object_get(in, "required");
-        size_t np = props ? json_object_size(props) : 0;
-        if (req) {
-            int ok = json_is_array(req) && json_array_size(req) == np;
-            for (size_t i = 0; ok && i < json_array_size(req); i++)
-                ok = json_is_string(json_array_get(req, i)) && props &&
-                     json_object_get(props, json_string_value(json_array_get(req, i)));
-            if (!ok) {
-                json_decref(out);
-                fail(e, "Required properties must match all properties in the object");
-                return NULL;
-            }
-        }
-        json_t *np_obj = json_object(), *all = json_array();
-        const char *k;
-        json_t *v;
-        if (props) json_object_foreach(props, k, v) {
-            json_t *x = strict_schema(v, 0, e);
-            if (!x) {
-                json_decref(np_obj);
-                json_decref(all);
-                json_decref(out);
-                return NULL;
-            }
-            json_object_set_new(np_obj, k, x);
-            json_array_append_new(all, json_string(k));
-        }
-        json_object_set_new(out, "properties", np_obj);
-        json_object_set_new(out, "additionalProperties", json_false());
-        if (req) {
-            json_object_set(out, "required", req);
-            json_decref(all);
-        } else {
-            json_object_set_new(out, "required", all);
-        }
-        copy_key(out, in, "description");
-    } else { /* boolean, null */
-        copy_key(out, in, "description");
-    }
-    return out;
-}
 
-static int range_fail(rc_api_error *e, const char *field, const char *range) {
-    return fail(e, "Invalid %s value, the valid range of %s is %s", field, field, range);
-}
 
-static void free_tool(rc_tool_def *t) {
-    free(t->name.s);
-    free(t->description.s);
-    json_decref(t->parameters);
-}
 
 /* "json" anywhere in message content, ASCII case-insensitive */
-static int mentions_json(const rc_conversation *c) {
-    for (size_t i = 0; i < c->nmsgs; i++) {
-        const rc_str *t = &c->msgs[i].content;
-        for (size_t k = 0; k + 4 <= t->n; k++)
-            if ((t->s[k] | 32) == 'j' && (t->s[k + 1] | 32) == 's' && (t->s[k + 2] | 32) == 'o' &&
-                (t->s[k + 3] | 32) == 'n')
-                return 1;
-    }
-    return 0;
-}
 
 int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf, rc_api_error *e) {
     memset(conv, 0, sizeof *conv);
@@ -613,60 +387,60 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
     if (deser_body(body, e)) return -1;
     const char *model = json_string_value(json_object_get(body, "model"));
     if (strcmp(model, "DeepSeek-V4-Pro") && strcmp(model, "DeepSeek-V4.1-Flash"))
-        return fail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
+        return rc_pfail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
                     model);
     json_t *msgs = json_object_get(body, "messages");
-    if (json_array_size(msgs) == 0) return fail(e, "Empty input messages");
+    if (json_array_size(msgs) == 0) return rc_pfail(e, "Empty input messages");
 
     json_t *v;
     if ((v = json_object_get(body, "max_tokens")) && !json_is_null(v)) {
         long long x = json_integer_value(v);
-        if (x < 1 || x > 393216) return range_fail(e, "max_tokens", "[1, 393216]");
+        if (x < 1 || x > 393216) return rc_prange_fail(e, "max_tokens", "[1, 393216]");
         inf->max_tokens = x;
     }
     if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
         double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) return range_fail(e, "temperature", "[0, 2]");
+        if (!(t >= 0 && t <= 2)) return rc_prange_fail(e, "temperature", "[0, 2]");
         inf->temperature = t;
         inf->has_temperature = 1;
     }
     if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
         double t = json_number_value(v);
-        if (!(t > 0 && t <= 1)) return range_fail(e, "top_p", "(0, 1.0]");
+        if (!(t > 0 && t <= 1)) return rc_prange_fail(e, "top_p", "(0, 1.0]");
         inf->top_p = t;
         inf->has_top_p = 1;
     }
     if ((v = json_object_get(body, "n")) && !json_is_null(v) && json_integer_value(v) != 1)
-        return fail(e, "Invalid n value (currently only n = 1 is supported)");
+        return rc_pfail(e, "Invalid n value (currently only n = 1 is supported)");
     if ((v = json_object_get(body, "frequency_penalty")) && !json_is_null(v) &&
         !(json_number_value(v) >= -2 && json_number_value(v) <= 2))
-        return range_fail(e, "frequency_penalty", "[-2, 2]");
+        return rc_prange_fail(e, "frequency_penalty", "[-2, 2]");
     if ((v = json_object_get(body, "presence_penalty")) && !json_is_null(v) &&
         !(json_number_value(v) >= -2 && json_number_value(v) <= 2))
-        return range_fail(e, "presence_penalty", "[-2, 2]");
+        return rc_prange_fail(e, "presence_penalty", "[-2, 2]");
     if ((v = json_object_get(body, "seed")) && rc_json_is_u64(v)) /* >= 2^63 */
-        return range_fail(e, "seed", "[0, 2^63)");
+        return rc_prange_fail(e, "seed", "[0, 2^63)");
     if ((v = json_object_get(body, "top_logprobs")) && !json_is_null(v)) {
         if (!json_is_true(json_object_get(body, "logprobs")))
-            return fail(e, "Invalid top_logprobs and logprobs value, logprobs must be set to true if top_logprobs "
+            return rc_pfail(e, "Invalid top_logprobs and logprobs value, logprobs must be set to true if top_logprobs "
                            "is used.");
         if (!(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 20))
-            return fail(e, "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].");
+            return rc_pfail(e, "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].");
     }
     inf->stream = json_is_true(json_object_get(body, "stream"));
     if ((v = json_object_get(body, "stream_options")) && !json_is_null(v) && !inf->stream)
-        return fail(e, "stream_options should be set along with stream = true");
+        return rc_pfail(e, "stream_options should be set along with stream = true");
     if ((v = json_object_get(body, "stop")) && !json_is_null(v)) {
         size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        if (n > 16) return fail(e, "Stop string array too long: %zu", n);
+        if (n > 16) return rc_pfail(e, "Stop string array too long: %zu", n);
         inf->stop = calloc(n ? n : 1, sizeof *inf->stop);
         for (size_t k = 0; k < n; k++) {
             json_t *x = json_is_array(v) ? json_array_get(v, k) : v;
             if (!json_string_length(x))
                 return json_is_array(v)
-                           ? fail(e, "Invalid 'stop[%zu]': empty string. Expected a string with minimum length 1, but "
+                           ? rc_pfail(e, "Invalid 'stop[%zu]': empty string. Expected a string with minimum length 1, but "
                                      "got an empty string instead.", k)
-                           : fail(e, "Invalid 'stop': empty string. Expected a string with minimum length 1, but got "
+                           : rc_pfail(e, "Invalid 'stop': empty string. Expected a string with minimum length 1, but got "
                                      "an empty string instead.");
             inf->stop[inf->nstop++] = strdup(json_string_value(x));
         }
@@ -678,7 +452,7 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
     json_t *re = json_object_get(body, "reasoning_effort");
     int re_think = 1;
     rc_effort eff = RC_EFFORT_UNSET;
-    if (json_is_string(re)) parse_effort(json_string_value(re), &re_think, &eff);
+    if (json_is_string(re)) rc_pparse_effort(json_string_value(re), &re_think, &eff);
     if (tty) conv->thinking = strcmp(tty, "disabled") != 0;
     else if (json_is_string(re)) conv->thinking = re_think;
     conv->effort = conv->thinking ? (eff == RC_EFFORT_UNSET ? RC_EFFORT_HIGH : eff) : RC_EFFORT_UNSET;
@@ -691,7 +465,7 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
         if (!strcmp(ty, "json_object")) conv->json_mode = 1;
         else if (!strcmp(ty, "json_schema")) {
             json_t *schema = json_object_get(json_object_get(v, "json_schema"), "schema");
-            if (!schema) return fail(e, "invalid request body: missing field `schema`");
+            if (!schema) return rc_pfail(e, "invalid request body: missing field `schema`");
             conv->json_schema = json_incref(schema);
         }
     }
@@ -706,16 +480,16 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
         const char *name = json_string_value(json_object_get(fn, "name"));
         size_t nl = strlen(name);
         if (nl == 0)
-            return fail(e, "Invalid 'tools[%zu].function.name': empty string. Expected a string with minimum length 1, "
+            return rc_pfail(e, "Invalid 'tools[%zu].function.name': empty string. Expected a string with minimum length 1, "
                            "but got an empty string instead.", k);
         if (nl > 128)
-            return fail(e, "Invalid 'tools[%zu].function.name': string too long. Expected a string with maximum "
+            return rc_pfail(e, "Invalid 'tools[%zu].function.name': string too long. Expected a string with maximum "
                            "length 128, but got a string with length %zu instead.", k, nl);
-        if (!valid_tool_name(name, nl))
-            return fail(e, "Invalid 'tools[%zu].function.name': string does not match pattern. Expected a string "
+        if (!rc_pvalid_tool_name(name, nl))
+            return rc_pfail(e, "Invalid 'tools[%zu].function.name': string does not match pattern. Expected a string "
                            "that matches the pattern '^[a-zA-Z0-9_-]+$'.", k);
         for (size_t q = 0; q < conv->ntools; q++)
-            if (!strcmp(conv->tools[q].name.s, name)) return fail(e, "Tool names must be unique.");
+            if (!strcmp(conv->tools[q].name.s, name)) return rc_pfail(e, "Tool names must be unique.");
         rc_tool_def *d = &conv->tools[conv->ntools++];
         rc_str_set(&d->name, name, nl);
         json_t *desc = json_object_get(fn, "description");
@@ -732,22 +506,22 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
                 if (!pt) snprintf(got, sizeof got, "null");
                 else if (json_is_string(pt)) snprintf(got, sizeof got, "\"%.200s\"", json_string_value(pt));
                 else snprintf(got, sizeof got, "%s", "?");
-                return fail(e, "Invalid schema for function '%s': schema must be a JSON Schema of 'type: \"object\"', "
+                return rc_pfail(e, "Invalid schema for function '%s': schema must be a JSON Schema of 'type: \"object\"', "
                                "got 'type: %s'.", name, got);
             }
             d->parameters = json_incref(params);
         }
         if (json_is_true(json_object_get(fn, "strict"))) {
             json_t *in = d->parameters ? d->parameters : json_pack("{s:s}", "type", "object");
-            json_t *st = strict_schema(in, 1, e);
+            json_t *st = rc_pstrict_schema(in, 1, e);
             json_decref(in);
             d->parameters = st;
             if (!st) return -1;
         }
     }
     if (nstrict && nstrict != (int)conv->ntools)
-        return fail(e, "Cannot use strict tool with non-strict tool in the same request");
-    if (nstrict && rf_any) return fail(e, "response_format should not be used with tools");
+        return rc_pfail(e, "Cannot use strict tool with non-strict tool in the same request");
+    if (nstrict && rf_any) return rc_pfail(e, "response_format should not be used with tools");
 
     conv->tool_choice = conv->ntools ? RC_CHOICE_AUTO : RC_CHOICE_NONE;
     json_t *tc = json_object_get(body, "tool_choice");
@@ -768,28 +542,28 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
                 for (size_t q = 0; q < conv->ntools; q++)
                     if (!strcmp(conv->tools[q].name.s, name)) keep = q;
                 if (keep == SIZE_MAX)
-                    return fail(e, "Invalid value for 'tool_call': no function named '%s' was specified in the "
+                    return rc_pfail(e, "Invalid value for 'tool_call': no function named '%s' was specified in the "
                                    "'tools' parameter.", name);
                 rc_tool_def only = conv->tools[keep];
                 for (size_t q = 0; q < conv->ntools; q++)
-                    if (q != keep) free_tool(&conv->tools[q]);
+                    if (q != keep) rc_pfree_tool(&conv->tools[q]);
                 conv->tools[0] = only;
                 conv->ntools = 1;
                 conv->tool_choice = RC_CHOICE_REQUIRED;
             }
         }
         if (forced && conv->thinking && conv->ntools)
-            return fail(e, "Thinking mode does not support this tool_choice");
+            return rc_pfail(e, "Thinking mode does not support this tool_choice");
     }
     if (conv->tool_choice == RC_CHOICE_NONE) {
-        for (size_t q = 0; q < conv->ntools; q++) free_tool(&conv->tools[q]);
+        for (size_t q = 0; q < conv->ntools; q++) rc_pfree_tool(&conv->tools[q]);
         conv->ntools = 0;
     }
     if (convert_messages(msgs, conv, e)) return -1;
     if (conv->json_mode && conv->nmsgs && conv->msgs[conv->nmsgs - 1].prefix)
-        return fail(e, "response_format json_object should not be used with prefix");
-    if (conv->json_mode && !mentions_json(conv))
-        return fail(e, "Prompt must contain the word 'json' in some form to use 'response_format' of type "
+        return rc_pfail(e, "response_format json_object should not be used with prefix");
+    if (conv->json_mode && !rc_pmentions_json(conv))
+        return rc_pfail(e, "Prompt must contain the word 'json' in some form to use 'response_format' of type "
                        "'json_object'.");
     return 0;
 }

@@ -31,6 +31,10 @@ void rc_inference_free(rc_inference *inf);
 /* body: a parsed JSON object.  Returns 0 or -1 with e filled. */
 int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf, rc_api_error *e);
 
+/* OpenAI Responses and Anthropic Messages requests (responses.c, messages.c) */
+int rc_responses_convert(const json_t *body, rc_conversation *conv, rc_inference *inf, rc_api_error *e);
+int rc_messages_convert(const json_t *body, rc_conversation *conv, rc_inference *inf, rc_api_error *e);
+
 /* The error body JSON (compact) for e, appended to out. */
 int rc_api_error_json(const rc_api_error *e, rc_bytes *out);
 

@@ -303,7 +303,7 @@ static int is_user_like(const rc_message *m) { return m->role == RC_ROLE_USER ||
 /* Normalisation as deepseek-recipe 0.2.0 does it (docs/RECIPE.md):
  *  - V4 has no system token: every non-empty system message, wherever it
  *    is, is merged ("\n\n") into one leading system message;
- *  - V4.1 keeps system messages in place and drops empty ones;
+ *  - V4.1 keeps system messages in place (empty ones too);
  *  - consecutive user messages merge with "\n\n" (V4 skips empty ones,
  *    V4.1 joins them too);
  *  - V4 sorts an assistant's tool calls and their results by call id. */
@@ -329,7 +329,9 @@ static int normalize(const rc_conversation *c, rc_encoding enc, rc_message **out
         const rc_message *m = &c->msgs[i];
         rc_message *last = n ? &v[n - 1] : NULL;
         if (m->role == RC_ROLE_SYSTEM) {
-            if (enc == RC_ENC_V4 || !m->content.n) continue;
+            /* V4.1 keeps even an empty system message (Chat drops those at
+             * conversion; Responses and Messages do not) */
+            if (enc == RC_ENC_V4) continue;
         } else if (m->role == RC_ROLE_USER && last && last->role == RC_ROLE_USER) {
             if (enc == RC_ENC_V4) {
                 if (!m->content.n) continue;

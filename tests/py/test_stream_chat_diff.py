@@ -1,0 +1,212 @@
+"""Differential test of the Chat Completions OUTPUT side against deepseek-recipe 0.2.0.
+
+CLI contract (see docs/STREAM.md):
+
+    build/deepinfer recipe parse --api chat --encoding v4|v4.1 --request REQ.json [--stream]
+        --deterministic --prompt-tokens P --cached-tokens C [--finish stop|length|content_filter]
+        < chunks.jsonl
+
+chunks.jsonl: one JSON string per line = one backend text chunk (1 token each); no line = no
+text chunk.  Without --finish no Finish chunk is sent (end of stream).  stdout must be exactly
+``stream_oracle.parse_chat(...)``: the SSE text (all ``data: ...\\n\\n`` events including
+``data: [DONE]\\n\\n``) with --stream, else the JSON response body (no trailing newline).
+REQ.json holds the effective body (its ``stream`` field agrees with --stream).
+
+Set DEEPINFER_PARSE_CMD to run another command instead of build/deepinfer, e.g.
+``DEEPINFER_PARSE_CMD="python tests/py/stream_oracle.py"`` checks this harness against the
+oracle's own CLI shim.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+
+import pytest
+
+import stream_gen
+import stream_oracle as so
+
+N_CASES = 360
+N_CHUNKINGS = 20
+SEED = 20260201
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return stream_gen.chat_cases(SEED, N_CASES)
+
+
+def _oracle(case, chunks, stream):
+    return so.parse_chat(case["request"], case["encoding"], chunks, stream=stream,
+                         prompt_tokens=case["prompt_tokens"], cached_tokens=case["cached_tokens"],
+                         finish=case["finish"])
+
+
+def _normalized(case, agg: dict) -> dict:
+    agg = dict(agg)
+    agg.pop("usage")  # completion_tokens = number of chunks consumed: chunking-dependent by design
+    if agg["content"] is None:  # stream: no content delta at all; body: "" (always present)
+        agg["content"] = ""
+    rf = case["request"].get("response_format") or {}
+    if rf.get("type") == "json_object":
+        # JSON mode: text outside the JSON becomes ONE space per (source chunk, run), so the
+        # number of leading/trailing spaces depends on chunking (docs/STREAM.md).
+        agg["content"] = agg["content"].strip(" ")
+    return agg
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference self-checks (no CLI needed)
+
+
+def test_reference_chunk_boundary_invariance(cases):
+    """Aggregated result is identical across >= 20 chunkings (incl. 1 code point per chunk)."""
+    failures = []
+    for i, case in enumerate(cases):
+        splits = stream_gen.chunkings(case["text"], i, N_CHUNKINGS)
+        possible = 2 if not case["text"] else 2 ** (len(case["text"]) - 1)
+        assert len(splits) >= min(N_CHUNKINGS, possible), case
+        want = None
+        for chunks in splits:
+            sse = so.aggregate_sse(_oracle(case, chunks, True))
+            body = so.aggregate_body(_oracle(case, chunks, False))
+            got_s, got_b = _normalized(case, sse), _normalized(case, body)
+            if got_s != got_b:
+                failures.append(("sse!=body", i, chunks, got_s, got_b))
+                break
+            if want is None:
+                want = got_s
+            elif got_s != want:
+                failures.append(("chunking", i, chunks, want, got_s))
+                break
+    assert not failures, json.dumps(failures[:3], ensure_ascii=False, indent=1)[:6000]
+
+
+def test_reference_usage_rules(cases):
+    for case in cases[:60]:
+        for stream in (False, True):
+            chunks = stream_gen.chunkings(case["text"], 1, 3)[-1]
+            agg = (so.aggregate_sse if stream else so.aggregate_body)(_oracle(case, chunks, stream))
+            u = agg["usage"]
+            p, h = case["prompt_tokens"], case["cached_tokens"]
+            assert u["prompt_tokens"] == p and u["prompt_cache_hit_tokens"] == h
+            assert u["prompt_tokens_details"] == {"cached_tokens": h}
+            assert u["prompt_cache_miss_tokens"] == max(0, p - h)
+            assert u["total_tokens"] == p + u["completion_tokens"]
+            assert u["completion_tokens"] <= len(chunks)
+
+
+def test_worked_example_exact():
+    """docs/STREAM.md example 1, byte for byte."""
+    req = {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "Hi"}]}
+    got = so.parse_chat(req, "v4.1", ["Short.\n</th", "ink>\n\nHi!"], stream=True,
+                        prompt_tokens=30, cached_tokens=0, finish="stop")
+    head = '{"id":"chatcmpl-test","object":"chat.completion.chunk","created":1767225600,' \
+           '"model":"DeepSeek-V4.1-Flash","system_fingerprint":"fp_test","choices":[{"index":0,"delta":'
+    want = (
+        "data: " + head + '{"role":"assistant","content":null,"reasoning_content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        "data: " + head + '{"content":null,"reasoning_content":"Short."},"logprobs":null,"finish_reason":null}]}\n\n'
+        "data: " + head + '{"content":"Hi!","reasoning_content":null},"logprobs":null,"finish_reason":null}]}\n\n'
+        "data: " + head + '{"content":"","reasoning_content":null},"logprobs":null,"finish_reason":"stop"}],'
+        '"usage":{"prompt_tokens":30,"completion_tokens":2,"total_tokens":32,"prompt_tokens_details":{"cached_tokens":0},'
+        '"prompt_cache_hit_tokens":0,"prompt_cache_miss_tokens":30}}\n\n'
+        "data: [DONE]\n\n"
+    )
+    assert got == want
+    body = so.parse_chat(req, "v4.1", ["Short.\n</th", "ink>\n\nHi!"], stream=False,
+                         prompt_tokens=30, cached_tokens=0, finish="stop")
+    assert body == (
+        '{"id":"chatcmpl-test","object":"chat.completion","created":1767225600,"model":"DeepSeek-V4.1-Flash",'
+        '"choices":[{"index":0,"message":{"role":"assistant","content":"Hi!","reasoning_content":"Short."},'
+        '"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":2,'
+        '"total_tokens":32,"prompt_tokens_details":{"cached_tokens":0},"prompt_cache_hit_tokens":0,'
+        '"prompt_cache_miss_tokens":30},"system_fingerprint":"fp_test"}'
+    )
+
+
+@pytest.mark.parametrize("text,args", [
+    # 0.2.0 parameter names end at the first SPACE (not at '"'); the quotes are copied raw.
+    ('<｜DSML｜ calls>\n<｜DSML｜ invoke name="f">\n<｜DSML｜ parameter name="shipping address" string="true">v'
+     '</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>', '{"shipping: "v"}'),
+    ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true"></｜DSML｜parameter>\n'
+     '<｜DSML｜parameter name="b" string="false">{"x": [1]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+     '{"a": "", "b": {"x": [1]}}'),
+])
+def test_argument_rules(text, args):
+    req = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "Hi"}],
+           "thinking": {"type": "disabled"},
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+    for chunks in ([text], list(text)):
+        agg = so.aggregate_sse(so.parse_chat(req, "v4", chunks, stream=True, prompt_tokens=1,
+                                             cached_tokens=0, finish="stop"))
+        assert agg["tool_calls"][0]["arguments"] == args
+        assert agg["tool_calls"][0]["id"] == "call_00_" + so.DETERMINISTIC_CALL_SUFFIX
+        assert agg["finish_reason"] == "tool_calls"
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI vs reference
+
+
+@pytest.fixture(scope="module")
+def parse_cmd(request):
+    env = os.environ.get("DEEPINFER_PARSE_CMD")
+    if env:
+        return shlex.split(env)
+    return [request.getfixturevalue("deepinfer")]
+
+
+def _jobs(cases, stream):
+    jobs = []
+    for i, case in enumerate(cases):
+        splits = stream_gen.chunkings(case["text"], 1000 + i, 6)
+        # whole text plus one rotating other split (1 code point per chunk, marker cuts, random)
+        picks = [splits[0]] + ([splits[1 + i % (len(splits) - 1)]] if len(splits) > 1 else [])
+        for chunks in picks:
+            jobs.append((i, case, chunks, stream))
+    return jobs
+
+
+def _run_one(cmd, tmp, job):
+    i, case, chunks, stream = job
+    req_path = os.path.join(tmp, f"req{i}_{int(stream)}_{len(chunks)}.json")
+    with open(req_path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(so.effective_request(case["request"], stream), ensure_ascii=False))
+    argv = cmd + ["recipe", "parse", "--api", "chat", "--encoding", case["encoding"], "--request", req_path]
+    if stream:
+        argv.append("--stream")
+    argv += ["--deterministic", "--prompt-tokens", str(case["prompt_tokens"]),
+             "--cached-tokens", str(case["cached_tokens"])]
+    if case["finish"] is not None:
+        argv += ["--finish", case["finish"]]
+    stdin = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks).encode("utf-8")
+    proc = subprocess.run(argv, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    want = _oracle(case, chunks, stream)
+    if proc.returncode != 0:
+        return (i, chunks, f"exit {proc.returncode}: {proc.stderr.decode('utf-8', 'replace')[-1500:]}")
+    got = proc.stdout.decode("utf-8", "replace")
+    if got != want:
+        k = next((j for j in range(min(len(got), len(want))) if got[j] != want[j]), min(len(got), len(want)))
+        return (i, chunks, f"first difference at char {k}:\n got: {got[max(0, k - 200):k + 200]!r}\n"
+                           f"want: {want[max(0, k - 200):k + 200]!r}")
+    return None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_cli_matches_reference(cases, parse_cmd, stream):
+    jobs = _jobs(cases, stream)
+    with tempfile.TemporaryDirectory() as tmp:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as ex:
+            results = list(ex.map(lambda j: _run_one(parse_cmd, tmp, j), jobs))
+    fails = [r for r in results if r is not None]
+    if fails:
+        i, chunks, msg = fails[0]
+        case = cases[i]
+        pytest.fail(f"{len(fails)}/{len(jobs)} mismatches; first: case {i} kind={case['kind']} "
+                    f"enc={case['encoding']} finish={case['finish']}\nrequest={json.dumps(case['request'], ensure_ascii=False)}\n"
+                    f"chunks={json.dumps(chunks, ensure_ascii=False)[:1500]}\n{msg}")
