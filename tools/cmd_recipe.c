@@ -34,8 +34,8 @@ static const char recipe_help[] =
     "A rejected request prints the API error body on stdout and exits 1 (400-class).\n"
     "\n"
     "       deepinfer recipe parse --api chat --request REQ.json [--stream] [--deterministic]\n"
-    "                              [--prompt-tokens P] [--cached-tokens C] [--finish stop|length|none]\n"
-    "                              < chunks.jsonl\n"
+    "                              [--prompt-tokens P] [--cached-tokens C]\n"
+    "                              [--finish stop|length|content_filter] < chunks.jsonl\n"
     "parse   runs model output through the output parser and prints what the server would\n"
     "        send: the SSE stream (--stream) or the JSON body. stdin: one JSON string per\n"
     "        line, each one backend text chunk (or {\"text\": ..., \"tokens\": N}).\n"
@@ -141,10 +141,12 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
     fclose(f);
     if (rd) return 1;
     json_error_t je;
-    json_t *req = rc_json_loadb(body.v, body.n, 0, &je);
+    json_t *req = rc_json_loadb(body.v ? body.v : "", body.n, 0, &je);
     rc_bytes_free(&body);
     rc_conversation conv;
     rc_inference inf;
+    memset(&conv, 0, sizeof conv);
+    memset(&inf, 0, sizeof inf);
     rc_api_error e = {0};
     if (!req || rc_chat_convert(req, &conv, &inf, &e)) {
         fprintf(stderr, "deepinfer recipe parse: request rejected: %s\n", req ? e.message : je.text);
@@ -153,11 +155,19 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
         rc_inference_free(&inf);
         return 1;
     }
+    /* an assistant prefill continues where it stopped: in reasoning (reasoning
+     * only), in content (some content), or from the start (empty) */
+    rc_reasoning_stage rs = conv.thinking ? RC_REASONING_START : RC_REASONING_NONE;
+    const rc_message *lastm = conv.nmsgs ? &conv.msgs[conv.nmsgs - 1] : NULL;
+    if (lastm && lastm->prefix && conv.thinking) {
+        if (lastm->content.n) rs = RC_REASONING_CONTENT;
+        else if (lastm->reasoning.n) rs = RC_REASONING_REASONING;
+    }
     rc_stream_opts so = {
         .parse_tool_calls = conv.ntools > 0,
         .tool_call_initial = conv.tool_choice == RC_CHOICE_REQUIRED && conv.ntools > 0,
         .json_output = conv.json_mode,
-        .reasoning = conv.thinking ? RC_REASONING_START : RC_REASONING_NONE,
+        .reasoning = rs,
         .stop = (const char *const *)inf.stop,
         .nstop = inf.nstop,
     };
@@ -169,7 +179,11 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
         .fingerprint = deterministic ? "fp_test" : NULL,
         .thinking = conv.thinking,
         .stream = stream,
-        .include_usage = json_is_true(json_object_get(so_opts, "include_usage")),
+        .include_usage = !json_is_true(json_object_get(req, "stream")) ||
+                         json_is_true(json_object_get(so_opts, "include_usage")),
+        .reasoning_start = conv.thinking && rs != RC_REASONING_CONTENT,
+        .content_continuation = conv.thinking && rs == RC_REASONING_CONTENT,
+        .deterministic = deterministic,
         .prompt_tokens = ptoks,
         .cached_tokens = ctoks,
     };
@@ -232,7 +246,7 @@ int cmd_recipe(int argc, char **argv) {
                                        {"prompt-tokens", required_argument, 0, 'p'},
                                        {"cached-tokens", required_argument, 0, 'c'},
                                        {"finish", required_argument, 0, 'f'},   {0, 0, 0, 0}};
-    const char *req_path = NULL, *finish = "stop";
+    const char *req_path = NULL, *finish = "none"; /* no --finish: the backend never said why */
     int stream = 0, deterministic = 0;
     long long ptoks = 0, ctoks = 0;
     const char *api = "chat", *path = cli_default_tokenizer();

@@ -28,7 +28,9 @@ struct rc_chat_out {
     rc_bytes content, reasoning;
     int has_content, has_reasoning;
     rc_bytes *names, *args;
+    char (*ids)[48];
     size_t ncalls;
+    int reasoning_emitted; /* any reasoning text before a call decides its id */
 };
 
 const char *rc_finish_name(rc_finish f) {
@@ -65,6 +67,7 @@ void rc_chat_out_free(rc_chat_out *c) {
     }
     free(c->names);
     free(c->args);
+    free(c->ids);
     free(c);
 }
 
@@ -72,10 +75,24 @@ void rc_chat_out_event(void *ctx, rc_event_kind kind, const char *text, size_t n
     rc_chat_out *c = ctx;
     if (kind == RC_EV_TOOL_CALL) {
         rc_bytes *nn = realloc(c->names, (c->ncalls + 1) * sizeof *nn);
-        rc_bytes *na = nn ? realloc(c->args, (c->ncalls + 1) * sizeof *na) : NULL;
         if (nn) c->names = nn;
-        if (!na) return;
-        c->args = na;
+        rc_bytes *na = nn ? realloc(c->args, (c->ncalls + 1) * sizeof *na) : NULL;
+        if (na) c->args = na;
+        char(*ni)[48] = na ? realloc(c->ids, (c->ncalls + 1) * sizeof *ni) : NULL;
+        if (!ni) return;
+        c->ids = ni;
+        /* call_{k:02}_ + "ET_" when thinking produced no reasoning first + 24
+         * random chars (20 alphanumerics, 4 digits), as the reference does */
+        char suf[25];
+        if (c->o.deterministic) {
+            memcpy(suf, "TESTTESTTESTTESTTEST0000", 25);
+        } else {
+            static const char an[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+            for (int i = 0; i < 24; i++) suf[i] = i < 20 ? an[rand() % 62] : (char)('0' + rand() % 10);
+            suf[24] = 0;
+        }
+        snprintf(c->ids[c->ncalls], 48, "call_%02zu_%s%s", c->ncalls,
+                 c->o.thinking && !c->reasoning_emitted ? "ET_" : "", suf);
         memset(&c->names[c->ncalls], 0, sizeof(rc_bytes));
         memset(&c->args[c->ncalls], 0, sizeof(rc_bytes));
         rc_bytes_append(&c->names[c->ncalls], text, n);
@@ -88,16 +105,10 @@ void rc_chat_out_event(void *ctx, rc_event_kind kind, const char *text, size_t n
         rc_bytes_append(&c->content, text, n);
     } else if (kind == RC_EV_REASONING) {
         c->has_reasoning = 1;
+        if (n) c->reasoning_emitted = 1;
         rc_bytes_append(&c->reasoning, text, n);
     }
     if (!c->o.stream) return;
-    /* coalesce with the previous event of the same kind (not tool-call starts) */
-    if (c->nev && kind != RC_EV_TOOL_CALL && c->evs[c->nev - 1].kind == kind &&
-        c->evs[c->nev - 1].off + c->evs[c->nev - 1].len == c->pend.n) {
-        rc_bytes_append(&c->pend, text, n);
-        c->evs[c->nev - 1].len += n;
-        return;
-    }
     if (c->nev == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 16;
         ev *v = realloc(c->evs, cap * sizeof *v);
@@ -120,7 +131,8 @@ static void usage_json(const rc_chat_out *c, long long completion, rc_bytes *out
              "\"prompt_tokens_details\":{\"cached_tokens\":%lld},\"prompt_cache_hit_tokens\":%lld,"
              "\"prompt_cache_miss_tokens\":%lld}",
              c->o.prompt_tokens, completion, c->o.prompt_tokens + completion, c->o.cached_tokens,
-             c->o.cached_tokens, c->o.prompt_tokens - c->o.cached_tokens);
+             c->o.cached_tokens,
+             c->o.prompt_tokens > c->o.cached_tokens ? c->o.prompt_tokens - c->o.cached_tokens : 0);
     S(b);
 }
 
@@ -158,8 +170,9 @@ static void chunk_tail(const rc_chat_out *c, const char *finish, long long compl
 
 int rc_chat_out_start(rc_chat_out *c, rc_bytes *out) {
     chunk_head(c, out);
-    S(c->o.thinking ? "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"\"}"
-                    : "{\"role\":\"assistant\",\"content\":\"\"}");
+    S(c->o.content_continuation ? "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":null}"
+      : c->o.thinking           ? "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"\"}"
+                                : "{\"role\":\"assistant\",\"content\":\"\"}");
     chunk_tail(c, NULL, 0, out);
     return 0;
 }
@@ -185,8 +198,7 @@ int rc_chat_out_flush(rc_chat_out *c, rc_bytes *out) {
         case RC_EV_TOOL_CALL:
             snprintf(b, sizeof b, "{\"tool_calls\":[{\"index\":%d,\"id\":", e->call);
             S(b);
-            snprintf(b, sizeof b, "call_%s_%d", c->id, e->call);
-            jstr(out, b, strlen(b));
+            jstr(out, c->ids[e->call], strlen(c->ids[e->call]));
             S(",\"type\":\"function\",\"function\":{\"name\":");
             jstr(out, t, e->len);
             S(",\"arguments\":\"\"}}]}");
@@ -221,22 +233,19 @@ int rc_chat_out_finish(rc_chat_out *c, rc_finish reason, long long completion, r
     snprintf(b, sizeof b, ",\"object\":\"chat.completion\",\"created\":%lld,\"model\":", c->o.created);
     S(b);
     jstr(out, c->model, strlen(c->model));
-    S(",\"system_fingerprint\":");
-    if (c->fp) jstr(out, c->fp, strlen(c->fp));
-    else S("null");
     S(",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
     jstr(out, c->content.v ? c->content.v : "", c->content.n);
-    if (c->has_reasoning) {
+    if (c->o.reasoning_start) {
         S(",\"reasoning_content\":");
-        jstr(out, c->reasoning.v, c->reasoning.n);
+        jstr(out, c->reasoning.v ? c->reasoning.v : "", c->reasoning.n);
     }
     if (c->ncalls) {
         S(",\"tool_calls\":[");
         for (size_t i = 0; i < c->ncalls; i++) {
             if (i) S(",");
-            snprintf(b, sizeof b, "call_%s_%zu", c->id, i);
-            S("{\"id\":");
-            jstr(out, b, strlen(b));
+            snprintf(b, sizeof b, "{\"index\":%zu,\"id\":", i);
+            S(b);
+            jstr(out, c->ids[i], strlen(c->ids[i]));
             S(",\"type\":\"function\",\"function\":{\"name\":");
             jstr(out, c->names[i].v ? c->names[i].v : "", c->names[i].n);
             S(",\"arguments\":");
@@ -249,6 +258,9 @@ int rc_chat_out_finish(rc_chat_out *c, rc_finish reason, long long completion, r
     S(fin);
     S("\"}],\"usage\":");
     usage_json(c, completion, out);
+    S(",\"system_fingerprint\":");
+    if (c->fp) jstr(out, c->fp, strlen(c->fp));
+    else S("null");
     S("}");
     return 0;
 }

@@ -15,7 +15,10 @@ typedef struct {
     long long created;       /* unix seconds */
     const char *model;
     const char *fingerprint; /* system_fingerprint, NULL -> null */
-    int thinking;            /* reasoning_content fields present */
+    int thinking;            /* reasoning_content fields present in deltas */
+    int reasoning_start;     /* parsing starts in reasoning: the body has reasoning_content */
+    int content_continuation; /* thinking, but a prefill resumes in content */
+    int deterministic;       /* tool-call ids with a fixed suffix instead of random */
     int stream;
     int include_usage;       /* every stream chunk carries "usage" */
     long long prompt_tokens, cached_tokens;

@@ -40,6 +40,24 @@ typedef struct {
     int fail[MAXPAT];
 } branch;
 
+/* A segment (action over a byte range) cut at source-chunk boundaries; the
+ * reference makes one delta per run of equal actions inside one source
+ * chunk and releases a chunk only when all its bytes are resolved. */
+typedef struct {
+    act a;
+    const char *label;
+    int in_content; /* a label written in content (JSON mode "{" / "[") */
+    int first;      /* first piece of its segment: labels and headers go out once */
+    size_t off, len;
+} piece;
+
+typedef struct {
+    size_t start, end;
+    piece *p;
+    size_t np, cap;
+    int wait_next; /* empty chunk at the very start: takes the next segment */
+} src;
+
 struct rc_stream {
     rc_stream_opts o;
     char **stop;
@@ -51,9 +69,16 @@ struct rc_stream {
     act unmatched;
     size_t j[MAXB], nl[MAXB];
     size_t fed; /* bytes fed to this stage instance */
-    /* bytes */
+    /* bytes: buf[0] is at global offset base */
     rc_bytes buf;
-    size_t done, scan;
+    size_t base, done, scan;
+    /* source chunks not yet released, with the pieces of segments in them */
+    src *q;
+    size_t qhead, qn, qcap;
+    unsigned seg;
+    act last_act;             /* action of the last segment (for empty chunks) */
+    const char *last_label;
+    int last_in_content;
     /* outputs */
     rc_bytes name, stopseq, tmp;
     int finished, stopped, has_calls;
@@ -101,6 +126,8 @@ static void enter(rc_stream *s, stage_id st, int flag) {
             add(s, M_STR, "```\n", S_JSON, 0, A_SKIP, NULL);
             add(s, M_STR, "{", S_JSON, 0, A_LABEL, "{");
             add(s, M_STR, "[", S_JSON, 0, A_LABEL, "[");
+            if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
+            if (flag) add(s, M_LEAD_NL, NULL, S_COMMON, 1, A_SKIP, NULL);
             s->unmatched = A_TOSPACE;
         } else {
             for (size_t k = 0; k < s->o.nstop; k++) add(s, M_STR, s->stop[k], S_FINISHED, 0, A_STOP, NULL);
@@ -130,12 +157,13 @@ static void enter(rc_stream *s, stage_id st, int flag) {
         s->unmatched = A_TOOLNAME;
         break;
     case S_TOOLARGS:
-        add(s, M_STR, "parameter name=\"", S_PARAMNAME, 0, A_LABEL, flag ? "{\"" : ", \"");
+        /* the name is copied raw, quotes included, up to the first space */
+        add(s, M_STR, "parameter name=", S_PARAMNAME, 0, A_LABEL, flag ? "{" : ", ");
         add(s, M_STR, DSML_CLOSE, S_TOOLCALLS, 0, A_LABEL, flag ? "{}" : "}");
         s->unmatched = A_SKIP;
         break;
     case S_PARAMNAME:
-        add(s, M_STR, "\"", S_PARAMTYPE, 0, A_LABEL, "\": ");
+        add(s, M_STR, " ", S_PARAMTYPE, 0, A_LABEL, ": ");
         s->unmatched = A_ARGS_RAW;
         break;
     case S_PARAMTYPE:
@@ -169,6 +197,7 @@ rc_stream *rc_stream_new(const rc_stream_opts *o) {
         if (o->stop[k] && *o->stop[k] && strlen(o->stop[k]) <= MAXPAT) s->stop[n++] = strdup(o->stop[k]);
     s->o.nstop = n;
     s->last_label_act = A_SKIP;
+    s->last_act = A_SKIP;
     if (o->tool_call_initial) enter(s, S_TOOLCALLS, 0);
     else switch (o->reasoning) {
         case RC_REASONING_START: enter(s, S_REASONING, 1); break;
@@ -187,56 +216,109 @@ void rc_stream_free(rc_stream *s) {
     rc_bytes_free(&s->name);
     rc_bytes_free(&s->stopseq);
     rc_bytes_free(&s->tmp);
+    for (size_t k = s->qhead; k < s->qn; k++) free(s->q[k].p);
+    free(s->q);
     free(s);
 }
 
-/* apply `a` to the next n withheld/scanned bytes */
-static void emit(rc_stream *s, act a, const char *label, size_t n, rc_event_fn fn, void *ctx) {
-    const char *p = s->buf.v + s->done;
+static int joinable(act a) {
+    return a != A_LABEL && a != A_TC_BEGIN && a != A_TOOLNAME_END && a != A_STOP;
+}
+
+static void add_piece(src *c, act a, const char *label, int in_content, int first, size_t off, size_t len) {
+    if (c->np && joinable(a) && c->p[c->np - 1].a == a && c->p[c->np - 1].off + c->p[c->np - 1].len == off &&
+        len) {
+        c->p[c->np - 1].len += len;
+        return;
+    }
+    if (c->np == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 8;
+        piece *v = realloc(c->p, cap * sizeof *v);
+        if (!v) return;
+        c->p = v;
+        c->cap = cap;
+    }
+    c->p[c->np++] = (piece){a, label, in_content, first, off, len};
+}
+
+/* record segment `a` over the next n bytes, cut at source-chunk boundaries */
+static void emit(rc_stream *s, act a, const char *label, size_t n) {
+    size_t g = s->base + s->done, e = g + n;
+    int in_content = s->st == S_COMMON;
     s->done += n;
-    switch (a) {
-    case A_RAW:
-        if (n) fn(ctx, RC_EV_CONTENT, p, n);
-        break;
-    case A_REASONING:
-        if (n) fn(ctx, RC_EV_REASONING, p, n);
-        break;
-    case A_TOSPACE:
-        if (n) fn(ctx, RC_EV_CONTENT, " ", 1);
-        break;
+    s->seg++;
+    if (a == A_BAD_THINK) s->bad_think++;
+    if (a == A_BAD_AFTER && n) s->bad_after++;
+    for (size_t k = s->qhead; k < s->qn; k++) {
+        src *c = &s->q[k];
+        if (c->start == c->end) { /* an empty chunk: a zero-length piece of the segment covering it */
+            if ((c->wait_next && g == c->start) || (!c->wait_next && g < c->start && c->start <= e)) {
+                if (!c->np) add_piece(c, a, label, in_content, 0, c->start, 0);
+                c->wait_next = 0;
+            }
+            continue;
+        }
+        size_t a0 = g > c->start ? g : c->start, a1 = e < c->end ? e : c->end;
+        if (a0 < a1) add_piece(c, a, label, in_content, a0 == g, a0, a1 - a0);
+    }
+    s->last_act = a;
+    s->last_label = label;
+    s->last_in_content = in_content;
+}
+
+/* turn one piece into events */
+static void fire(rc_stream *s, const piece *p, rc_event_fn fn, void *ctx) {
+    const char *t = s->buf.v + (p->off - s->base);
+    size_t n = p->len;
+    switch (p->a) {
+    case A_RAW: fn(ctx, RC_EV_CONTENT, t, n); break;
+    case A_REASONING: fn(ctx, RC_EV_REASONING, t, n); break;
+    case A_TOSPACE: fn(ctx, RC_EV_CONTENT, " ", 1); break;
     case A_STOP:
-        rc_bytes_append(&s->stopseq, p, n);
+        rc_bytes_append(&s->stopseq, t, n);
         s->stopped = 1;
         break;
-    case A_TOOLNAME:
-        rc_bytes_append(&s->name, p, n);
-        break;
+    case A_TOOLNAME: rc_bytes_append(&s->name, t, n); break;
     case A_TOOLNAME_END:
+        if (!p->first) break;
         s->has_calls = 1;
         fn(ctx, RC_EV_TOOL_CALL, s->name.v ? s->name.v : "", s->name.n);
         s->name.n = 0;
         break;
     case A_LABEL:
-        /* a label in content (JSON mode "{" / "[") is content; else arguments */
-        if (s->st == S_COMMON) fn(ctx, RC_EV_CONTENT, label, strlen(label));
-        else fn(ctx, RC_EV_TOOL_ARGS, label, strlen(label));
+        if (p->first) fn(ctx, p->in_content ? RC_EV_CONTENT : RC_EV_TOOL_ARGS, p->label, strlen(p->label));
         break;
-    case A_ARGS_RAW:
-        if (n) fn(ctx, RC_EV_TOOL_ARGS, p, n);
-        break;
+    case A_ARGS_RAW: fn(ctx, RC_EV_TOOL_ARGS, t, n); break;
     case A_ARGS_STR:
-        if (n) {
-            /* JSON string escaping of just this fragment, without quotes */
-            s->tmp.n = 0;
-            rc_pyjson_string(p, n, &s->tmp);
-            fn(ctx, RC_EV_TOOL_ARGS, s->tmp.v + 1, s->tmp.n - 2);
-        }
-        break;
-    case A_BAD_THINK: s->bad_think++; break;
-    case A_BAD_AFTER:
-        if (n) s->bad_after++;
+        /* JSON string escaping of just this fragment, without quotes */
+        s->tmp.n = 0;
+        rc_pyjson_string(t, n, &s->tmp);
+        fn(ctx, RC_EV_TOOL_ARGS, s->tmp.v + 1, s->tmp.n - 2);
         break;
     default: break;
+    }
+}
+
+/* release every source chunk whose bytes are all resolved, in order */
+static void release(rc_stream *s, int all, rc_event_fn fn, void *ctx) {
+    while (s->qhead < s->qn) {
+        src *c = &s->q[s->qhead];
+        if (!all && (c->end > s->base + s->done || c->wait_next)) break;
+        for (size_t k = 0; k < c->np; k++) fire(s, &c->p[k], fn, ctx);
+        free(c->p);
+        s->qhead++;
+    }
+    if (s->qhead == s->qn) s->qhead = s->qn = 0;
+    /* drop bytes no unreleased chunk needs */
+    size_t keep_from = s->qhead < s->qn ? s->q[s->qhead].start : s->base + s->done;
+    if (keep_from > s->base + s->done) keep_from = s->base + s->done;
+    size_t drop = keep_from - s->base;
+    if (drop) {
+        memmove(s->buf.v, s->buf.v + drop, s->buf.n - drop);
+        s->buf.n -= drop;
+        s->done -= drop;
+        s->scan -= drop;
+        s->base += drop;
     }
 }
 
@@ -249,9 +331,12 @@ static int step(rc_stream *s, size_t k, unsigned char c) {
         s->nl[k]++;
         return 0;
     }
+    size_t j0 = j;
     while (j > 0 && (unsigned char)b->pat[j] != c) j = (size_t)b->fail[j - 1];
     if ((unsigned char)b->pat[j] == c) j++;
-    if (b->kind == M_NL_STR && j == 0) s->nl[k] = 0;
+    /* the newlines count only right before the current partial match: a
+     * fallback to a shorter border starts a new one after them */
+    if (b->kind == M_NL_STR && j != j0 + 1) s->nl[k] = 0;
     s->j[k] = j;
     return j == b->plen;
 }
@@ -264,6 +349,21 @@ static size_t matching_len(const rc_stream *s, size_t k) {
 
 int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, void *ctx) {
     if (rc_bytes_append(&s->buf, text, n)) return s->finished;
+    if (s->qn == s->qcap) {
+        size_t cap = s->qcap ? s->qcap * 2 : 16;
+        src *v = realloc(s->q, cap * sizeof *v);
+        if (!v) return s->finished;
+        s->q = v;
+        s->qcap = cap;
+    }
+    size_t start = s->base + s->buf.n - n;
+    src *c = &s->q[s->qn++];
+    *c = (src){.start = start, .end = start + n};
+    if (n == 0 && s->base + s->done == start) {
+        /* nothing pending: the previous segment covers it; at the start, the next */
+        if (s->seg) add_piece(c, s->last_act, s->last_label, s->last_in_content, 0, start, 0);
+        else c->wait_next = 1;
+    }
     while (s->scan < s->buf.n) {
         unsigned char c = (unsigned char)s->buf.v[s->scan++];
         s->fed++;
@@ -277,8 +377,8 @@ int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, voi
         branch b = s->br[hit];
         size_t mlen = b.kind == M_LEAD_NL ? 1 : b.plen + (b.kind == M_NL_STR ? s->nl[hit] : 0);
         size_t stashed = s->scan - s->done;
-        if (stashed > mlen) emit(s, s->unmatched, NULL, stashed - mlen, fn, ctx);
-        emit(s, b.action, b.label, mlen, fn, ctx);
+        if (stashed > mlen) emit(s, s->unmatched, NULL, stashed - mlen);
+        emit(s, b.action, b.label, mlen);
         enter(s, b.next, b.next_flag);
         if (b.next == S_FINISHED) s->finished = 1;
     }
@@ -287,21 +387,15 @@ int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, voi
     for (size_t k = 0; k < s->nbr; k++)
         if (matching_len(s, k) > keep) keep = matching_len(s, k);
     size_t stashed = s->scan - s->done;
-    if (stashed > keep) emit(s, s->unmatched, NULL, stashed - keep, fn, ctx);
-    /* drop emitted bytes */
-    if (s->done) {
-        memmove(s->buf.v, s->buf.v + s->done, s->buf.n - s->done);
-        s->buf.n -= s->done;
-        s->scan -= s->done;
-        s->done = 0;
-    }
-    return s->finished;
+    if (stashed > keep) emit(s, s->unmatched, NULL, stashed - keep);
+    release(s, 0, fn, ctx);
+    return s->stopped; /* a stop sequence ends reading; a closed tool block does not */
 }
 
 rc_finish rc_stream_finish(rc_stream *s, rc_finish backend, rc_event_fn fn, void *ctx) {
     size_t stashed = s->scan - s->done;
-    if (stashed) emit(s, s->unmatched, NULL, stashed, fn, ctx);
-    s->buf.n = s->scan = s->done = 0;
+    if (stashed) emit(s, s->unmatched, NULL, stashed);
+    release(s, 1, fn, ctx);
     if (s->stopped) return RC_FINISH_STOP_SEQUENCE;
     if (backend == RC_FINISH_STOP && s->has_calls) return RC_FINISH_TOOL_CALLS;
     return backend;

@@ -53,8 +53,9 @@ typedef struct rc_stream rc_stream;
 
 rc_stream *rc_stream_new(const rc_stream_opts *opts);
 void rc_stream_free(rc_stream *s);
-/* Feed backend text.  Returns 1 once the output is finished (a stop sequence
- * matched or the tool-call block closed): later text is ignored. */
+/* Feed backend text.  Returns 1 once a stop sequence matched: the caller
+ * stops reading the backend.  (After a closed tool-call block the output is
+ * finished too, but the reference keeps reading and counting tokens.) */
 int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, void *ctx);
 /* End of backend output: flush withheld text; returns the final reason given
  * the backend's (stop sequence and tool calls take precedence over Stop). */

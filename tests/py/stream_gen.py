@@ -233,6 +233,12 @@ def _one(rng: random.Random, kind: str) -> dict:
     if kind == "stop" or (kind in ("json", "tools", "reasoning", "content") and rng.random() < 0.25):
         stops = _stops(rng, text)
         req["stop"] = stops if len(stops) > 1 or rng.random() < 0.5 else stops[0]
+    if kind in ("reasoning", "content") and "tools" not in req and rng.random() < 0.2:
+        # assistant prefix continuation: ReasoningContinuation / ContentContinuation / ReasoningStart
+        pre = {"role": "assistant", "content": rng.choice(["", "Partial answer"]), "prefix": True}
+        if think and rng.random() < 0.7:
+            pre["reasoning_content"] = rng.choice(["", "some thoughts"])
+        req["messages"].append(pre)
     finish: str | None = rng.choice(["stop", "stop", "stop", "length", None])
     if rng.random() < 0.15 and text:
         text = text[:rng.randrange(len(text))]
@@ -291,9 +297,10 @@ def _split(text: str, cuts: set[int]) -> list[str]:
 
 
 def chunkings(text: str, seed: int, k: int) -> list[list[str]]:
-    """k distinct splits of ``text`` into non-empty code-point chunks.
+    """k distinct splits of ``text`` into code-point chunks.
 
-    Always starts with [whole text] and [one code point per chunk]; then splits that cut
+    Always starts with [whole text] and [one code point per chunk]; for k >= 6 the third is a
+    coarse split with empty chunks ("") interleaved; then splits that cut
     inside every occurrence of a parser marker or stop-like string, every-2-way splits
     around interesting positions, and random partitions of varying density.  Fewer than k
     are returned only when the text has fewer distinct splits.  ``text == ""`` gives [[]]
@@ -308,12 +315,21 @@ def chunkings(text: str, seed: int, k: int) -> list[list[str]]:
     def add(ch: list[str]) -> None:
         t = tuple(ch)
         if t not in seen and len(out) < k:
-            assert "".join(ch) == text and all(ch)
+            assert "".join(ch) == text
             seen.add(t)
             out.append(ch)
 
     add([text])
     add(list(text))
+    if k >= 6:
+        # empty chunks are legal backend chunks and have observable effects (docs/STREAM.md)
+        base = _split(text, {rng.randint(1, max(1, len(text) - 1)) for _ in range(3)})
+        withe: list[str] = [""] if rng.random() < 0.5 else []
+        for c in base:
+            withe.append(c)
+            if rng.random() < 0.7:
+                withe.append("")
+        add(withe)
     # cuts inside markers
     inner: list[int] = []
     for m in MARKERS + STOP_POOL:
