@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "recipe/chat_out.h"
+#include "recipe/out.h"
 #include "recipe/protocol.h"
 #include "recipe/pyjson.h"
 
@@ -129,8 +129,10 @@ static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *o
     return rc ? 1 : 0;
 }
 
-static int recipe_parse(const char *req_path, int stream, int deterministic, long long ptoks, long long ctoks,
-                        const char *finish) {
+static int recipe_parse(const char *api_name, convert_fn convert, const char *req_path, int stream,
+                        int deterministic, long long ptoks, long long ctoks, const char *finish) {
+    const rc_out_api *api = !strcmp(api_name, "responses") ? &rc_out_responses
+                            : !strcmp(api_name, "messages") ? &rc_out_messages : &rc_out_chat;
     rc_bytes body = {0};
     FILE *f = fopen(req_path, "rb");
     if (!f) {
@@ -148,7 +150,7 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
     memset(&conv, 0, sizeof conv);
     memset(&inf, 0, sizeof inf);
     rc_api_error e = {0};
-    if (!req || rc_chat_convert(req, &conv, &inf, &e)) {
+    if (!req || convert(req, &conv, &inf, &e)) {
         fprintf(stderr, "deepinfer recipe parse: request rejected: %s\n", req ? e.message : je.text);
         json_decref(req);
         rc_conv_free(&conv);
@@ -172,7 +174,7 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
         .nstop = inf.nstop,
     };
     json_t *so_opts = json_object_get(req, "stream_options");
-    rc_chat_out_opts co = {
+    rc_out_opts co = {
         .id = deterministic ? "chatcmpl-test" : "chatcmpl-local",
         .created = deterministic ? 1767225600 : (long long)time(NULL),
         .model = json_string_value(json_object_get(req, "model")),
@@ -188,9 +190,9 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
         .cached_tokens = ctoks,
     };
     rc_stream *st = rc_stream_new(&so);
-    rc_chat_out *co_ = rc_chat_out_new(&co);
+    void *co_ = api->create(&co, req);
     rc_bytes out = {0};
-    if (stream) rc_chat_out_start(co_, &out);
+    if (stream) api->start(co_, &out);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -206,19 +208,19 @@ static int recipe_parse(const char *req_path, int stream, int deterministic, lon
         }
         json_t *nt = json_object_get(v, "tokens");
         ctok += json_is_integer(nt) ? json_integer_value(nt) : 1;
-        done = rc_stream_feed(st, json_string_value(t), json_string_length(t), rc_chat_out_event, co_);
-        if (stream) rc_chat_out_flush(co_, &out);
+        done = rc_stream_feed(st, json_string_value(t), json_string_length(t), api->event, co_);
+        if (stream) api->flush(co_, &out);
         json_decref(v);
     }
     free(line);
     rc_finish backend = !strcmp(finish, "length") ? RC_FINISH_LENGTH
                         : !strcmp(finish, "content_filter") ? RC_FINISH_CONTENT_FILTER
                         : !strcmp(finish, "none") ? RC_FINISH_END_OF_STREAM : RC_FINISH_STOP;
-    rc_finish fin = rc_stream_finish(st, backend, rc_chat_out_event, co_);
-    rc_chat_out_finish(co_, fin, ctok, &out);
+    rc_finish fin = rc_stream_finish(st, backend, api->event, co_);
+    api->finish(co_, fin, ctok, &out);
     fwrite(out.v, 1, out.n, stdout);
     rc_bytes_free(&out);
-    rc_chat_out_free(co_);
+    api->destroy(co_);
     rc_stream_free(st);
     json_decref(req);
     rc_conv_free(&conv);
@@ -287,7 +289,7 @@ int cmd_recipe(int argc, char **argv) {
             fprintf(stderr, "deepinfer recipe parse: --request FILE is required\n");
             return 2;
         }
-        return recipe_parse(req_path, stream, deterministic, ptoks, ctoks, finish);
+        return recipe_parse(api, o.convert, req_path, stream, deterministic, ptoks, ctoks, finish);
     }
     rc_err err = {0};
     if (o.tokens && rc_tokenizer_load(path, &o.tok, &err)) {

@@ -264,3 +264,19 @@ int rc_chat_out_finish(rc_chat_out *c, rc_finish reason, long long completion, r
     S("}");
     return 0;
 }
+
+/* ------------------------------------------------------------ interface */
+
+#include "recipe/out.h"
+
+static void *chat_create(const rc_out_opts *o, const json_t *request) {
+    (void)request;
+    return rc_chat_out_new(o);
+}
+static void chat_destroy(void *w) { rc_chat_out_free(w); }
+static int chat_start(void *w, rc_bytes *out) { return rc_chat_out_start(w, out); }
+static int chat_flush(void *w, rc_bytes *out) { return rc_chat_out_flush(w, out); }
+static int chat_finish(void *w, rc_finish r, long long n, rc_bytes *out) { return rc_chat_out_finish(w, r, n, out); }
+
+const rc_out_api rc_out_chat = {"chat", chat_create, chat_destroy, rc_chat_out_event, chat_start, chat_flush,
+                                chat_finish};

@@ -1,0 +1,35 @@
+/* out.h - one interface for the three protocols' response writers.
+ *
+ * A writer turns stream events (stream.h) into what the server sends: SSE
+ * events when streaming, one JSON body otherwise.  The server and the
+ * `recipe parse` CLI pick a writer by API and drive it the same way:
+ *   w = api->create(opts, request); api->start(w, out)   (streaming only)
+ *   per backend chunk: rc_stream_feed(..., api->event, w); api->flush(w, out)
+ *   at the end: rc_stream_finish(..., api->event, w); api->finish(w, reason, tokens, out)
+ *   api->destroy(w) */
+#ifndef RECIPE_OUT_H
+#define RECIPE_OUT_H
+
+#include <jansson.h>
+
+#include "base/vec.h"
+#include "recipe/chat_out.h"
+#include "recipe/stream.h"
+
+/* the options every writer gets (the Chat names are historical) */
+typedef rc_chat_out_opts rc_out_opts;
+
+typedef struct {
+    const char *name; /* "chat", "responses", "messages" */
+    /* request: the request body (writers that echo request fields read it) */
+    void *(*create)(const rc_out_opts *o, const json_t *request);
+    void (*destroy)(void *w);
+    rc_event_fn event;
+    int (*start)(void *w, rc_bytes *out);
+    int (*flush)(void *w, rc_bytes *out);
+    int (*finish)(void *w, rc_finish reason, long long completion_tokens, rc_bytes *out);
+} rc_out_api;
+
+extern const rc_out_api rc_out_chat, rc_out_responses, rc_out_messages;
+
+#endif
