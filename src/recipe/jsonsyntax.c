@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "recipe/pyjson.h"
+#include "recipe/unicode.h"
 
 typedef struct {
     const char *s;
@@ -108,7 +109,7 @@ static int literal(sc *x, const char *word) {
 
 static int container(sc *x, int obj) {
     const char *eof = obj ? "EOF while parsing an object" : "EOF while parsing a list";
-    if (++x->depth > 128) return err(x, "recursion limit exceeded", x->i + 1);
+    if (++x->depth > 128) return err(x, "recursion limit exceeded", x->i); /* before the bracket */
     x->i++;
     ws(x);
     if (x->i >= x->n) return err(x, eof, x->n);
@@ -163,6 +164,12 @@ static int value(sc *x) {
 }
 
 int rc_json_syntax_error(const char *s, size_t n, char *msg, size_t cap) {
+    /* serde reads from a str the server already checked: report bad UTF-8 first */
+    size_t ok = rc_utf8_valid_prefix((const uint8_t *)s, n);
+    if (ok != n) {
+        snprintf(msg, cap, "the body is not valid UTF-8 (ill-formed byte 0x%02X at offset %zu)", (unsigned char)s[ok], ok);
+        return 1;
+    }
     sc x = {.s = s, .n = n};
     if (!value(&x)) {
         ws(&x);
