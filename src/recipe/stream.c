@@ -9,9 +9,13 @@
  * `buf[done..scan)` is withheld, `buf[scan..)` not yet looked at. */
 #include "recipe/stream.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "base/vec.h"
 #include "recipe/pyjson.h"
@@ -58,17 +62,29 @@ typedef struct {
     int wait_next; /* empty chunk at the very start: takes the next segment */
 } src;
 
+/* a stage's branches, KMP tables and trigger bytes: built once per stream
+ * for each (stage, flag) and shared by every entry into that stage */
+typedef struct {
+    branch br[MAXB];
+    size_t nbr;
+    act unmatched;
+    uint8_t trig[256]; /* bytes that can start or extend a match from idle */
+    uint8_t tb[4];     /* the same bytes as a list, when there are at most 4 */
+    int ntb;           /* their count, or -1 if more */
+} stage_tpl;
+
 struct rc_stream {
     rc_stream_opts o;
     char **stop;
     /* current stage */
     stage_id st;
     int flag; /* lead (Common, Reasoning, ToolArgs) or string (ParamValue) */
-    branch br[MAXB];
-    size_t nbr;
-    act unmatched;
+    stage_tpl *cur;               /* branches of the current stage */
+    stage_tpl *tpl[S_FINISHED + 1][2]; /* built once per (stage, flag) */
     size_t j[MAXB], nl[MAXB];
     size_t fed; /* bytes fed to this stage instance */
+    size_t active; /* branches with a partial match (j or nl non-zero) */
+
     /* bytes: buf[0] is at global offset base */
     rc_bytes buf;
     size_t base, done, scan;
@@ -96,8 +112,8 @@ static void kmp(branch *b) {
 }
 
 static void add(rc_stream *s, int kind, const char *pat, stage_id next, int nflag, act a, const char *label) {
-    if (s->nbr >= MAXB) return;
-    branch *b = &s->br[s->nbr++];
+    if (s->cur->nbr >= MAXB) return;
+    branch *b = &s->cur->br[s->cur->nbr++];
     b->kind = kind;
     b->pat = pat;
     b->plen = pat ? strlen(pat) : 0;
@@ -112,13 +128,51 @@ static void add(rc_stream *s, int kind, const char *pat, stage_id next, int nfla
 #define DSML_OPEN "<\xef\xbd\x9c" "DSML\xef\xbd\x9c"
 #define DSML_CLOSE "</\xef\xbd\x9c" "DSML\xef\xbd\x9c"
 
+static void build(rc_stream *s, stage_id st, int flag);
+
+/* shared templates: [parse_tool_calls | json_output << 1][stage][flag] */
+static stage_tpl *g_tpl[4][S_FINISHED + 1][2];
+static pthread_mutex_t g_tpl_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void enter(rc_stream *s, stage_id st, int flag) {
     s->st = st;
     s->flag = flag;
-    s->nbr = 0;
     s->fed = 0;
-    memset(s->j, 0, sizeof s->j);
-    memset(s->nl, 0, sizeof s->nl);
+    s->active = 0;
+    flag = !!flag;
+    if (!(s->o.nstop && (st == S_COMMON || st == S_JSON))) {
+        /* no stop sequences involved: the template depends only on the two
+         * option bits, so it is built once per process and shared */
+        int key = (s->o.parse_tool_calls ? 1 : 0) | (s->o.json_output ? 2 : 0);
+        stage_tpl *t = __atomic_load_n(&g_tpl[key][st][flag], __ATOMIC_ACQUIRE);
+        if (!t) {
+            pthread_mutex_lock(&g_tpl_mu);
+            t = g_tpl[key][st][flag];
+            if (!t) {
+                t = calloc(1, sizeof *t);
+                if (!t) abort(); /* a few KiB, once */
+                s->cur = t;
+                build(s, st, flag);
+                __atomic_store_n(&g_tpl[key][st][flag], t, __ATOMIC_RELEASE);
+            }
+            pthread_mutex_unlock(&g_tpl_mu);
+        }
+        s->cur = t;
+    } else {
+        if (!s->tpl[st][flag]) {
+            s->tpl[st][flag] = calloc(1, sizeof(stage_tpl));
+            if (!s->tpl[st][flag]) abort(); /* a few KiB at stream start */
+            s->cur = s->tpl[st][flag];
+            build(s, st, flag);
+        }
+        s->cur = s->tpl[st][flag];
+    }
+    memset(s->j, 0, s->cur->nbr * sizeof s->j[0]);
+    memset(s->nl, 0, s->cur->nbr * sizeof s->nl[0]);
+}
+
+static void build(rc_stream *s, stage_id st, int flag) {
+    s->cur->nbr = 0;
     switch (st) {
     case S_COMMON:
         if (s->o.json_output) {
@@ -128,63 +182,94 @@ static void enter(rc_stream *s, stage_id st, int flag) {
             add(s, M_STR, "[", S_JSON, 0, A_LABEL, "[");
             if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
             if (flag) add(s, M_LEAD_NL, NULL, S_COMMON, 1, A_SKIP, NULL);
-            s->unmatched = A_TOSPACE;
+            s->cur->unmatched = A_TOSPACE;
         } else {
             for (size_t k = 0; k < s->o.nstop; k++) add(s, M_STR, s->stop[k], S_FINISHED, 0, A_STOP, NULL);
             if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
             if (flag) add(s, M_LEAD_NL, NULL, S_COMMON, 1, A_SKIP, NULL);
             add(s, M_STR, "</think>", S_COMMON, 0, A_BAD_THINK, NULL);
-            s->unmatched = A_RAW;
+            s->cur->unmatched = A_RAW;
         }
         break;
     case S_JSON:
         for (size_t k = 0; k < s->o.nstop; k++) add(s, M_STR, s->stop[k], S_FINISHED, 0, A_STOP, NULL);
         add(s, M_STR, "\n```", S_MATCHED_JSON, 0, A_SKIP, NULL);
-        s->unmatched = A_RAW;
+        s->cur->unmatched = A_RAW;
         break;
     case S_MATCHED_JSON:
         if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
-        s->unmatched = A_TOSPACE;
+        s->cur->unmatched = A_TOSPACE;
         break;
     case S_TOOLCALLS:
         add(s, M_STR, "invoke name=\"", S_TOOLNAME, 0, A_TC_BEGIN, NULL);
         add(s, M_STR, DSML_CLOSE "tool_calls>", S_FINISHED, 0, A_SKIP, NULL);
         add(s, M_STR, DSML_CLOSE " calls>", S_FINISHED, 0, A_SKIP, NULL);
-        s->unmatched = A_SKIP;
+        s->cur->unmatched = A_SKIP;
         break;
     case S_TOOLNAME:
         add(s, M_STR, "\"", S_TOOLARGS, 1, A_TOOLNAME_END, NULL);
-        s->unmatched = A_TOOLNAME;
+        s->cur->unmatched = A_TOOLNAME;
         break;
     case S_TOOLARGS:
         /* the name is copied raw, quotes included, up to the first space */
         add(s, M_STR, "parameter name=", S_PARAMNAME, 0, A_LABEL, flag ? "{" : ", ");
         add(s, M_STR, DSML_CLOSE, S_TOOLCALLS, 0, A_LABEL, flag ? "{}" : "}");
-        s->unmatched = A_SKIP;
+        s->cur->unmatched = A_SKIP;
         break;
     case S_PARAMNAME:
         add(s, M_STR, " ", S_PARAMTYPE, 0, A_LABEL, ": ");
-        s->unmatched = A_ARGS_RAW;
+        s->cur->unmatched = A_ARGS_RAW;
         break;
     case S_PARAMTYPE:
         add(s, M_STR, "true\">", S_PARAMVALUE, 1, A_LABEL, "\"");
         add(s, M_STR, "false\">", S_PARAMVALUE, 0, A_SKIP, NULL);
-        s->unmatched = A_SKIP;
+        s->cur->unmatched = A_SKIP;
         break;
     case S_PARAMVALUE:
         add(s, M_STR, DSML_CLOSE, S_TOOLARGS, 0, flag ? A_LABEL : A_SKIP, flag ? "\"" : NULL);
-        s->unmatched = flag ? A_ARGS_STR : A_ARGS_RAW;
+        s->cur->unmatched = flag ? A_ARGS_STR : A_ARGS_RAW;
         break;
     case S_REASONING:
         if (s->o.parse_tool_calls) add(s, M_NL_STR, DSML_OPEN, S_TOOLCALLS, 0, A_SKIP, NULL);
         if (flag) add(s, M_LEAD_NL, NULL, S_REASONING, 1, A_SKIP, NULL);
         add(s, M_NL_STR, "</think>", S_COMMON, 1, A_SKIP, NULL);
-        s->unmatched = A_REASONING;
+        s->cur->unmatched = A_REASONING;
         break;
     case S_FINISHED:
-        s->unmatched = A_BAD_AFTER;
+        s->cur->unmatched = A_BAD_AFTER;
         break;
     }
+    memset(s->cur->trig, 0, sizeof s->cur->trig);
+    for (size_t k = 0; k < s->cur->nbr; k++) {
+        if (s->cur->br[k].plen) s->cur->trig[(unsigned char)s->cur->br[k].pat[0]] = 1;
+        if (s->cur->br[k].kind == M_NL_STR) s->cur->trig['\n'] = 1;
+    }
+    s->cur->ntb = 0;
+    for (int c = 0; c < 256 && s->cur->ntb >= 0; c++)
+        if (s->cur->trig[c]) {
+            if (s->cur->ntb == 4) s->cur->ntb = -1;
+            else s->cur->tb[s->cur->ntb++] = (uint8_t)c;
+        }
+}
+
+/* first index >= p in b[0..end) holding a trigger byte, or end */
+static size_t next_trigger(const rc_stream *s, const unsigned char *b, size_t p, size_t end) {
+#ifdef __SSE2__
+    if (s->cur->ntb > 0) {
+        __m128i t[4];
+        for (int k = 0; k < 4; k++) t[k] = _mm_set1_epi8((char)s->cur->tb[k < s->cur->ntb ? k : 0]);
+        while (p + 16 <= end) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(b + p));
+            __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, t[0]), _mm_cmpeq_epi8(v, t[1])),
+                                     _mm_or_si128(_mm_cmpeq_epi8(v, t[2]), _mm_cmpeq_epi8(v, t[3])));
+            int bits = _mm_movemask_epi8(m);
+            if (bits) return p + (size_t)__builtin_ctz((unsigned)bits);
+            p += 16;
+        }
+    }
+#endif
+    while (p < end && !s->cur->trig[b[p]]) p++;
+    return p;
 }
 
 rc_stream *rc_stream_new(const rc_stream_opts *o) {
@@ -216,6 +301,8 @@ void rc_stream_free(rc_stream *s) {
     rc_bytes_free(&s->name);
     rc_bytes_free(&s->stopseq);
     rc_bytes_free(&s->tmp);
+    for (int a = 0; a <= S_FINISHED; a++)
+        for (int b = 0; b < 2; b++) free(s->tpl[a][b]);
     for (size_t k = s->qhead; k < s->qn; k++) free(s->q[k].p);
     free(s->q);
     free(s);
@@ -324,7 +411,7 @@ static void release(rc_stream *s, int all, rc_event_fn fn, void *ctx) {
 
 /* advance branch k with byte c; returns 1 when it completes */
 static int step(rc_stream *s, size_t k, unsigned char c) {
-    branch *b = &s->br[k];
+    branch *b = &s->cur->br[k];
     if (b->kind == M_LEAD_NL) return s->fed == 1 && c == '\n';
     size_t j = s->j[k];
     if (b->kind == M_NL_STR && j == 0 && c == '\n') {
@@ -342,7 +429,7 @@ static int step(rc_stream *s, size_t k, unsigned char c) {
 }
 
 static size_t matching_len(const rc_stream *s, size_t k) {
-    const branch *b = &s->br[k];
+    const branch *b = &s->cur->br[k];
     if (b->kind == M_LEAD_NL) return 0;
     return s->j[k] + (b->kind == M_NL_STR ? s->nl[k] : 0);
 }
@@ -365,36 +452,51 @@ int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, voi
         else c->wait_next = 1;
     }
     while (s->scan < s->buf.n) {
+        /* fast path: with every matcher idle, bytes that cannot start a marker
+         * are plain unmatched text (the leading-newline check needs byte 1) */
+        if (!s->active && s->fed) {
+            const unsigned char *b = (const unsigned char *)s->buf.v;
+            size_t p = s->scan, end = s->buf.n;
+            p = next_trigger(s, b, p, end);
+            s->fed += p - s->scan;
+            s->scan = p;
+            if (p == end) break;
+        }
         unsigned char c = (unsigned char)s->buf.v[s->scan++];
         s->fed++;
         size_t hit = SIZE_MAX;
-        for (size_t k = 0; k < s->nbr; k++)
+        for (size_t k = 0; k < s->cur->nbr; k++)
             if (step(s, k, c)) {
                 hit = k;
                 break;
             }
-        if (hit == SIZE_MAX) continue;
-        branch b = s->br[hit];
+        if (hit == SIZE_MAX) {
+            size_t act = 0;
+            for (size_t k = 0; k < s->cur->nbr; k++) act += s->j[k] || s->nl[k];
+            s->active = act;
+            continue;
+        }
+        branch b = s->cur->br[hit];
         size_t mlen = b.kind == M_LEAD_NL ? 1 : b.plen + (b.kind == M_NL_STR ? s->nl[hit] : 0);
         size_t stashed = s->scan - s->done;
-        if (stashed > mlen) emit(s, s->unmatched, NULL, stashed - mlen);
+        if (stashed > mlen) emit(s, s->cur->unmatched, NULL, stashed - mlen);
         emit(s, b.action, b.label, mlen);
         enter(s, b.next, b.next_flag);
         if (b.next == S_FINISHED) s->finished = 1;
     }
     /* emit what no marker can still claim */
     size_t keep = 0;
-    for (size_t k = 0; k < s->nbr; k++)
+    for (size_t k = 0; k < s->cur->nbr; k++)
         if (matching_len(s, k) > keep) keep = matching_len(s, k);
     size_t stashed = s->scan - s->done;
-    if (stashed > keep) emit(s, s->unmatched, NULL, stashed - keep);
+    if (stashed > keep) emit(s, s->cur->unmatched, NULL, stashed - keep);
     release(s, 0, fn, ctx);
     return s->stopped; /* a stop sequence ends reading; a closed tool block does not */
 }
 
 rc_finish rc_stream_finish(rc_stream *s, rc_finish backend, rc_event_fn fn, void *ctx) {
     size_t stashed = s->scan - s->done;
-    if (stashed) emit(s, s->unmatched, NULL, stashed);
+    if (stashed) emit(s, s->cur->unmatched, NULL, stashed);
     release(s, 1, fn, ctx);
     if (s->stopped) return RC_FINISH_STOP_SEQUENCE;
     if (backend == RC_FINISH_STOP && s->has_calls) return RC_FINISH_TOOL_CALLS;
