@@ -48,8 +48,8 @@ test-fuzz: build-asan
 	./build-asan/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus 2>&1 | tail -n 6
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
-	./build-asan/fuzz_chat -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
-	  tests/fuzz/corpus-run tests/fuzz/corpus-chat 2>&1 | tail -n 6
+	./build-asan/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	  tests/fuzz/corpus-run tests/fuzz/corpus-request 2>&1 | tail -n 6
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
 	./build-asan/fuzz_stream -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus-stream 2>&1 | tail -n 6

@@ -159,6 +159,8 @@ int rc_pyjson_style(const json_t *v, rc_float_style st, rc_bytes *out) {
 /* Rewrite integer literals that do not fit int64 into float literals
  * (append ".0"), leaving strings alone; then parse again. */
 json_t *rc_json_loadb(const char *text, size_t n, size_t flags, json_error_t *je) {
+    json_error_t local;
+    if (!je) je = &local;
     json_t *v = json_loadb(text, n, flags, je);
     /* "-0" is an integer to jansson but -0.0 to the reference */
     int neg_zero = memmem(text, n, "-0", 2) != NULL;
@@ -195,12 +197,21 @@ json_t *rc_json_loadb(const char *text, size_t n, size_t flags, json_error_t *je
             rc_bytes_append(&b, text + i, j - i);
             if (is_int && digits == 1 && c == '-' && text[i + 1] == '0') rc_bytes_append(&b, ".0", 2);
             if (is_int && digits >= 19) {
-                errno = 0;
-                (void)strtoll(text + i, NULL, 10);
-                if (errno == ERANGE) {
+                /* the literal is not NUL-terminated: range-check a copy */
+                char num[32];
+                int fits_i64 = 0, fits_u64 = 0;
+                if (j - i < sizeof num) {
+                    memcpy(num, text + i, j - i);
+                    num[j - i] = 0;
                     errno = 0;
-                    (void)strtoull(text + i, NULL, 10);
-                    if (c != '-' && errno != ERANGE && sentinel_ok) {
+                    (void)strtoll(num, NULL, 10);
+                    fits_i64 = errno != ERANGE;
+                    errno = 0;
+                    (void)strtoull(num, NULL, 10);
+                    fits_u64 = c != '-' && errno != ERANGE;
+                }
+                if (!fits_i64) {
+                    if (fits_u64 && sentinel_ok) {
                         /* u64 range: kept as its digits behind a marker */
                         b.n -= j - i;
                         rc_bytes_append(&b, "\"\\u0000U64:", 11);

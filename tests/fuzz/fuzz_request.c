@@ -1,14 +1,16 @@
-/* fuzz_chat.c - libFuzzer harness for Chat Completions requests.
+/* fuzz_request.c - libFuzzer harness for API requests (all three protocols).
  *
- * Any bytes: parse, convert, render, tokenize.  Properties: no crash, no
- * leak, no hang; a rejected request has status 400 and a message; an
- * accepted one renders, and its control ids are exactly the renderer's
- * spans (text from the request never becomes a control token). */
+ * Any bytes: JSON syntax check, parse, then each converter (Chat Completions,
+ * Responses, Messages), render, tokenize.  Properties: no crash, no leak, no
+ * hang; a rejected request has status 400 and a message; an accepted one
+ * renders, and its control ids are exactly the renderer's spans (text from
+ * the request never becomes a control token). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "recipe/protocol.h"
+#include "recipe/pyjson.h"
 
 static rc_tokenizer *tok;
 
@@ -21,13 +23,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    json_t *req = json_loadb((const char *)data, size, 0, NULL);
-    if (!req) return 0;
+typedef int (*convert_fn)(const json_t *, rc_conversation *, rc_inference *, rc_api_error *);
+
+static void one(const json_t *req, convert_fn convert) {
     rc_conversation conv;
     rc_inference inf;
     rc_api_error e = {0};
-    if (rc_chat_convert(req, &conv, &inf, &e)) {
+    if (convert(req, &conv, &inf, &e)) {
         if (e.status != 400 || !e.message[0]) abort();
     } else {
         for (int enc = 0; enc < 2; enc++) {
@@ -47,6 +49,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     rc_conv_free(&conv);
     rc_inference_free(&inf);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char msg[256];
+    if (rc_json_syntax_error((const char *)data, size, msg, sizeof msg)) return 0;
+    json_t *req = rc_json_loadb((const char *)data, size, JSON_DECODE_ANY, NULL);
+    if (!req) return 0;
+    one(req, rc_chat_convert);
+    one(req, rc_responses_convert);
+    one(req, rc_messages_convert);
     json_decref(req);
     return 0;
 }
