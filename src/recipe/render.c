@@ -461,10 +461,10 @@ int rc_render(const rc_conversation *c, rc_encoding enc, rc_prompt *out, rc_err 
         case RC_ROLE_ASSISTANT:
             tok(&w, S_ASSISTANT);
             if (m->prefix) { /* prefill: the model continues this message */
-                if (c->thinking) {
+                if (c->thinking) { /* the model continues its reasoning, or its answer */
                     tok(&w, S_THINK);
-                    if (m->reasoning.n || m->content.n) {
-                        txt(&w, m->reasoning.s, m->reasoning.n);
+                    txt(&w, m->reasoning.s, m->reasoning.n);
+                    if (m->content.n) {
                         tok(&w, S_THINK_END);
                         txt(&w, m->content.s, m->content.n);
                     }
