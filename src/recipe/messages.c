@@ -18,53 +18,7 @@
  * DeepSeek-V4-Pro turns them into <system-reminder> user messages */
 static _Thread_local int g_flash; /* set per call, read only on the converting thread */
 
-static int unknown_variant(rc_api_error *e, const char *v, const char *list) {
-    return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of %s", v, list);
-}
 
-/* a JSON-schema sanity check like the reference's validator (the subset it reports) */
-static int schema_check(const json_t *s, char *msg, size_t n) {
-    static const char *const TYPES[] = {"array", "boolean", "integer", "null", "number", "object", "string"};
-    if (!json_is_object(s) && !json_is_boolean(s)) {
-        char *d = json_dumps(s, JSON_COMPACT | JSON_ENCODE_ANY);
-        snprintf(msg, n, "%s is not of types \"boolean\", \"object\"", d ? d : "?");
-        free(d);
-        return -1;
-    }
-    if (!json_is_object(s)) return 0;
-    json_t *ty = json_object_get(s, "type");
-    if (ty) {
-        int ok = 1;
-        if (json_is_string(ty)) {
-            ok = 0;
-            for (size_t k = 0; k < 7; k++) ok |= !strcmp(json_string_value(ty), TYPES[k]);
-        } else if (json_is_array(ty)) {
-            for (size_t i = 0; ok && i < json_array_size(ty); i++) {
-                const char *t = json_string_value(json_array_get(ty, i));
-                int one = 0;
-                for (size_t k = 0; t && k < 7; k++) one |= !strcmp(t, TYPES[k]);
-                ok = one;
-            }
-        } else {
-            ok = 0;
-        }
-        if (!ok) {
-            char *d = json_dumps(ty, JSON_COMPACT | JSON_ENCODE_ANY);
-            snprintf(msg, n, "%s is not valid under any of the schemas listed in the 'anyOf' keyword", d ? d : "?");
-            free(d);
-            return -1;
-        }
-    }
-    json_t *props = json_object_get(s, "properties");
-    if (json_is_object(props)) {
-        const char *k;
-        json_t *v;
-        json_object_foreach(props, k, v) if (schema_check(v, msg, n)) return -1;
-    }
-    json_t *items = json_object_get(s, "items");
-    if (items && !json_is_array(items) && schema_check(items, msg, n)) return -1;
-    return 0;
-}
 
 /* ------------------------------------------------------------------ serde pass */
 
@@ -120,7 +74,7 @@ static int deser_block(const json_t *b, int nested, rc_api_error *e) {
     if (!strcmp(t, "server_tool_use") || !strcmp(t, "web_search_tool_result") || !strcmp(t, "tool_addition") ||
         (nested && !strcmp(t, "tool_reference")))
         return 0;
-    return unknown_variant(e, t, BLOCK_TYPES);
+    return rc_punknown_variant(e, t, BLOCK_TYPES);
 }
 
 static int deser_message(const json_t *m, rc_api_error *e) {
@@ -130,7 +84,7 @@ static int deser_message(const json_t *m, rc_api_error *e) {
     if (!json_is_string(role)) return rc_pbad_type(e, role, "string or map");
     const char *r = json_string_value(role);
     if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system"))
-        return unknown_variant(e, r, "`user`, `assistant`, `system`");
+        return rc_punknown_variant(e, r, "`user`, `assistant`, `system`");
     json_t *c = json_object_get(m, "content");
     if (!c) return rc_pmissing(e, "content");
     if (deser_text_list(c, e)) return -1;
@@ -194,7 +148,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
             if (!json_is_string(ty)) return rc_pbad_type(e, ty, "string or map");
             const char *t = json_string_value(ty);
             if (strcmp(t, "enabled") && strcmp(t, "adaptive") && strcmp(t, "disabled"))
-                return unknown_variant(e, t, "`adaptive`, `enabled`, `disabled`");
+                return rc_punknown_variant(e, t, "`adaptive`, `enabled`, `disabled`");
         } else if (!strcmp(key, "output_config")) {
             if (json_is_null(v)) continue;
             if (!json_is_object(v)) return rc_pbad_type(e, v, "struct MessagesOutputConfig");
@@ -204,7 +158,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
             int th;
             rc_effort x;
             if (rc_pparse_effort(json_string_value(ef), &th, &x))
-                return unknown_variant(e, json_string_value(ef),
+                return rc_punknown_variant(e, json_string_value(ef),
                                        "`none`, `minimal`, `low`, `medium`, `high`, `xhigh`, `ultra`, `max`");
         } else if (!strcmp(key, "tools")) {
             if (json_is_null(v)) continue;
@@ -233,7 +187,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
                 if (!nm) return rc_pmissing(e, "name");
                 if (!json_is_string(nm)) return rc_pbad_type(e, nm, "a string");
             } else if (strcmp(t, "auto") && strcmp(t, "any") && strcmp(t, "none")) {
-                return unknown_variant(e, t, "`auto`, `any`, `tool`, `none`");
+                return rc_punknown_variant(e, t, "`auto`, `any`, `tool`, `none`");
             }
         }
     }
@@ -428,7 +382,7 @@ static int convert_tools(const json_t *tools, rc_conversation *c, rc_api_error *
         json_t *s = json_object_get(t, "input_schema");
         char msg[700];
         if (!s || json_is_null(s)) return rc_pfail(e, "Invalid schema for function '%s': null is not of types \"boolean\", \"object\"", name);
-        if (schema_check(s, msg, sizeof msg)) return rc_pfail(e, "Invalid schema for function '%s': %s", name, msg);
+        if (rc_pschema_check(s, msg, sizeof msg)) return rc_pfail(e, "Invalid schema for function '%s': %s", name, msg);
         json_t *pt = json_object_get(s, "type");
         if (!json_is_object(s) || !json_is_string(pt) || strcmp(json_string_value(pt), "object")) {
             char *g = pt ? json_dumps(pt, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;

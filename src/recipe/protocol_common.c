@@ -248,3 +248,51 @@ int rc_pmentions_json(const rc_conversation *c) {
     }
     return 0;
 }
+
+int rc_punknown_variant(rc_api_error *e, const char *v, const char *list) {
+    return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of %s", v, list);
+}
+
+/* a JSON-schema sanity check like the reference's validator (the subset it reports) */
+int rc_pschema_check(const json_t *s, char *msg, size_t n) {
+    static const char *const TYPES[] = {"array", "boolean", "integer", "null", "number", "object", "string"};
+    if (!json_is_object(s) && !json_is_boolean(s)) {
+        char *d = json_dumps(s, JSON_COMPACT | JSON_ENCODE_ANY);
+        snprintf(msg, n, "%s is not of types \"boolean\", \"object\"", d ? d : "?");
+        free(d);
+        return -1;
+    }
+    if (!json_is_object(s)) return 0;
+    json_t *ty = json_object_get(s, "type");
+    if (ty) {
+        int ok = 1;
+        if (json_is_string(ty)) {
+            ok = 0;
+            for (size_t k = 0; k < 7; k++) ok |= !strcmp(json_string_value(ty), TYPES[k]);
+        } else if (json_is_array(ty)) {
+            for (size_t i = 0; ok && i < json_array_size(ty); i++) {
+                const char *t = json_string_value(json_array_get(ty, i));
+                int one = 0;
+                for (size_t k = 0; t && k < 7; k++) one |= !strcmp(t, TYPES[k]);
+                ok = one;
+            }
+        } else {
+            ok = 0;
+        }
+        if (!ok) {
+            char *d = json_dumps(ty, JSON_COMPACT | JSON_ENCODE_ANY);
+            snprintf(msg, n, "%s is not valid under any of the schemas listed in the 'anyOf' keyword", d ? d : "?");
+            free(d);
+            return -1;
+        }
+    }
+    json_t *props = json_object_get(s, "properties");
+    if (json_is_object(props)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(props, k, v) if (rc_pschema_check(v, msg, n)) return -1;
+    }
+    json_t *items = json_object_get(s, "items");
+    if (items && !json_is_array(items) && rc_pschema_check(items, msg, n)) return -1;
+    return 0;
+}

@@ -19,6 +19,11 @@ void rc_pcopy_key(json_t *dst, const json_t *src, const char *k);
 /* a strict tool's schema as the reference re-serialises it, or NULL + e */
 json_t *rc_pstrict_schema(const json_t *in, int top, rc_api_error *e);
 void rc_pfree_tool(rc_tool_def *t);
+/* serde's "unknown variant `v`, expected one of <list>" */
+int rc_punknown_variant(rc_api_error *e, const char *v, const char *list);
+/* the subset of JSON-Schema checks whose messages the reference reports:
+ * 0, or -1 with the message in msg */
+int rc_pschema_check(const json_t *s, char *msg, size_t n);
 /* "json" (ASCII case-insensitive) in any message content */
 int rc_pmentions_json(const rc_conversation *c);
 

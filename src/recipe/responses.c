@@ -21,53 +21,7 @@
  * description.  Set once per request by rc_responses_convert. */
 static _Thread_local int g_flash; /* set per call, read only on the converting thread */
 
-static int unknown_variant(rc_api_error *e, const char *v, const char *list) {
-    return rc_pfail(e, "invalid request body: unknown variant `%s`, expected one of %s", v, list);
-}
 
-/* a JSON-schema sanity check like the reference's validator (the subset it reports) */
-static int schema_check(const json_t *s, char *msg, size_t n) {
-    static const char *const TYPES[] = {"array", "boolean", "integer", "null", "number", "object", "string"};
-    if (!json_is_object(s) && !json_is_boolean(s)) {
-        char *d = json_dumps(s, JSON_COMPACT | JSON_ENCODE_ANY);
-        snprintf(msg, n, "%s is not of types \"boolean\", \"object\"", d ? d : "?");
-        free(d);
-        return -1;
-    }
-    if (!json_is_object(s)) return 0;
-    json_t *ty = json_object_get(s, "type");
-    if (ty) {
-        int ok = 1;
-        if (json_is_string(ty)) {
-            ok = 0;
-            for (size_t k = 0; k < 7; k++) ok |= !strcmp(json_string_value(ty), TYPES[k]);
-        } else if (json_is_array(ty)) {
-            for (size_t i = 0; ok && i < json_array_size(ty); i++) {
-                const char *t = json_string_value(json_array_get(ty, i));
-                int one = 0;
-                for (size_t k = 0; t && k < 7; k++) one |= !strcmp(t, TYPES[k]);
-                ok = one;
-            }
-        } else {
-            ok = 0;
-        }
-        if (!ok) {
-            char *d = json_dumps(ty, JSON_COMPACT | JSON_ENCODE_ANY);
-            snprintf(msg, n, "%s is not valid under any of the schemas listed in the 'anyOf' keyword", d ? d : "?");
-            free(d);
-            return -1;
-        }
-    }
-    json_t *props = json_object_get(s, "properties");
-    if (json_is_object(props)) {
-        const char *k;
-        json_t *v;
-        json_object_foreach(props, k, v) if (schema_check(v, msg, n)) return -1;
-    }
-    json_t *items = json_object_get(s, "items");
-    if (items && !json_is_array(items) && schema_check(items, msg, n)) return -1;
-    return 0;
-}
 
 /* ------------------------------------------------------------------ serde pass */
 
@@ -86,7 +40,7 @@ static int deser_parts(const json_t *v, int output, rc_api_error *e) {
         const char *t = json_string_value(ty);
         int text = !strcmp(t, "input_text") || (!output && !strcmp(t, "output_text"));
         if (!text && strcmp(t, "input_image") && strcmp(t, "input_file"))
-            return unknown_variant(e, t, output ? "`input_text`, `input_image`, `input_file`" : CONTENT_TYPES);
+            return rc_punknown_variant(e, t, output ? "`input_text`, `input_image`, `input_file`" : CONTENT_TYPES);
         if (text) {
             json_t *tx = json_object_get(p, "text");
             if (!tx) return rc_pmissing(e, "text");
@@ -121,7 +75,7 @@ static int deser_item(const json_t *it, rc_api_error *e) {
         if (!json_is_string(role)) return rc_pbad_type(e, role, "string or map");
         const char *r = json_string_value(role);
         if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system") && strcmp(r, "developer"))
-            return unknown_variant(e, r, "`user`, `assistant`, `system`, `developer`");
+            return rc_punknown_variant(e, r, "`user`, `assistant`, `system`, `developer`");
         json_t *c = json_object_get(it, "content");
         if (!c) return rc_pmissing(e, "content");
         if (json_is_string(c)) return 0;
@@ -240,7 +194,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
             int th;
             rc_effort x;
             if (rc_pparse_effort(json_string_value(ef), &th, &x))
-                return unknown_variant(e, json_string_value(ef),
+                return rc_punknown_variant(e, json_string_value(ef),
                                        "`none`, `minimal`, `low`, `medium`, `high`, `xhigh`, `ultra`, `max`");
         } else if (!strcmp(key, "text")) {
             if (json_is_null(v)) continue;
@@ -258,7 +212,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
                 if (!nm) return rc_pmissing(e, "name");
                 if (!json_object_get(f, "schema")) return rc_pmissing(e, "schema");
             } else if (strcmp(t, "text") && strcmp(t, "json_object")) {
-                return unknown_variant(e, t, "`text`, `json_schema`, `json_object`");
+                return rc_punknown_variant(e, t, "`text`, `json_schema`, `json_object`");
             }
         } else if (!strcmp(key, "tools")) {
             if (json_is_null(v)) continue;
@@ -282,7 +236,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
                     if (!nm) return rc_pmissing(e, "name");
                     if (!json_is_string(nm)) return rc_pbad_type(e, nm, "a string");
                 } else if (strcmp(t, "web_search") && strcmp(t, "web_search_2025_08_26")) {
-                    return unknown_variant(e, t, "`function`, `web_search`, `web_search_2025_08_26`, `custom`");
+                    return rc_punknown_variant(e, t, "`function`, `web_search`, `web_search_2025_08_26`, `custom`");
                 }
             } else {
                 return rc_pfail(e, "%s", BAD);
@@ -406,7 +360,7 @@ static int add_fn(rc_conversation *c, const json_t *t, const char *name, int *ns
     json_t *params = json_object_get(t, "parameters");
     if (params && !json_is_null(params)) {
         char msg[700];
-        if (schema_check(params, msg, sizeof msg))
+        if (rc_pschema_check(params, msg, sizeof msg))
             return rc_pfail(e, "Invalid schema for function '%s': %s", name, msg);
         json_t *pt = json_object_get(params, "type");
         if (!json_is_object(params) || !json_is_string(pt) || strcmp(json_string_value(pt), "object")) {
@@ -876,7 +830,7 @@ int rc_responses_convert(const json_t *body, rc_conversation *conv, rc_inference
         } else {
             json_t *schema = json_object_get(fmt, "schema");
             char msg[700];
-            if (schema_check(schema, msg, sizeof msg)) return rc_pfail(e, "Invalid json schema: %s", msg);
+            if (rc_pschema_check(schema, msg, sizeof msg)) return rc_pfail(e, "Invalid json schema: %s", msg);
             conv->json_schema = json_incref(schema);
         }
     }
