@@ -370,25 +370,11 @@ static int deser_body(const json_t *body, rc_api_error *e) {
     return 0;
 }
 
-/* Strict tools.  The reference reads a strict tool's schema into a typed
- * model (the subset OpenAI structured outputs allows) and writes that back:
- * known keywords only, in the model's field order, every object closed
- * ("additionalProperties": false) with all properties required.  Returns a
- * new value, or NULL with e filled. */
-
-
-
-
-/* "json" anywhere in message content, ASCII case-insensitive */
-
 int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf, rc_api_error *e) {
     memset(conv, 0, sizeof *conv);
     memset(inf, 0, sizeof *inf);
     if (deser_body(body, e)) return -1;
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (strcmp(model, "DeepSeek-V4-Pro") && strcmp(model, "DeepSeek-V4.1-Flash"))
-        return rc_pfail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
-                    model);
+    if (!rc_pcheck_model(body, e)) return -1;
     json_t *msgs = json_object_get(body, "messages");
     if (json_array_size(msgs) == 0) return rc_pfail(e, "Empty input messages");
 
@@ -537,20 +523,7 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
         } else {
             const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
             forced = 1;
-            if (conv->ntools) {
-                size_t keep = SIZE_MAX;
-                for (size_t q = 0; q < conv->ntools; q++)
-                    if (!strcmp(conv->tools[q].name.s, name)) keep = q;
-                if (keep == SIZE_MAX)
-                    return rc_pfail(e, "Invalid value for 'tool_call': no function named '%s' was specified in the "
-                                   "'tools' parameter.", name);
-                rc_tool_def only = conv->tools[keep];
-                for (size_t q = 0; q < conv->ntools; q++)
-                    if (q != keep) rc_pfree_tool(&conv->tools[q]);
-                conv->tools[0] = only;
-                conv->ntools = 1;
-                conv->tool_choice = RC_CHOICE_REQUIRED;
-            }
+            if (conv->ntools && rc_pkeep_tool(conv, name, e)) return -1;
         }
         if (forced && conv->thinking && conv->ntools)
             return rc_pfail(e, "Thinking mode does not support this tool_choice");

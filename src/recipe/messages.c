@@ -407,10 +407,8 @@ int rc_messages_convert(const json_t *body, rc_conversation *conv, rc_inference 
     memset(conv, 0, sizeof *conv);
     memset(inf, 0, sizeof *inf);
     if (deser_body(body, e)) return -1;
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (strcmp(model, "DeepSeek-V4-Pro") && strcmp(model, "DeepSeek-V4.1-Flash"))
-        return rc_pfail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
-                        model);
+    const char *model = rc_pcheck_model(body, e);
+    if (!model) return -1;
     g_flash = !strcmp(model, "DeepSeek-V4.1-Flash");
     json_t *v;
     if ((v = json_object_get(body, "stop_sequences")) && json_is_array(v)) {

@@ -296,3 +296,27 @@ int rc_pschema_check(const json_t *s, char *msg, size_t n) {
     if (items && !json_is_array(items) && rc_pschema_check(items, msg, n)) return -1;
     return 0;
 }
+
+const char *rc_pcheck_model(const json_t *body, rc_api_error *e) {
+    const char *model = json_string_value(json_object_get(body, "model"));
+    if (model && (!strcmp(model, "DeepSeek-V4-Pro") || !strcmp(model, "DeepSeek-V4.1-Flash"))) return model;
+    rc_pfail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
+             model ? model : "");
+    return NULL;
+}
+
+int rc_pkeep_tool(rc_conversation *conv, const char *name, rc_api_error *e) {
+    size_t keep = SIZE_MAX;
+    for (size_t q = 0; q < conv->ntools; q++)
+        if (!strcmp(conv->tools[q].name.s, name)) keep = q;
+    if (keep == SIZE_MAX)
+        return rc_pfail(e, "Invalid value for 'tool_call': no function named '%s' was specified in the 'tools' "
+                           "parameter.", name);
+    rc_tool_def only = conv->tools[keep];
+    for (size_t q = 0; q < conv->ntools; q++)
+        if (q != keep) rc_pfree_tool(&conv->tools[q]);
+    conv->tools[0] = only;
+    conv->ntools = 1;
+    conv->tool_choice = RC_CHOICE_REQUIRED;
+    return 0;
+}

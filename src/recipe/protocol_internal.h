@@ -24,6 +24,10 @@ int rc_punknown_variant(rc_api_error *e, const char *v, const char *list);
 /* the subset of JSON-Schema checks whose messages the reference reports:
  * 0, or -1 with the message in msg */
 int rc_pschema_check(const json_t *s, char *msg, size_t n);
+/* the request's model if it is one the reference serves, else NULL + e */
+const char *rc_pcheck_model(const json_t *body, rc_api_error *e);
+/* a named tool_choice: keep only that tool and force a call, or fail */
+int rc_pkeep_tool(rc_conversation *conv, const char *name, rc_api_error *e);
 /* "json" (ASCII case-insensitive) in any message content */
 int rc_pmentions_json(const rc_conversation *c);
 

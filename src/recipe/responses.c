@@ -736,10 +736,8 @@ int rc_responses_convert(const json_t *body, rc_conversation *conv, rc_inference
     memset(conv, 0, sizeof *conv);
     memset(inf, 0, sizeof *inf);
     if (deser_body(body, e)) return -1;
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (strcmp(model, "DeepSeek-V4-Pro") && strcmp(model, "DeepSeek-V4.1-Flash"))
-        return rc_pfail(e, "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed %s.",
-                        model);
+    const char *model = rc_pcheck_model(body, e);
+    if (!model) return -1;
     g_flash = !strcmp(model, "DeepSeek-V4.1-Flash");
     json_t *v;
     if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
@@ -802,18 +800,7 @@ int rc_responses_convert(const json_t *body, rc_conversation *conv, rc_inference
     } else if (json_is_object(tc) && json_object_get(tc, "name") && conv->ntools) {
         const char *name = json_string_value(json_object_get(tc, "name"));
         forced = 1;
-        size_t keep = SIZE_MAX;
-        for (size_t q = 0; q < conv->ntools; q++)
-            if (!strcmp(conv->tools[q].name.s, name)) keep = q;
-        if (keep == SIZE_MAX)
-            return rc_pfail(e, "Invalid value for 'tool_call': no function named '%s' was specified in the 'tools' "
-                            "parameter.", name);
-        rc_tool_def only = conv->tools[keep];
-        for (size_t q = 0; q < conv->ntools; q++)
-            if (q != keep) rc_pfree_tool(&conv->tools[q]);
-        conv->tools[0] = only;
-        conv->ntools = 1;
-        conv->tool_choice = RC_CHOICE_REQUIRED;
+        if (rc_pkeep_tool(conv, name, e)) return -1;
     }
     if (forced && conv->thinking && conv->ntools) return rc_pfail(e, "Thinking mode does not support this tool_choice");
 
