@@ -217,8 +217,7 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
                         : !strcmp(finish, "content_filter") ? RC_FINISH_CONTENT_FILTER
                         : !strcmp(finish, "none") ? RC_FINISH_END_OF_STREAM : RC_FINISH_STOP;
     rc_finish fin = rc_stream_finish(st, backend, api->event, co_);
-    if (api == &rc_out_messages) { extern void rc_out_messages_stop_sequence(void *, const char *); rc_out_messages_stop_sequence(co_, rc_stream_stop_sequence(st)); }
-    api->finish(co_, fin, ctok, &out);
+    api->finish(co_, fin, rc_stream_stop_sequence(st), ctok, &out);
     fwrite(out.v, 1, out.n, stdout);
     rc_bytes_free(&out);
     api->destroy(co_);

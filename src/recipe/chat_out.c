@@ -276,7 +276,10 @@ static void *chat_create(const rc_out_opts *o, const json_t *request) {
 static void chat_destroy(void *w) { rc_chat_out_free(w); }
 static int chat_start(void *w, rc_bytes *out) { return rc_chat_out_start(w, out); }
 static int chat_flush(void *w, rc_bytes *out) { return rc_chat_out_flush(w, out); }
-static int chat_finish(void *w, rc_finish r, long long n, rc_bytes *out) { return rc_chat_out_finish(w, r, n, out); }
+static int chat_finish(void *w, rc_finish r, const char *stop, long long n, rc_bytes *out) {
+    (void)stop; /* Chat reports only finish_reason "stop" */
+    return rc_chat_out_finish(w, r, n, out);
+}
 
 const rc_out_api rc_out_chat = {"chat", chat_create, chat_destroy, rc_chat_out_event, chat_start, chat_flush,
                                 chat_finish};

@@ -330,9 +330,8 @@ static void w_destroy(void *p) {
     free(w);
 }
 
-/* recipe_parse hands over the matched stop sequence before finish */
-void rc_out_messages_stop_sequence(void *p, const char *s);
-void rc_out_messages_stop_sequence(void *p, const char *s) {
+/* the stop sequence that ended the output, from finish */
+static void set_stop_sequence(void *p, const char *s) {
     messages_w *w = p;
     free(w->stop_seq);
     w->stop_seq = s ? strdup(s) : NULL;
@@ -502,7 +501,8 @@ static void stop_fields(const messages_w *w, rc_finish r, rc_bytes *out) {
     else S(out, "null");
 }
 
-static int w_finish(void *p, rc_finish r, long long n, rc_bytes *out) {
+static int w_finish(void *p, rc_finish r, const char *stop, long long n, rc_bytes *out) {
+    set_stop_sequence(p, stop);
     messages_w *w = p;
     if (w->o.stream) {
         close_block(w);

@@ -5,7 +5,8 @@
  * `recipe parse` CLI pick a writer by API and drive it the same way:
  *   w = api->create(opts, request); api->start(w, out)   (streaming only)
  *   per backend chunk: rc_stream_feed(..., api->event, w); api->flush(w, out)
- *   at the end: rc_stream_finish(..., api->event, w); api->finish(w, reason, tokens, out)
+ *   at the end: rc_stream_finish(..., api->event, w);
+ *               api->finish(w, reason, rc_stream_stop_sequence(stream), tokens, out)
  *   api->destroy(w) */
 #ifndef RECIPE_OUT_H
 #define RECIPE_OUT_H
@@ -27,7 +28,8 @@ typedef struct {
     rc_event_fn event;
     int (*start)(void *w, rc_bytes *out);
     int (*flush)(void *w, rc_bytes *out);
-    int (*finish)(void *w, rc_finish reason, long long completion_tokens, rc_bytes *out);
+    /* stop_sequence: the stop string that ended the output (rc_stream_stop_sequence), or NULL */
+    int (*finish)(void *w, rc_finish reason, const char *stop_sequence, long long completion_tokens, rc_bytes *out);
 } rc_out_api;
 
 extern const rc_out_api rc_out_chat, rc_out_responses, rc_out_messages;
