@@ -15,6 +15,7 @@
 #include "recipe/out.h"
 #include "recipe/protocol.h"
 #include "recipe/pyjson.h"
+#include "recipe/unicode.h"
 
 static const char recipe_help[] =
     "usage: deepinfer recipe render --api chat --encoding v4|v4.1 [--jsonl] < request.json\n"
@@ -40,7 +41,9 @@ static const char recipe_help[] =
     "        send: the SSE stream (--stream) or the JSON body. stdin: one JSON string per\n"
     "        line, each one backend text chunk (or {\"text\": ..., \"tokens\": N}).\n"
     "        --deterministic fixes id \"chatcmpl-test\", created 1767225600, fingerprint\n"
-    "        \"fp_test\" so outputs can be compared byte for byte.\n";
+    "        \"fp_test\" so outputs can be compared byte for byte.\n"
+    "        --tokens: stdin lines are JSON arrays of token ids instead (decoded with\n"
+    "        --tokenizer; a character split across ids is held back until complete).\n";
 
 typedef int (*convert_fn)(const json_t *, rc_conversation *, rc_inference *, rc_api_error *);
 
@@ -129,8 +132,24 @@ static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *o
     return rc ? 1 : 0;
 }
 
+/* bytes with each ill-formed subpart replaced by U+FFFD */
+static void append_lossy(rc_bytes *out, const char *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        int k = rc_utf8_step((const uint8_t *)p + i, n - i);
+        if (k > 0) {
+            rc_bytes_append(out, p + i, (size_t)k);
+            i += (size_t)k;
+        } else {
+            rc_bytes_append(out, "\xEF\xBF\xBD", 3);
+            i += k < 0 ? (size_t)(-k) : n - i;
+        }
+    }
+}
+
 static int recipe_parse(const char *api_name, convert_fn convert, const char *req_path, int stream,
-                        int deterministic, long long ptoks, long long ctoks, const char *finish) {
+                        int deterministic, long long ptoks, long long ctoks, const char *finish,
+                        const rc_tokenizer *tok) {
     const rc_out_api *api = !strcmp(api_name, "responses") ? &rc_out_responses
                             : !strcmp(api_name, "messages") ? &rc_out_messages : &rc_out_chat;
     rc_bytes body = {0};
@@ -198,8 +217,68 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
     ssize_t n;
     long long ctok = 0;
     int done = 0;
+    rc_bytes piece = {0}, held = {0};
+    long long pending_ids = 0; /* ids not yet counted: no text from them yet */
+    size_t *ends = NULL, ends_cap = 0;
     while (!done && (n = getline(&line, &cap, stdin)) > 0) {
         json_t *v = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        if (tok) {
+            /* token ids: decoded with UTF-8 held back across ids; a chunk becomes
+             * several source chunks, split at added tokens, as the reference does */
+            if (!json_is_array(v)) {
+                fprintf(stderr, "deepinfer recipe parse: with --tokens, stdin lines must be JSON arrays of ids\n");
+                json_decref(v);
+                break;
+            }
+            size_t nid = json_array_size(v);
+            for (size_t k = 0; k < nid && !done;) {
+                size_t e = k;
+                int32_t id = (int32_t)json_integer_value(json_array_get(v, k));
+                int added = rc_tokenizer_is_added(tok, id);
+                if (!added)
+                    while (e < nid && !rc_tokenizer_is_added(tok, (int32_t)json_integer_value(json_array_get(v, e)))) e++;
+                else
+                    e = k + 1;
+                piece.n = 0;
+                if (e - k > ends_cap) {
+                    ends_cap = (e - k) * 2;
+                    ends = realloc(ends, ends_cap * sizeof *ends);
+                }
+                for (size_t q = k; q < e; q++) {
+                    int32_t x = (int32_t)json_integer_value(json_array_get(v, q));
+                    size_t before = piece.n;
+                    pending_ids++;
+                    size_t tl;
+                    const char *tb = rc_tokenizer_token_bytes(tok, x, &tl);
+                    if (tb) {
+                        /* like the reference, hold a token's whole text while the
+                         * held bytes end inside a character; emit when complete */
+                        rc_bytes_append(&held, tb, tl);
+                        size_t ok = rc_utf8_valid_prefix((const uint8_t *)held.v, held.n);
+                        int incomplete = ok < held.n && rc_utf8_step((const uint8_t *)held.v + ok, held.n - ok) == 0;
+                        if (ok == held.n) {
+                            rc_bytes_append(&piece, held.v, held.n);
+                            held.n = 0;
+                        } else if (!incomplete) { /* ill-formed: U+FFFD, as the decoder does */
+                            append_lossy(&piece, held.v, held.n);
+                            held.n = 0;
+                        }
+                    }
+                    /* ids are counted when they yield text: an id that ends a
+                     * character, or an unknown id before it, counts then */
+                    if (piece.n > before) {
+                        ctok += pending_ids;
+                        pending_ids = 0;
+                    }
+                    ends[q - k] = piece.n;
+                }
+                done = rc_stream_feed_ids(st, piece.v ? piece.v : "", piece.n, ends, e - k, api->event, co_);
+                k = e;
+            }
+            if (stream) api->flush(co_, &out);
+            json_decref(v);
+            continue;
+        }
         json_t *t = json_is_object(v) ? json_object_get(v, "text") : v;
         if (!json_is_string(t)) {
             fprintf(stderr, "deepinfer recipe parse: stdin lines must be JSON strings\n");
@@ -213,11 +292,16 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
         json_decref(v);
     }
     free(line);
+    free(ends);
+    rc_bytes_free(&piece);
+    rc_bytes_free(&held);
+    /* ids that never produced text (an unfinished character, unknown ids) count 0 */
     rc_finish backend = !strcmp(finish, "length") ? RC_FINISH_LENGTH
                         : !strcmp(finish, "content_filter") ? RC_FINISH_CONTENT_FILTER
                         : !strcmp(finish, "none") ? RC_FINISH_END_OF_STREAM : RC_FINISH_STOP;
     rc_finish fin = rc_stream_finish(st, backend, api->event, co_);
-    api->finish(co_, fin, rc_stream_stop_sequence(st), ctok, &out);
+    rc_out_usage usage = {ctok, tok ? rc_stream_reasoning_tokens(st) : -1};
+    api->finish(co_, fin, rc_stream_stop_sequence(st), &usage, &out);
     fwrite(out.v, 1, out.n, stdout);
     rc_bytes_free(&out);
     api->destroy(co_);
@@ -247,9 +331,10 @@ int cmd_recipe(int argc, char **argv) {
                                        {"stream", no_argument, 0, 's'},         {"deterministic", no_argument, 0, 'd'},
                                        {"prompt-tokens", required_argument, 0, 'p'},
                                        {"cached-tokens", required_argument, 0, 'c'},
-                                       {"finish", required_argument, 0, 'f'},   {0, 0, 0, 0}};
+                                       {"finish", required_argument, 0, 'f'},   {"tokens", no_argument, 0, 'k'},
+                                       {0, 0, 0, 0}};
     const char *req_path = NULL, *finish = "none"; /* no --finish: the backend never said why */
-    int stream = 0, deterministic = 0;
+    int stream = 0, deterministic = 0, tokens_in = 0;
     long long ptoks = 0, ctoks = 0;
     const char *api = "chat", *path = cli_default_tokenizer();
     int jsonl = 0, c;
@@ -273,6 +358,7 @@ int cmd_recipe(int argc, char **argv) {
         case 'p': ptoks = atoll(optarg); break;
         case 'c': ctoks = atoll(optarg); break;
         case 'f': finish = optarg; break;
+        case 'k': tokens_in = 1; break;
         case 'h': fputs(recipe_help, stdout); return 0;
         default: fputs(recipe_help, stderr); return 2;
         }
@@ -289,7 +375,15 @@ int cmd_recipe(int argc, char **argv) {
             fprintf(stderr, "deepinfer recipe parse: --request FILE is required\n");
             return 2;
         }
-        return recipe_parse(api, o.convert, req_path, stream, deterministic, ptoks, ctoks, finish);
+        rc_tokenizer *ptok = NULL;
+        rc_err terr = {0};
+        if (tokens_in && rc_tokenizer_load(path, &ptok, &terr)) {
+            fprintf(stderr, "deepinfer recipe parse: %s\n", terr.msg);
+            return 1;
+        }
+        int prc = recipe_parse(api, o.convert, req_path, stream, deterministic, ptoks, ctoks, finish, ptok);
+        rc_tokenizer_free(ptok);
+        return prc;
     }
     rc_err err = {0};
     if (o.tokens && rc_tokenizer_load(path, &o.tok, &err)) {

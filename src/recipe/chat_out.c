@@ -31,6 +31,7 @@ struct rc_chat_out {
     char (*ids)[48];
     size_t ncalls;
     int reasoning_emitted; /* any reasoning text before a call decides its id */
+    long long reasoning_tokens; /* < 0: unknown (text input), else reported in usage */
 };
 
 const char *rc_finish_name(rc_finish f) {
@@ -49,6 +50,7 @@ rc_chat_out *rc_chat_out_new(const rc_chat_out_opts *o) {
     c->id = strdup(o->id ? o->id : "");
     c->model = strdup(o->model ? o->model : "");
     c->fp = o->fingerprint ? strdup(o->fingerprint) : NULL;
+    c->reasoning_tokens = -1;
     return c;
 }
 
@@ -125,12 +127,15 @@ void rc_chat_out_event(void *ctx, rc_event_kind kind, const char *text, size_t n
 static void jstr(rc_bytes *out, const char *s, size_t n) { rc_pyjson_string(s, n, out); }
 
 static void usage_json(const rc_chat_out *c, long long completion, rc_bytes *out) {
-    char b[400];
+    char b[480], rt[96] = "";
+    /* reasoning tokens are known only from token-id input, and only in thinking mode */
+    if (c->reasoning_tokens >= 0 && c->o.thinking)
+        snprintf(rt, sizeof rt, "\"completion_tokens_details\":{\"reasoning_tokens\":%lld},", c->reasoning_tokens);
     snprintf(b, sizeof b,
              "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
-             "\"prompt_tokens_details\":{\"cached_tokens\":%lld},\"prompt_cache_hit_tokens\":%lld,"
+             "\"prompt_tokens_details\":{\"cached_tokens\":%lld},%s\"prompt_cache_hit_tokens\":%lld,"
              "\"prompt_cache_miss_tokens\":%lld}",
-             c->o.prompt_tokens, completion, c->o.prompt_tokens + completion, c->o.cached_tokens,
+             c->o.prompt_tokens, completion, c->o.prompt_tokens + completion, c->o.cached_tokens, rt,
              c->o.cached_tokens,
              c->o.prompt_tokens > c->o.cached_tokens ? c->o.prompt_tokens - c->o.cached_tokens : 0);
     S(b);
@@ -276,9 +281,10 @@ static void *chat_create(const rc_out_opts *o, const json_t *request) {
 static void chat_destroy(void *w) { rc_chat_out_free(w); }
 static int chat_start(void *w, rc_bytes *out) { return rc_chat_out_start(w, out); }
 static int chat_flush(void *w, rc_bytes *out) { return rc_chat_out_flush(w, out); }
-static int chat_finish(void *w, rc_finish r, const char *stop, long long n, rc_bytes *out) {
+static int chat_finish(void *w, rc_finish r, const char *stop, const rc_out_usage *u, rc_bytes *out) {
     (void)stop; /* Chat reports only finish_reason "stop" */
-    return rc_chat_out_finish(w, r, n, out);
+    ((rc_chat_out *)w)->reasoning_tokens = u->reasoning_tokens;
+    return rc_chat_out_finish(w, r, u->completion_tokens, out);
 }
 
 const rc_out_api rc_out_chat = {"chat", chat_create, chat_destroy, rc_chat_out_event, chat_start, chat_flush,

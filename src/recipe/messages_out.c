@@ -501,7 +501,8 @@ static void stop_fields(const messages_w *w, rc_finish r, rc_bytes *out) {
     else S(out, "null");
 }
 
-static int w_finish(void *p, rc_finish r, const char *stop, long long n, rc_bytes *out) {
+static int w_finish(void *p, rc_finish r, const char *stop, const rc_out_usage *u, rc_bytes *out) {
+    long long n = u->completion_tokens;
     set_stop_sequence(p, stop);
     messages_w *w = p;
     if (w->o.stream) {

@@ -6,7 +6,7 @@
  *   w = api->create(opts, request); api->start(w, out)   (streaming only)
  *   per backend chunk: rc_stream_feed(..., api->event, w); api->flush(w, out)
  *   at the end: rc_stream_finish(..., api->event, w);
- *               api->finish(w, reason, rc_stream_stop_sequence(stream), tokens, out)
+ *               api->finish(w, reason, rc_stream_stop_sequence(stream), &usage, out)
  *   api->destroy(w) */
 #ifndef RECIPE_OUT_H
 #define RECIPE_OUT_H
@@ -16,6 +16,12 @@
 #include "base/vec.h"
 #include "recipe/chat_out.h"
 #include "recipe/stream.h"
+
+/* completion usage known at the end; reasoning_tokens < 0 when unknown
+ * (text input: only token-id input says which tokens were reasoning) */
+typedef struct {
+    long long completion_tokens, reasoning_tokens;
+} rc_out_usage;
 
 /* the options every writer gets (the Chat names are historical) */
 typedef rc_chat_out_opts rc_out_opts;
@@ -29,7 +35,7 @@ typedef struct {
     int (*start)(void *w, rc_bytes *out);
     int (*flush)(void *w, rc_bytes *out);
     /* stop_sequence: the stop string that ended the output (rc_stream_stop_sequence), or NULL */
-    int (*finish)(void *w, rc_finish reason, const char *stop_sequence, long long completion_tokens, rc_bytes *out);
+    int (*finish)(void *w, rc_finish reason, const char *stop_sequence, const rc_out_usage *usage, rc_bytes *out);
 } rc_out_api;
 
 extern const rc_out_api rc_out_chat, rc_out_responses, rc_out_messages;

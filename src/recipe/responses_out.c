@@ -686,7 +686,8 @@ static int w_flush(void *p, rc_bytes *out) {
     return 0;
 }
 
-static int w_finish(void *p, rc_finish r, const char *stop, long long n, rc_bytes *out) {
+static int w_finish(void *p, rc_finish r, const char *stop, const rc_out_usage *u, rc_bytes *out) {
+    long long n = u->completion_tokens;
     (void)stop; /* Responses has no stop sequences */
     rw *w = p;
     const char *inc = r == RC_FINISH_LENGTH ? "max_output_tokens" : r == RC_FINISH_CONTENT_FILTER ? "content_filter" : NULL;

@@ -98,6 +98,9 @@ struct rc_stream {
     /* outputs */
     rc_bytes name, stopseq, tmp;
     int finished, stopped, has_calls;
+    /* token-id input (rc_stream_feed_ids) */
+    size_t *id_end, nid_end, cap_id_end, id_next, id_counted_last, id_zero;
+    long long reasoning_ids;
     size_t bad_think, bad_after;
     act last_label_act;
 };
@@ -283,6 +286,7 @@ rc_stream *rc_stream_new(const rc_stream_opts *o) {
     s->o.nstop = n;
     s->last_label_act = A_SKIP;
     s->last_act = A_SKIP;
+    s->id_counted_last = SIZE_MAX;
     if (o->tool_call_initial) enter(s, S_TOOLCALLS, 0);
     else switch (o->reasoning) {
         case RC_REASONING_START: enter(s, S_REASONING, 1); break;
@@ -305,6 +309,7 @@ void rc_stream_free(rc_stream *s) {
         for (int b = 0; b < 2; b++) free(s->tpl[a][b]);
     for (size_t k = s->qhead; k < s->qn; k++) free(s->q[k].p);
     free(s->q);
+    free(s->id_end);
     free(s);
 }
 
@@ -353,13 +358,46 @@ static void emit(rc_stream *s, act a, const char *label, size_t n) {
     s->last_in_content = in_content;
 }
 
+/* token-id input: an id counts as a reasoning token when some of its text
+ * comes out as reasoning, together with the ids before it that produced no
+ * text of their own (the first bytes of a character).  id_end[] holds the
+ * global end offset of each id's text, in order; ids are visited in order. */
+static void count_reasoning_ids(rc_stream *s, size_t off, size_t len) {
+    size_t end = off + len;
+    while (s->id_next < s->nid_end) {
+        size_t start = s->id_next ? s->id_end[s->id_next - 1] : 0, e = s->id_end[s->id_next];
+        if (e == start) { /* no text of its own: counted with the id that completes it */
+            if (start >= end) break;
+            s->id_zero++;
+            s->id_next++;
+            continue;
+        }
+        if (e <= off) { /* entirely before this reasoning piece */
+            s->id_zero = 0;
+            s->id_next++;
+            continue;
+        }
+        if (start >= end) break;
+        if (s->id_next != s->id_counted_last) {
+            s->reasoning_ids += 1 + (long long)s->id_zero;
+            s->id_counted_last = s->id_next;
+        }
+        s->id_zero = 0;
+        if (e > end) break; /* continues into a later piece */
+        s->id_next++;
+    }
+}
+
 /* turn one piece into events */
 static void fire(rc_stream *s, const piece *p, rc_event_fn fn, void *ctx) {
     const char *t = s->buf.v + (p->off - s->base);
     size_t n = p->len;
     switch (p->a) {
     case A_RAW: fn(ctx, RC_EV_CONTENT, t, n); break;
-    case A_REASONING: fn(ctx, RC_EV_REASONING, t, n); break;
+    case A_REASONING:
+        count_reasoning_ids(s, p->off, p->len);
+        fn(ctx, RC_EV_REASONING, t, n);
+        break;
     case A_TOSPACE: fn(ctx, RC_EV_CONTENT, " ", 1); break;
     case A_STOP:
         rc_bytes_append(&s->stopseq, t, n);
@@ -513,3 +551,22 @@ void rc_stream_invalid_counts(const rc_stream *s, size_t *a, size_t *b) {
     *a = s->bad_think;
     *b = s->bad_after;
 }
+
+int rc_stream_feed_ids(rc_stream *s, const char *text, size_t n, const size_t *ends, size_t nids, rc_event_fn fn,
+                       void *ctx) {
+    size_t base = s->base + s->buf.n; /* global offset of text[0] */
+    if (s->nid_end + nids > s->cap_id_end) {
+        size_t cap = s->cap_id_end ? s->cap_id_end * 2 : 64;
+        while (cap < s->nid_end + nids) cap *= 2;
+        size_t *v = realloc(s->id_end, cap * sizeof *v);
+        if (!v) return rc_stream_feed(s, text, n, fn, ctx);
+        s->id_end = v;
+        s->cap_id_end = cap;
+    }
+    for (size_t k = 0; k < nids; k++) s->id_end[s->nid_end++] = base + ends[k];
+    /* ids without text (a character still incomplete) are only noted: an
+     * empty text is not an empty source chunk here */
+    return n ? rc_stream_feed(s, text, n, fn, ctx) : s->stopped;
+}
+
+long long rc_stream_reasoning_tokens(const rc_stream *s) { return s->reasoning_ids; }

@@ -57,6 +57,14 @@ void rc_stream_free(rc_stream *s);
  * stops reading the backend.  (After a closed tool-call block the output is
  * finished too, but the reference keeps reading and counting tokens.) */
 int rc_stream_feed(rc_stream *s, const char *text, size_t n, rc_event_fn fn, void *ctx);
+/* The same for text decoded from token ids: ends[k] is the end offset in
+ * text of id k's bytes (ids without text repeat the previous end).  Lets
+ * the stream count reasoning tokens: ids with some text emitted as
+ * reasoning (rc_stream_reasoning_tokens).  n may be 0: the ids are noted,
+ * no (empty) source chunk is created. */
+int rc_stream_feed_ids(rc_stream *s, const char *text, size_t n, const size_t *ends, size_t nids, rc_event_fn fn,
+                       void *ctx);
+long long rc_stream_reasoning_tokens(const rc_stream *s);
 /* End of backend output: flush withheld text; returns the final reason given
  * the backend's (stop sequence and tool calls take precedence over Stop). */
 rc_finish rc_stream_finish(rc_stream *s, rc_finish backend, rc_event_fn fn, void *ctx);
