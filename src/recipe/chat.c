@@ -384,18 +384,7 @@ int rc_chat_convert(const json_t *body, rc_conversation *conv, rc_inference *inf
         if (x < 1 || x > 393216) return rc_prange_fail(e, "max_tokens", "[1, 393216]");
         inf->max_tokens = x;
     }
-    if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
-        double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) return rc_prange_fail(e, "temperature", "[0, 2]");
-        inf->temperature = t;
-        inf->has_temperature = 1;
-    }
-    if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
-        double t = json_number_value(v);
-        if (!(t > 0 && t <= 1)) return rc_prange_fail(e, "top_p", "(0, 1.0]");
-        inf->top_p = t;
-        inf->has_top_p = 1;
-    }
+    if (rc_psampling(body, inf, e)) return -1;
     if ((v = json_object_get(body, "n")) && !json_is_null(v) && json_integer_value(v) != 1)
         return rc_pfail(e, "Invalid n value (currently only n = 1 is supported)");
     if ((v = json_object_get(body, "frequency_penalty")) && !json_is_null(v) &&

@@ -154,12 +154,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
             if (!json_is_object(v)) return rc_pbad_type(e, v, "struct MessagesOutputConfig");
             json_t *ef = json_object_get(v, "effort");
             if (!ef || json_is_null(ef)) continue;
-            if (!json_is_string(ef)) return rc_pbad_type(e, ef, "string or map");
-            int th;
-            rc_effort x;
-            if (rc_pparse_effort(json_string_value(ef), &th, &x))
-                return rc_punknown_variant(e, json_string_value(ef),
-                                       "`none`, `minimal`, `low`, `medium`, `high`, `xhigh`, `ultra`, `max`");
+            if (rc_pcheck_effort(ef, e)) return -1;
         } else if (!strcmp(key, "tools")) {
             if (json_is_null(v)) continue;
             if (!json_is_array(v)) return rc_pbad_type(e, v, "a sequence");
@@ -484,18 +479,7 @@ int rc_messages_convert(const json_t *body, rc_conversation *conv, rc_inference 
         return missing_results(e, w, 0, &conv->msgs[prev_at], NULL);
     }
 
-    if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
-        double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) return rc_prange_fail(e, "temperature", "[0, 2]");
-        inf->temperature = t;
-        inf->has_temperature = 1;
-    }
-    if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
-        double t = json_number_value(v);
-        if (!(t > 0 && t <= 1)) return rc_prange_fail(e, "top_p", "(0, 1.0]");
-        inf->top_p = t;
-        inf->has_top_p = 1;
-    }
+    if (rc_psampling(body, inf, e)) return -1;
     if ((v = json_object_get(body, "max_tokens")) && !json_is_null(v)) {
         long long x = json_integer_value(v);
         if (x < 1) return rc_prange_fail(e, "max_tokens", "[1, 393216]");

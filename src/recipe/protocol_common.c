@@ -320,3 +320,30 @@ int rc_pkeep_tool(rc_conversation *conv, const char *name, rc_api_error *e) {
     conv->tool_choice = RC_CHOICE_REQUIRED;
     return 0;
 }
+
+int rc_psampling(const json_t *body, rc_inference *inf, rc_api_error *e) {
+    json_t *v;
+    if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
+        double t = json_number_value(v);
+        if (!(t >= 0 && t <= 2)) return rc_prange_fail(e, "temperature", "[0, 2]");
+        inf->temperature = t;
+        inf->has_temperature = 1;
+    }
+    if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
+        double t = json_number_value(v);
+        if (!(t > 0 && t <= 1)) return rc_prange_fail(e, "top_p", "(0, 1.0]");
+        inf->top_p = t;
+        inf->has_top_p = 1;
+    }
+    return 0;
+}
+
+int rc_pcheck_effort(const json_t *ef, rc_api_error *e) {
+    if (!json_is_string(ef)) return rc_pbad_type(e, ef, "string or map");
+    int th;
+    rc_effort x;
+    if (rc_pparse_effort(json_string_value(ef), &th, &x))
+        return rc_punknown_variant(e, json_string_value(ef),
+                                   "`none`, `minimal`, `low`, `medium`, `high`, `xhigh`, `ultra`, `max`");
+    return 0;
+}

@@ -28,6 +28,10 @@ int rc_pschema_check(const json_t *s, char *msg, size_t n);
 const char *rc_pcheck_model(const json_t *body, rc_api_error *e);
 /* a named tool_choice: keep only that tool and force a call, or fail */
 int rc_pkeep_tool(rc_conversation *conv, const char *name, rc_api_error *e);
+/* temperature in [0, 2] and top_p in (0, 1] (already type-checked) into inf */
+int rc_psampling(const json_t *body, rc_inference *inf, rc_api_error *e);
+/* a reasoning effort value as serde reads it */
+int rc_pcheck_effort(const json_t *ef, rc_api_error *e);
 /* "json" (ASCII case-insensitive) in any message content */
 int rc_pmentions_json(const rc_conversation *c);
 

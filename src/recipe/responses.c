@@ -190,12 +190,7 @@ static int deser_body(const json_t *body, rc_api_error *e) {
             if (!json_is_object(v)) return rc_pbad_type(e, v, "struct ResponsesReasoningConfig");
             json_t *ef = json_object_get(v, "effort");
             if (!ef || json_is_null(ef)) continue;
-            if (!json_is_string(ef)) return rc_pbad_type(e, ef, "string or map");
-            int th;
-            rc_effort x;
-            if (rc_pparse_effort(json_string_value(ef), &th, &x))
-                return rc_punknown_variant(e, json_string_value(ef),
-                                       "`none`, `minimal`, `low`, `medium`, `high`, `xhigh`, `ultra`, `max`");
+            if (rc_pcheck_effort(ef, e)) return -1;
         } else if (!strcmp(key, "text")) {
             if (json_is_null(v)) continue;
             if (!json_is_object(v)) return rc_pbad_type(e, v, "struct ResponsesTextConfig");
@@ -740,18 +735,7 @@ int rc_responses_convert(const json_t *body, rc_conversation *conv, rc_inference
     if (!model) return -1;
     g_flash = !strcmp(model, "DeepSeek-V4.1-Flash");
     json_t *v;
-    if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
-        double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) return rc_prange_fail(e, "temperature", "[0, 2]");
-        inf->temperature = t;
-        inf->has_temperature = 1;
-    }
-    if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
-        double t = json_number_value(v);
-        if (!(t > 0 && t <= 1)) return rc_prange_fail(e, "top_p", "(0, 1.0]");
-        inf->top_p = t;
-        inf->has_top_p = 1;
-    }
+    if (rc_psampling(body, inf, e)) return -1;
     if ((v = json_object_get(body, "top_logprobs")) && !json_is_null(v) && json_integer_value(v) > 20)
         return rc_pfail(e, "Invalid top_logprobs value, the valid range of top_logprobs is [0, 20].");
     if ((v = json_object_get(body, "max_output_tokens")) && !json_is_null(v)) {
