@@ -53,7 +53,10 @@ test-fuzz: build-asan
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
 	./build-asan/fuzz_stream -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus-stream 2>&1 | tail -n 6
-	@echo "fuzz: 3 passed, 0 failed"
+	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
+	./build-asan/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	  tests/fuzz/corpus-run tests/fuzz/corpus-safetensors 2>&1 | tail -n 6
+	@echo "fuzz: 4 passed, 0 failed"
 
 test-py: build
 	$(PYTHON) -m pytest -q tests/py

@@ -14,5 +14,8 @@ const char *cli_default_tokenizer(void);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_recipe(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_make_model(int argc, char **argv);
 
 #endif

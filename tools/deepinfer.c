@@ -18,7 +18,10 @@ static const struct {
 } commands[] = {
     {"tokenize", cmd_tokenize, "text on stdin -> token ids (content mode unless --template)"},
     {"detokenize", cmd_detokenize, "JSON array of ids on stdin -> text on stdout, byte-exact"},
-    {"recipe", cmd_recipe, "recipe render|tokens: API request -> DeepSeek prompt / ids"},
+    {"recipe", cmd_recipe, "recipe render|tokens|parse: API request -> prompt / ids; output -> events"},
+    {"logits", cmd_logits, "prefill logits of a token sequence (checks a checkpoint against a reference)"},
+    {"make-tiny-model", cmd_make_model, "write a V4-architecture checkpoint with deterministic random weights"},
+    {"generate", cmd_generate, "continue a prompt with the model (greedy or sampled), token by token"},
 };
 
 static void usage(FILE *f) {
@@ -28,10 +31,10 @@ static void usage(FILE *f) {
             "commands:\n",
             DEEPINFER_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "  %-12s %s\n", "version", "print the version");
+        fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-16s %s\n", "version", "print the version");
     fprintf(f,
-            "\nNot yet built (see the issues): serve, generate, logits, recipe parse;\nrecipe render/tokens cover Chat Completions only so far.\n");
+            "\nNot yet built (see the issues): serve.\n");
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,66 @@
+/* backend.h - the op set the V4 graph is written against.
+ *
+ * The graph (src/model/v4.c) owns control flow: which tokens, which positions,
+ * which cache entries a query may see, which experts a token goes to.  The
+ * backend owns arithmetic over fp32 activation rows.  Every op here is a pure
+ * function of its inputs, row by row: the result for one row never depends on
+ * which other rows share the call.  That property is what makes chunked
+ * prefill, token-by-token decode and continuous batching give bit-identical
+ * results, and every backend must keep it.
+ *
+ * Weights stay in their checkpoint format (bf16, f16, f32, FP8 e4m3 with block
+ * scales, FP4 e2m1 with 1xN scales); be_linear dequantizes on the fly.
+ *
+ * The CPU backend (src/backend/cpu/) is the reference.  The CUDA backend
+ * (issue 7) implements the same table over device memory. */
+#ifndef BACKEND_BACKEND_H
+#define BACKEND_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/dtype.h"
+
+/* A weight matrix [rows, cols] (rows = output features) in checkpoint format. */
+typedef enum { BE_W_DENSE = 0, BE_W_FP8 = 1, BE_W_FP4 = 2 } be_wfmt;
+
+typedef struct be_weight {
+    be_wfmt fmt;
+    md_dtype dtype;        /* DENSE: BF16/F16/F32; FP8: F8_E4M3; FP4: I8/U8 packed */
+    const void *data;
+    int64_t rows, cols;    /* logical shape (FP4: cols counts elements, not bytes) */
+    const void *scale;     /* FP8: [ceil(rows/bs), ceil(cols/bs)]; FP4: [rows, cols/bs] */
+    md_dtype scale_dtype;  /* F8_E8M0 or F32 */
+    int block;             /* bs */
+} be_weight;
+
+typedef struct be_backend be_backend;
+
+typedef struct be_ops {
+    const char *name;
+    /* y[t, 0:w->rows] = x[t, 0:w->cols] . W^T for t in [0, T). */
+    void (*linear)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
+    /* Same, for a row-slice of W: output features [r0, r0+n). Used by the
+     * grouped output projection (wo_a viewed [g, o_l, in/g]). */
+    void (*linear_rows)(be_backend *be, float *y, size_t ldy, const float *x, size_t ldx,
+                        size_t T, const be_weight *w, int64_t r0, int64_t n, int64_t c0);
+    /* Per-row RMSNorm over dim; w may be NULL (unweighted).  In place allowed. */
+    void (*rmsnorm)(be_backend *be, float *y, const float *x, size_t rows, size_t dim,
+                    const float *w, float eps);
+} be_ops;
+
+struct be_backend {
+    const be_ops *ops;
+    int threads;
+    void *impl;
+};
+
+/* CPU backend: threads >= 1 (the caller counts as one). */
+be_backend *be_cpu_create(int threads);
+void be_destroy(be_backend *be);
+
+/* Run fn(arg, i) for i in [0, n) on the backend's threads (CPU only). */
+typedef void (*be_task_fn)(void *arg, size_t i);
+void be_cpu_parallel(be_backend *be, size_t n, be_task_fn fn, void *arg);
+
+#endif

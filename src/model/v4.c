@@ -1,0 +1,1015 @@
+/* v4.c - the DeepSeek V4 forward pass and per-sequence decoding state.
+ *
+ * The graph reads top to bottom like the paper and like DeepSeek's
+ * inference/model.py:
+ *
+ *   embed -> n copies -> for each layer:
+ *       hc_pre(attn) -> attn_norm -> attention -> hc_post
+ *       hc_pre(ffn)  -> ffn_norm  -> MoE       -> hc_post
+ *   -> hc_head -> norm -> head
+ *
+ * One forward call takes a batch of segments (sequence, new tokens).  Matrix
+ * products run over all rows of all segments at once; attention, the
+ * compressors and the indexer walk each segment in order because they read and
+ * extend that sequence's state.  Every value computed for a token depends only
+ * on the token, its position and the state before it, so one-shot prefill,
+ * chunked prefill, decode and batching agree bit for bit.
+ *
+ * Semantics switch (docs/MODEL-SEMANTICS.md): MD_SEM_OFFICIAL adds the
+ * round trips the model was trained with (window and compressed KV through FP8,
+ * indexer queries and keys through Hadamard + FP4) and the official router
+ * arithmetic; MD_SEM_TRANSFORMERS leaves them out, like transformers 5.17. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/scratch.h"
+#include "model/v4_internal.h"
+
+/* ------------------------------------------------------------------ setup */
+
+int md_semantics_parse(const char *s, md_semantics *out)
+{
+    if (!strcmp(s, "official")) *out = MD_SEM_OFFICIAL;
+    else if (!strcmp(s, "transformers")) *out = MD_SEM_TRANSFORMERS;
+    else return RC_EINVAL;
+    return 0;
+}
+
+const char *md_semantics_name(md_semantics s) { return s == MD_SEM_OFFICIAL ? "official" : "transformers"; }
+
+/* RoPE inverse frequencies, computed in float32 the way transformers does
+ * (base ** (2i/dim) in float, YaRN ramp over pair index). */
+static float *rope_inv_freq(int dim, double base, int yarn, double factor, double orig, double bfast, double bslow)
+{
+    int half = dim / 2;
+    float *f = malloc((size_t)half * sizeof *f);
+    if (!f) return NULL;
+    double low = 0, high = 0;
+    if (yarn) {
+        low = floor(dim * log(orig / (bfast * 2 * M_PI)) / (2 * log(base)));
+        high = ceil(dim * log(orig / (bslow * 2 * M_PI)) / (2 * log(base)));
+        if (low < 0) low = 0;
+        if (high > dim - 1) high = dim - 1;
+        if (low == high) high += 0.001;
+    }
+    for (int i = 0; i < half; i++) {
+        float pf = powf((float)base, (float)(2 * i) / (float)dim);
+        float extra = 1.0f / pf;
+        if (!yarn) {
+            f[i] = extra;
+            continue;
+        }
+        float inter = 1.0f / ((float)factor * pf);
+        float ramp = (float)(((float)i - (float)low) / (float)(high - low));
+        if (ramp < 0) ramp = 0;
+        if (ramp > 1) ramp = 1;
+        float ef = 1.0f - ramp;
+        f[i] = inter * (1.0f - ef) + extra * ef;
+    }
+    return f;
+}
+
+typedef struct {
+    md_progress_fn fn;
+    void *arg;
+} touch_arg;
+
+static void touch_cb(void *arg, uint64_t done, uint64_t total)
+{
+    touch_arg *t = arg;
+    t->fn(t->arg, "read MiB", done >> 20, total >> 20);
+}
+
+int md_model_load(const char *dir, be_backend *be, md_semantics sem, md_progress_fn progress,
+                  void *progress_arg, md_model **out, rc_err *err)
+{
+    char path[4096];
+    *out = NULL;
+    md_model *m = calloc(1, sizeof *m);
+    if (!m) return rc_errf(err, RC_ENOMEM, "out of memory");
+    m->be = be;
+    m->sem = sem;
+    int rc;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((rc = md_config_load(path, &m->cfg, err))) goto fail;
+    if ((rc = md_ckpt_open(dir, &m->ck, err))) goto fail;
+    if (progress && md_ckpt_total_bytes(m->ck) > (256u << 20)) {
+        /* fault the mapping in up front, with a progress line, so the first
+         * request does not pay for it */
+        touch_arg ta = {progress, progress_arg};
+        md_ckpt_touch(m->ck, touch_cb, &ta);
+    }
+    if ((rc = md_load_weights(m, progress, progress_arg, err))) goto fail;
+    const md_config *c = &m->cfg;
+    m->inv_freq_main = rope_inv_freq(c->rope_dim, c->rope_theta, 0, 0, 0, 0, 0);
+    m->inv_freq_comp = rope_inv_freq(c->rope_dim, c->compress_rope_theta, c->yarn, c->yarn_factor, c->yarn_orig_max,
+                                     c->yarn_beta_fast, c->yarn_beta_slow);
+    if (!m->inv_freq_main || !m->inv_freq_comp) { rc = rc_errf(err, RC_ENOMEM, "out of memory"); goto fail; }
+    *out = m;
+    return 0;
+fail:
+    md_model_free(m);
+    return rc;
+}
+
+void md_model_free(md_model *m)
+{
+    if (!m) return;
+    md_free_weights(m);
+    free(m->inv_freq_main);
+    free(m->inv_freq_comp);
+    if (m->ck) md_ckpt_close(m->ck);
+    free(m);
+}
+
+const md_config *md_model_config(const md_model *m) { return &m->cfg; }
+md_semantics md_model_semantics(const md_model *m) { return m->sem; }
+void md_model_set_semantics(md_model *m, md_semantics sem) { m->sem = sem; }
+uint64_t md_model_param_count(const md_model *m) { return m->n_params; }
+
+/* ------------------------------------------------------------------ state */
+
+/* Per layer (docs/MODEL-STATE.md has the byte layout):
+ *   win          [W, d]       window ring; slot = pos % W holds position pos
+ *   c_kv, c_gate [r, c*d]     compressor partial block; slot = pos % r
+ *   c_ovkv/ovg   [r, d]       half A of the last complete block (CSA only)
+ *   c_ent        [n, d]       compressed entries; entry b pools block b
+ *   i_*                       the same for the indexer's compressor (CSA only)
+ * A partial block's slots are valid for positions r*floor(len/r) .. len-1. */
+typedef struct {
+    float *win;
+    float *c_kv, *c_gate, *c_ovkv, *c_ovg;
+    float *c_ent;
+    size_t c_n, c_cap;
+    float *i_kv, *i_gate, *i_ovkv, *i_ovg;
+    float *i_ent;
+    size_t i_n, i_cap;
+} seq_layer;
+
+struct md_seq {
+    const md_model *m;
+    int64_t len;
+    seq_layer *L;
+};
+
+static size_t layer_fixed_floats(const md_config *c, int l)
+{
+    size_t d = (size_t)c->head_dim, r = (size_t)c->ratio[l], n = (size_t)c->window * d;
+    if (r) {
+        int ov = c->ratio[l] == c->csa_ratio;
+        size_t cd = (ov ? 2 : 1) * d;
+        n += 2 * r * cd + (ov ? 2 * r * d : 0);
+        if (ov) {
+            size_t id = (size_t)c->index_head_dim;
+            n += 2 * r * 2 * id + 2 * r * id;
+        }
+    }
+    return n;
+}
+
+size_t md_seq_fixed_bytes(const md_model *m)
+{
+    size_t n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) n += layer_fixed_floats(&m->cfg, l);
+    return n * sizeof(float);
+}
+
+double md_seq_bytes_per_token(const md_model *m)
+{
+    const md_config *c = &m->cfg;
+    double b = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->ratio[l]) continue;
+        b += (double)c->head_dim * 4 / c->ratio[l];
+        if (c->ratio[l] == c->csa_ratio) b += (double)c->index_head_dim * 4 / c->ratio[l];
+    }
+    return b;
+}
+
+md_seq *md_seq_create(const md_model *m)
+{
+    const md_config *c = &m->cfg;
+    md_seq *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->m = m;
+    s->L = calloc((size_t)c->n_layers, sizeof *s->L);
+    if (!s->L) { free(s); return NULL; }
+    size_t d = (size_t)c->head_dim, W = (size_t)c->window, id = (size_t)c->index_head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        seq_layer *L = &s->L[l];
+        size_t r = (size_t)c->ratio[l];
+        int ov = r && c->ratio[l] == c->csa_ratio;
+        size_t cd = (ov ? 2 : 1) * d;
+        L->win = calloc(W * d, sizeof(float));
+        if (!L->win) goto fail;
+        if (r) {
+            L->c_kv = calloc(r * cd, sizeof(float));
+            L->c_gate = calloc(r * cd, sizeof(float));
+            if (!L->c_kv || !L->c_gate) goto fail;
+        }
+        if (ov) {
+            L->c_ovkv = calloc(r * d, sizeof(float));
+            L->c_ovg = calloc(r * d, sizeof(float));
+            L->i_kv = calloc(r * 2 * id, sizeof(float));
+            L->i_gate = calloc(r * 2 * id, sizeof(float));
+            L->i_ovkv = calloc(r * id, sizeof(float));
+            L->i_ovg = calloc(r * id, sizeof(float));
+            if (!L->c_ovkv || !L->c_ovg || !L->i_kv || !L->i_gate || !L->i_ovkv || !L->i_ovg) goto fail;
+        }
+    }
+    return s;
+fail:
+    md_seq_free(s);
+    return NULL;
+}
+
+void md_seq_free(md_seq *s)
+{
+    if (!s) return;
+    if (s->L)
+        for (int l = 0; l < s->m->cfg.n_layers; l++) {
+            seq_layer *L = &s->L[l];
+            free(L->win);
+            free(L->c_kv); free(L->c_gate); free(L->c_ovkv); free(L->c_ovg); free(L->c_ent);
+            free(L->i_kv); free(L->i_gate); free(L->i_ovkv); free(L->i_ovg); free(L->i_ent);
+        }
+    free(s->L);
+    free(s);
+}
+
+int64_t md_seq_len(const md_seq *s) { return s->len; }
+
+size_t md_seq_bytes(const md_seq *s)
+{
+    const md_config *c = &s->m->cfg;
+    size_t b = md_seq_fixed_bytes(s->m);
+    for (int l = 0; l < c->n_layers; l++)
+        b += (s->L[l].c_n * (size_t)c->head_dim + s->L[l].i_n * (size_t)c->index_head_dim) * sizeof(float);
+    return b;
+}
+
+static int ent_push(float **v, size_t *n, size_t *cap, size_t dim, const float *e)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        float *p = realloc(*v, nc * dim * sizeof(float));
+        if (!p) return -1;
+        *v = p;
+        *cap = nc;
+    }
+    memcpy(*v + *n * dim, e, dim * sizeof(float));
+    (*n)++;
+    return 0;
+}
+
+/* ------------------------------------------------------------ small math */
+
+static inline float dotf(const float *a, const float *b, size_t n)
+{
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void rmsnorm_row(float *x, size_t n, const float *w, float eps)
+{
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (size_t i = 0; i < n; i++) x[i] = (w ? w[i] : 1.0f) * (x[i] * inv);
+}
+
+/* Interleaved RoPE on x[0:rd) (pairs 2i, 2i+1) at position pos; inverse
+ * rotates by -pos. */
+static void rope(float *x, int rd, const float *inv_freq, int64_t pos, int inverse)
+{
+    for (int i = 0; i < rd / 2; i++) {
+        float ang = (float)pos * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        if (inverse) s = -s;
+        float x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = x0 * c - x1 * s;
+        x[2 * i + 1] = x1 * c + x0 * s;
+    }
+}
+
+/* Power-of-two scale >= v (ue8m0): 2^ceil(log2 v). */
+static float pow2_ceil(float v)
+{
+    int e;
+    float f = frexpf(v, &e); /* v = f * 2^e, f in [0.5, 1) */
+    return ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+}
+
+/* Official QAT round trips (kernel.py act_quant / fp4_act_quant, inplace):
+ * per block, scale = pow2_ceil(amax / max), value = round(x / scale) * scale. */
+static void fq_fp8(float *x, size_t n, size_t block)
+{
+    for (size_t b0 = 0; b0 < n; b0 += block) {
+        size_t b1 = b0 + block < n ? b0 + block : n;
+        float amax = 1e-4f;
+        for (size_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float sc = pow2_ceil(amax / 448.0f);
+        for (size_t i = b0; i < b1; i++) x[i] = md_e4m3_to_f32(md_f32_to_e4m3(x[i] / sc)) * sc;
+    }
+}
+
+static void fq_fp4(float *x, size_t n, size_t block)
+{
+    for (size_t b0 = 0; b0 < n; b0 += block) {
+        size_t b1 = b0 + block < n ? b0 + block : n;
+        float amax = 6.0f * ldexpf(1.0f, -126);
+        for (size_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float sc = pow2_ceil(amax / 6.0f);
+        for (size_t i = b0; i < b1; i++) x[i] = md_fp4_lut[md_f32_to_fp4(x[i] / sc)] * sc;
+    }
+}
+
+/* Walsh-Hadamard transform in Sylvester order, scaled by n^-1/2 (n = 2^k). */
+static void hadamard(float *x, size_t n)
+{
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static int is_pow2(size_t n) { return n && !(n & (n - 1)); }
+
+/* ------------------------------------------------------------------- mHC */
+
+typedef struct {
+    const md_config *c;
+    float *X;                 /* [R, n, D] streams */
+    const float *fn, *base, *scale;
+    float *coll, *post, *comb; /* [R, D], [R, n], [R, n, n] */
+    const float *f;           /* sublayer output [R, D] (post step) */
+} hc_job;
+
+/* pre/post/comb from one site's parameters, collapse to one row (hc_pre). */
+static void hc_pre_task(void *arg, size_t t)
+{
+    const hc_job *j = arg;
+    const int n = j->c->hc_mult, D = j->c->hidden_size, mix = (2 + n) * n;
+    const float eps = j->c->hc_eps;
+    const float *x = j->X + t * (size_t)n * D;
+    double ss = 0;
+    for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->c->rms_eps);
+    float mixes[(2 + 16) * 16];
+    for (int k = 0; k < mix; k++) mixes[k] = dotf(j->fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
+    float pre[16];
+    float *post = j->post + t * n, *C = j->comb + t * n * n;
+    for (int i = 0; i < n; i++) {
+        pre[i] = sigmoidf(mixes[i] * j->scale[0] + j->base[i]) + eps;
+        post[i] = 2.0f * sigmoidf(mixes[n + i] * j->scale[1] + j->base[n + i]);
+    }
+    /* C[i][k]: from stream i (row) to stream k (column); softmax along rows,
+     * then Sinkhorn: column, (row, column) x (iters - 1) */
+    for (int i = 0; i < n; i++) {
+        float mx = -INFINITY;
+        for (int k = 0; k < n; k++) {
+            C[i * n + k] = mixes[2 * n + i * n + k] * j->scale[2] + j->base[2 * n + i * n + k];
+            mx = fmaxf(mx, C[i * n + k]);
+        }
+        float s = 0;
+        for (int k = 0; k < n; k++) s += (C[i * n + k] = expf(C[i * n + k] - mx));
+        for (int k = 0; k < n; k++) C[i * n + k] = C[i * n + k] / s + eps;
+    }
+    for (int it = 0; it < j->c->hc_iters; it++) {
+        if (it > 0)
+            for (int i = 0; i < n; i++) {
+                float s = 0;
+                for (int k = 0; k < n; k++) s += C[i * n + k];
+                for (int k = 0; k < n; k++) C[i * n + k] /= s + eps;
+            }
+        for (int k = 0; k < n; k++) {
+            float s = 0;
+            for (int i = 0; i < n; i++) s += C[i * n + k];
+            for (int i = 0; i < n; i++) C[i * n + k] /= s + eps;
+        }
+    }
+    float *y = j->coll + t * (size_t)D;
+    for (int d = 0; d < D; d++) {
+        float acc = 0;
+        for (int i = 0; i < n; i++) acc += pre[i] * x[(size_t)i * D + d];
+        y[d] = acc;
+    }
+}
+
+/* X'[k] = post[k] * f + sum_j C[j][k] X[j] (hc_post) */
+static void hc_post_task(void *arg, size_t t)
+{
+    const hc_job *j = arg;
+    const int n = j->c->hc_mult, D = j->c->hidden_size;
+    float *x = j->X + t * (size_t)n * D;
+    const float *post = j->post + t * n, *C = j->comb + t * n * n, *f = j->f + t * (size_t)D;
+    float *tmp = rc_scratch(RC_SCRATCH_HC, (size_t)n * D * sizeof *tmp);
+    for (int k = 0; k < n; k++)
+        for (int d = 0; d < D; d++) {
+            float acc = post[k] * f[d];
+            for (int i = 0; i < n; i++) acc += C[i * n + k] * x[(size_t)i * D + d];
+            tmp[(size_t)k * D + d] = acc;
+        }
+    memcpy(x, tmp, (size_t)n * D * sizeof *tmp);
+}
+
+static void hc_head_task(void *arg, size_t t)
+{
+    const hc_job *j = arg;
+    const int n = j->c->hc_mult, D = j->c->hidden_size;
+    const float *x = j->X + t * (size_t)n * D;
+    double ss = 0;
+    for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->c->rms_eps);
+    float pre[16];
+    for (int i = 0; i < n; i++)
+        pre[i] = sigmoidf(dotf(j->fn + (size_t)i * n * D, x, (size_t)n * D) * rs * j->scale[0] + j->base[i]) +
+                 j->c->hc_eps;
+    float *y = j->coll + t * (size_t)D;
+    for (int d = 0; d < D; d++) {
+        float acc = 0;
+        for (int i = 0; i < n; i++) acc += pre[i] * x[(size_t)i * D + d];
+        y[d] = acc;
+    }
+}
+
+/* ------------------------------------------------------------- compressor */
+
+/* One token into a compressor's partial block; when the block completes,
+ * pool it into an entry (gated softmax per channel over ratio slots, or over
+ * 2*ratio slots with the previous block's half A when overlapping), then
+ * norm, RoPE at the block's first position, and the official round trip. */
+typedef struct {
+    int ratio, overlap, hd;     /* hd = entry width (head_dim or index_head_dim) */
+    float *kv, *gate, *ovkv, *ovg;
+    float **ent;
+    size_t *n, *cap;
+    const float *ape, *norm;
+} comp_ref;
+
+static int comp_push(const md_model *m, const comp_ref *cr, int is_indexer, const float *kv, const float *gate,
+                     int64_t pos)
+{
+    const md_config *c = &m->cfg;
+    const int r = cr->ratio, hd = cr->hd, cd = (cr->overlap ? 2 : 1) * hd;
+    const int slot = (int)(pos % r);
+    memcpy(cr->kv + (size_t)slot * cd, kv, (size_t)cd * sizeof(float));
+    for (int i = 0; i < cd; i++) cr->gate[(size_t)slot * cd + i] = gate[i] + cr->ape[(size_t)slot * cd + i];
+    if (slot != r - 1) return 0;
+
+    const int64_t b = pos / r;
+    float e[1024];
+    float *out = hd <= 1024 ? e : malloc((size_t)hd * sizeof(float));
+    for (int ch = 0; ch < hd; ch++) {
+        float mx = -INFINITY;
+        const int has_prev = cr->overlap && b > 0;
+        if (has_prev)
+            for (int s = 0; s < r; s++) mx = fmaxf(mx, cr->ovg[(size_t)s * hd + ch]);
+        const int off = cr->overlap ? hd : 0;
+        for (int s = 0; s < r; s++) mx = fmaxf(mx, cr->gate[(size_t)s * cd + off + ch]);
+        float den = 0, num = 0;
+        float w[2 * 128 + 8];
+        float *wp = (2 * r <= 256) ? w : malloc((size_t)2 * r * sizeof(float));
+        int k = 0;
+        if (has_prev)
+            for (int s = 0; s < r; s++) den += (wp[k++] = expf(cr->ovg[(size_t)s * hd + ch] - mx));
+        for (int s = 0; s < r; s++) den += (wp[k++] = expf(cr->gate[(size_t)s * cd + off + ch] - mx));
+        k = 0;
+        if (has_prev)
+            for (int s = 0; s < r; s++) num += cr->ovkv[(size_t)s * hd + ch] * (wp[k++] / den);
+        for (int s = 0; s < r; s++) num += cr->kv[(size_t)s * cd + off + ch] * (wp[k++] / den);
+        if (wp != w) free(wp);
+        out[ch] = num;
+    }
+    if (cr->overlap)
+        for (int s = 0; s < r; s++) {
+            memcpy(cr->ovkv + (size_t)s * hd, cr->kv + (size_t)s * cd, (size_t)hd * sizeof(float));
+            memcpy(cr->ovg + (size_t)s * hd, cr->gate + (size_t)s * cd, (size_t)hd * sizeof(float));
+        }
+    rmsnorm_row(out, (size_t)hd, cr->norm, c->rms_eps);
+    rope(out + hd - c->rope_dim, c->rope_dim, m->inv_freq_comp, b * r, 0);
+    if (m->sem == MD_SEM_OFFICIAL) {
+        if (is_indexer) {
+            if (is_pow2((size_t)hd)) hadamard(out, (size_t)hd);
+            fq_fp4(out, (size_t)hd, 32);
+        } else {
+            fq_fp8(out, (size_t)(hd - c->rope_dim), 64);
+        }
+    }
+    int rc = ent_push(cr->ent, cr->n, cr->cap, (size_t)hd, out);
+    if (out != e) free(out);
+    return rc ? RC_ENOMEM : 0;
+}
+
+/* -------------------------------------------------------------- attention */
+
+/* Per segment: scratch for its queries. */
+typedef struct {
+    const md_model *m;
+    const md_layer *ly;
+    seq_layer *sl;
+    int64_t p0;          /* position of the segment's first token */
+    size_t n;            /* tokens in the segment */
+    const float *q;      /* [n, H*d] roped queries */
+    const float *kbuf;   /* window keys for positions kstart .. p0+n-1 */
+    int64_t kstart;
+    const float *iq;     /* [n, IH*ID] indexer queries */
+    const float *iw;     /* [n, IH] indexer head weights (scaled) */
+    int32_t *sel;        /* [n, topk] chosen compressed entries, ascending */
+    int *nsel;           /* [n] */
+    int topk;
+    float *o;            /* [n, H*d] output */
+} attn_job;
+
+static float *tl_scores(size_t n) { return rc_scratch(RC_SCRATCH_ATTN, n * sizeof(float)); }
+
+typedef struct {
+    float s;
+    int32_t i;
+} scored;
+
+static int cmp_scored(const void *a, const void *b)
+{
+    const scored *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1; /* higher score first */
+    return (x->i > y->i) - (x->i < y->i);          /* ties: lower entry first */
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Lightning indexer for query i: score every visible entry, keep the best
+ * min(topk, visible), hand them to attention in ascending order. */
+static void indexer_task(void *arg, size_t i)
+{
+    const attn_job *j = arg;
+    const md_config *c = &j->m->cfg;
+    const int64_t pos = j->p0 + (int64_t)i;
+    const size_t nv = (size_t)((pos + 1) / j->ly->ratio);
+    const int IH = c->index_heads, ID = c->index_head_dim;
+    int32_t *sel = j->sel + i * (size_t)j->topk;
+    if ((int64_t)nv <= j->topk) {
+        for (size_t b = 0; b < nv; b++) sel[b] = (int32_t)b;
+        j->nsel[i] = (int)nv;
+        return;
+    }
+    scored *sc = malloc(nv * sizeof *sc);
+    const float *q = j->iq + i * (size_t)IH * ID, *w = j->iw + i * (size_t)IH;
+    for (size_t b = 0; b < nv; b++) {
+        const float *k = j->sl->i_ent + b * (size_t)ID;
+        float s = 0;
+        for (int h = 0; h < IH; h++) {
+            float dp = dotf(q + (size_t)h * ID, k, (size_t)ID);
+            if (dp > 0) s += dp * w[h];
+        }
+        sc[b].s = s;
+        sc[b].i = (int32_t)b;
+    }
+    qsort(sc, nv, sizeof *sc, cmp_scored);
+    for (int k = 0; k < j->topk; k++) sel[k] = sc[k].i;
+    qsort(sel, (size_t)j->topk, sizeof *sel, cmp_i32);
+    j->nsel[i] = j->topk;
+    free(sc);
+}
+
+/* Attention of query i, head h over: the window (positions pos-W+1 .. pos),
+ * then the compressed entries it may see, plus the per-head sink. */
+static void attn_task(void *arg, size_t t)
+{
+    const attn_job *j = arg;
+    const md_config *c = &j->m->cfg;
+    const int H = c->n_heads, d = c->head_dim;
+    const size_t i = t / (size_t)H, h = t % (size_t)H;
+    const int64_t pos = j->p0 + (int64_t)i;
+    const float *q = j->q + i * (size_t)H * d + h * (size_t)d;
+    const float scale = 1.0f / sqrtf((float)d);
+
+    int64_t w0 = pos - c->window + 1;
+    if (w0 < 0) w0 = 0;
+    const size_t nw = (size_t)(pos - w0 + 1);
+    size_t nc = 0;
+    const int32_t *sel = NULL;
+    if (j->ly->ratio) {
+        if (j->ly->overlap) {
+            nc = (size_t)j->nsel[i];
+            sel = j->sel + i * (size_t)j->topk;
+        } else {
+            nc = (size_t)((pos + 1) / j->ly->ratio);
+        }
+    }
+    float *s = tl_scores(nw + nc);
+    float mx = j->ly->attn_sink[h];
+    for (size_t k = 0; k < nw; k++) {
+        s[k] = dotf(q, j->kbuf + (size_t)(w0 - j->kstart + (int64_t)k) * d, (size_t)d) * scale;
+        mx = fmaxf(mx, s[k]);
+    }
+    for (size_t k = 0; k < nc; k++) {
+        size_t b = sel ? (size_t)sel[k] : k;
+        s[nw + k] = dotf(q, j->sl->c_ent + b * (size_t)d, (size_t)d) * scale;
+        mx = fmaxf(mx, s[nw + k]);
+    }
+    float den = expf(j->ly->attn_sink[h] - mx);
+    for (size_t k = 0; k < nw + nc; k++) den += (s[k] = expf(s[k] - mx));
+    float *o = j->o + i * (size_t)H * d + h * (size_t)d;
+    for (int x = 0; x < d; x++) o[x] = 0;
+    for (size_t k = 0; k < nw + nc; k++) {
+        const float *v = k < nw ? j->kbuf + (size_t)(w0 - j->kstart + (int64_t)k) * d
+                                : j->sl->c_ent + (sel ? (size_t)sel[k - nw] : k - nw) * (size_t)d;
+        const float p = s[k] / den;
+        for (int x = 0; x < d; x++) o[x] += p * v[x];
+    }
+    rope(o + d - c->rope_dim, c->rope_dim, j->ly->ratio ? j->m->inv_freq_comp : j->m->inv_freq_main, pos, 1);
+}
+
+/* Row layout of one forward call. */
+typedef struct {
+    size_t R;
+    int32_t *ids;
+    int64_t *pos;
+    size_t *seg_start;   /* [nseg + 1] */
+} rows_t;
+
+static void *xalloc(size_t n, int *fail)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) *fail = 1;
+    return p;
+}
+
+static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *x,
+                     float *out)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    be_backend *be = m->be;
+    const size_t R = rw->R;
+    const int H = c->n_heads, d = c->head_dim, ql = c->q_lora_rank, rd = c->rope_dim, D = c->hidden_size;
+    const int g = c->o_groups, ol = c->o_lora_rank, IH = c->index_heads, ID = c->index_head_dim;
+    const float *inv = ly->ratio ? m->inv_freq_comp : m->inv_freq_main;
+    const int official = m->sem == MD_SEM_OFFICIAL;
+    int fail = 0, rc = 0;
+    const int cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0;
+
+    float *qr = xalloc(R * ql * sizeof(float), &fail);
+    float *q = xalloc(R * (size_t)H * d * sizeof(float), &fail);
+    float *kv = xalloc(R * (size_t)d * sizeof(float), &fail);
+    float *o = xalloc(R * (size_t)H * d * sizeof(float), &fail);
+    float *u = xalloc(R * (size_t)g * ol * sizeof(float), &fail);
+    float *ckv = NULL, *cg = NULL, *ikv = NULL, *ig = NULL, *iq = NULL, *iw = NULL;
+    if (ly->ratio) {
+        ckv = xalloc(R * (size_t)cd * sizeof(float), &fail);
+        cg = xalloc(R * (size_t)cd * sizeof(float), &fail);
+    }
+    if (ly->overlap) {
+        ikv = xalloc(R * 2 * (size_t)ID * sizeof(float), &fail);
+        ig = xalloc(R * 2 * (size_t)ID * sizeof(float), &fail);
+        iq = xalloc(R * (size_t)IH * ID * sizeof(float), &fail);
+        iw = xalloc(R * (size_t)IH * sizeof(float), &fail);
+    }
+    if (fail) { rc = RC_ENOMEM; goto out; }
+
+    /* queries: low rank, q_norm, per-head unweighted RMSNorm, RoPE on the tail */
+    be->ops->linear(be, qr, x, R, &ly->wq_a);
+    be->ops->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
+    be->ops->linear(be, q, qr, R, &ly->wq_b);
+    be->ops->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
+    for (size_t t = 0; t < R; t++)
+        for (int h = 0; h < H; h++) rope(q + (t * H + h) * d + d - rd, rd, inv, rw->pos[t], 0);
+    /* the single K=V head */
+    be->ops->linear(be, kv, x, R, &ly->wkv);
+    be->ops->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
+    for (size_t t = 0; t < R; t++) {
+        rope(kv + t * d + d - rd, rd, inv, rw->pos[t], 0);
+        if (official) fq_fp8(kv + t * d, (size_t)(d - rd), 64);
+    }
+    if (ly->ratio) {
+        be->ops->linear(be, ckv, x, R, &ly->c_wkv);
+        be->ops->linear(be, cg, x, R, &ly->c_wgate);
+    }
+    if (ly->overlap) {
+        be->ops->linear(be, ikv, x, R, &ly->i_wkv);
+        be->ops->linear(be, ig, x, R, &ly->i_wgate);
+        be->ops->linear(be, iq, qr, R, &ly->i_wq_b);
+        be->ops->linear(be, iw, x, R, &ly->i_wproj);
+        const float wscale = 1.0f / sqrtf((float)ID) * (1.0f / sqrtf((float)IH));
+        for (size_t t = 0; t < R * IH; t++) iw[t] *= wscale;
+        for (size_t t = 0; t < R; t++)
+            for (int h = 0; h < IH; h++) {
+                float *qh = iq + (t * IH + h) * ID;
+                rope(qh + ID - rd, rd, m->inv_freq_comp, rw->pos[t], 0);
+                if (official) {
+                    if (is_pow2((size_t)ID)) hadamard(qh, (size_t)ID);
+                    fq_fp4(qh, (size_t)ID, 32);
+                }
+            }
+    }
+
+    for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
+        md_seq *sq = segs[sgi].seq;
+        seq_layer *sl = &sq->L[l];
+        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
+        const int64_t p0 = sq->len;
+        const int W = c->window;
+        /* window keys: the ring's positions before the segment, then its own */
+        int64_t kstart = p0 - W + 1;
+        if (kstart < 0) kstart = 0;
+        const size_t nold = (size_t)(p0 - kstart);
+        float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
+        if (!kbuf) { rc = RC_ENOMEM; break; }
+        for (size_t k = 0; k < nold; k++)
+            memcpy(kbuf + k * d, sl->win + (size_t)((kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
+        memcpy(kbuf + nold * d, kv + r0 * d, n * (size_t)d * sizeof(float));
+
+        /* compressors first: a block completed by token t is visible to t */
+        if (ly->ratio) {
+            comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
+                           .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .ent = &sl->c_ent, .n = &sl->c_n,
+                           .cap = &sl->c_cap, .ape = ly->c_ape, .norm = ly->c_norm};
+            comp_ref ci = {.ratio = ly->ratio, .overlap = 1, .hd = ID, .kv = sl->i_kv, .gate = sl->i_gate,
+                           .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .ent = &sl->i_ent, .n = &sl->i_n,
+                           .cap = &sl->i_cap, .ape = ly->i_ape, .norm = ly->i_norm};
+            for (size_t i = 0; i < n && !rc; i++) {
+                rc = comp_push(m, &cr, 0, ckv + (r0 + i) * cd, cg + (r0 + i) * cd, p0 + (int64_t)i);
+                if (!rc && ly->overlap)
+                    rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
+            }
+        }
+        attn_job aj = {.m = m, .ly = ly, .sl = sl, .p0 = p0, .n = n, .q = q + r0 * (size_t)H * d,
+                       .kbuf = kbuf, .kstart = kstart, .o = o + r0 * (size_t)H * d, .topk = c->index_topk};
+        if (!rc && ly->overlap) {
+            aj.iq = iq + r0 * (size_t)IH * ID;
+            aj.iw = iw + r0 * (size_t)IH;
+            aj.sel = malloc(n * (size_t)c->index_topk * sizeof(int32_t));
+            aj.nsel = malloc(n * sizeof(int));
+            if (!aj.sel || !aj.nsel) rc = RC_ENOMEM;
+            else be_cpu_parallel(be, n, indexer_task, &aj);
+        }
+        if (!rc) be_cpu_parallel(be, n * (size_t)H, attn_task, &aj);
+        free(aj.sel);
+        free(aj.nsel);
+        /* the ring keeps the last W positions */
+        size_t keep = n < (size_t)W ? n : (size_t)W;
+        for (size_t k = n - keep; k < n; k++)
+            memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
+        free(kbuf);
+    }
+    if (rc) goto out;
+
+    /* grouped output projection: group gi of heads -> o_lora_rank, then wo_b */
+    {
+        const int64_t per = (int64_t)H * d / g;
+        for (int gi = 0; gi < g; gi++)
+            be->ops->linear_rows(be, u + (size_t)gi * ol, (size_t)g * ol, o + (size_t)gi * per, (size_t)H * d, R,
+                                 &ly->wo_a, (int64_t)gi * ol, ol, 0);
+        be->ops->linear(be, out, u, R, &ly->wo_b);
+    }
+    (void)D;
+out:
+    free(qr); free(q); free(kv); free(o); free(u);
+    free(ckv); free(cg); free(ikv); free(ig); free(iq); free(iw);
+    return rc;
+}
+
+/* -------------------------------------------------------------------- MoE */
+
+static inline float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void swiglu(float *gt, const float *up, size_t n, float limit)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gt[i], u = up[i];
+        if (limit > 0) {
+            g = fminf(g, limit);
+            u = fmaxf(-limit, fminf(u, limit));
+        }
+        gt[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    be_backend *be = m->be;
+    const size_t R = rw->R;
+    const int E = c->n_experts, K = c->top_k, I = c->moe_inter, D = c->hidden_size;
+    const int official = m->sem == MD_SEM_OFFICIAL;
+    int fail = 0, rc = 0;
+    float *logit = xalloc(R * (size_t)E * sizeof(float), &fail);
+    int32_t *idx = xalloc(R * (size_t)K * sizeof(int32_t), &fail);
+    float *wt = xalloc(R * (size_t)K * sizeof(float), &fail);
+    size_t *rows = xalloc(R * sizeof(size_t), &fail);
+    float *xs = xalloc(R * (size_t)D * sizeof(float), &fail);
+    float *g = xalloc(R * (size_t)I * sizeof(float), &fail);
+    float *up = xalloc(R * (size_t)I * sizeof(float), &fail);
+    float *dn = xalloc(R * (size_t)D * sizeof(float), &fail);
+    float *rw_e = xalloc(R * sizeof(float), &fail);
+    if (fail) { rc = RC_ENOMEM; goto out; }
+
+    /* routing: sqrt(softplus(x . gate)), top-k of score + bias (or the hash
+     * table), weights renormalised over the chosen k and scaled */
+    be->ops->linear(be, logit, x, R, &ly->gate);
+    for (size_t t = 0; t < R; t++) {
+        float *s = logit + t * E;
+        for (int e = 0; e < E; e++) {
+            float v = s[e];
+            s[e] = c->score_func == 1 ? sigmoidf(v) : sqrtf(softplusf(v));
+        }
+        int32_t *ix = idx + t * K;
+        if (ly->hash) {
+            memcpy(ix, ly->tid2eid + (size_t)rw->ids[t] * K, (size_t)K * sizeof(int32_t));
+        } else {
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                float bv = -INFINITY;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int q = 0; q < k; q++) taken |= ix[q] == e;
+                    float v = s[e] + ly->gate_bias[e];
+                    if (!taken && (best < 0 || v > bv)) { best = e; bv = v; }
+                }
+                ix[k] = best;
+            }
+        }
+        float sum = 0;
+        for (int k = 0; k < K; k++) sum += (wt[t * K + k] = s[ix[k]]);
+        if (!official) sum += 1e-20f;
+        for (int k = 0; k < K; k++) wt[t * K + k] = wt[t * K + k] / sum * c->route_scale;
+    }
+
+    /* experts in ascending id, so every token sums its experts in the same
+     * order however the batch is made */
+    memset(y, 0, R * (size_t)D * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        size_t ne = 0;
+        for (size_t t = 0; t < R; t++)
+            for (int k = 0; k < K; k++)
+                if (idx[t * K + k] == e) {
+                    rows[ne] = t;
+                    rw_e[ne] = wt[t * K + k];
+                    memcpy(xs + ne * D, x + t * D, (size_t)D * sizeof(float));
+                    ne++;
+                }
+        if (!ne) continue;
+        be->ops->linear(be, g, xs, ne, &ly->w1[e]);
+        be->ops->linear(be, up, xs, ne, &ly->w3[e]);
+        for (size_t r = 0; r < ne; r++) {
+            swiglu(g + r * I, up + r * I, (size_t)I, c->swiglu_limit);
+            if (official) /* the routing weight goes in before w2 */
+                for (int i = 0; i < I; i++) g[r * I + i] *= rw_e[r];
+        }
+        be->ops->linear(be, dn, g, ne, &ly->w2[e]);
+        for (size_t r = 0; r < ne; r++) {
+            float *yr = y + rows[r] * D;
+            const float f = official ? 1.0f : rw_e[r];
+            for (int i = 0; i < D; i++) yr[i] += official ? dn[r * D + i] : dn[r * D + i] * f;
+        }
+    }
+    /* shared expert */
+    be->ops->linear(be, g, x, R, &ly->sw1);
+    be->ops->linear(be, up, x, R, &ly->sw3);
+    for (size_t t = 0; t < R; t++) swiglu(g + t * I, up + t * I, (size_t)I, c->swiglu_limit);
+    be->ops->linear(be, dn, g, R, &ly->sw2);
+    for (size_t i = 0; i < R * (size_t)D; i++) y[i] += dn[i];
+out:
+    free(logit); free(idx); free(wt); free(rows); free(xs); free(g); free(up); free(dn); free(rw_e);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
+{
+    const md_config *c = &m->cfg;
+    be_backend *be = m->be;
+    const int n = c->hc_mult, D = c->hidden_size, V = c->vocab_size;
+    rows_t rw = {0};
+    int fail = 0, rc = 0;
+    if (n > 16) return rc_errf(err, RC_EUNSUP, "hc_mult %d > 16", n);
+    for (size_t s = 0; s < nseg; s++) {
+        if (!segs[s].n) return rc_errf(err, RC_EINVAL, "segment %zu has no tokens", s);
+        for (size_t t = 0; t < nseg; t++)
+            if (t != s && segs[t].seq == segs[s].seq)
+                return rc_errf(err, RC_EINVAL, "a sequence appears twice in one batch");
+        for (size_t i = 0; i < segs[s].n; i++)
+            if (segs[s].ids[i] < 0 || segs[s].ids[i] >= V)
+                return rc_errf(err, RC_ERANGE, "token id %d is outside the vocabulary (0..%d)", segs[s].ids[i], V - 1);
+        rw.R += segs[s].n;
+    }
+    const size_t R = rw.R;
+    rw.ids = xalloc(R * sizeof(int32_t), &fail);
+    rw.pos = xalloc(R * sizeof(int64_t), &fail);
+    rw.seg_start = xalloc((nseg + 1) * sizeof(size_t), &fail);
+    float *X = xalloc(R * (size_t)n * D * sizeof(float), &fail);
+    float *coll = xalloc(R * (size_t)D * sizeof(float), &fail);
+    float *post = xalloc(R * (size_t)n * sizeof(float), &fail);
+    float *comb = xalloc(R * (size_t)n * n * sizeof(float), &fail);
+    float *f = xalloc(R * (size_t)D * sizeof(float), &fail);
+    float *lg_rows = NULL;
+    size_t *lg_src = NULL;
+    if (fail) { rc = rc_errf(err, RC_ENOMEM, "out of memory for a batch of %zu tokens", R); goto out; }
+    {
+        size_t r = 0;
+        for (size_t s = 0; s < nseg; s++) {
+            rw.seg_start[s] = r;
+            for (size_t i = 0; i < segs[s].n; i++, r++) {
+                rw.ids[r] = segs[s].ids[i];
+                rw.pos[r] = segs[s].seq->len + (int64_t)i;
+            }
+        }
+        rw.seg_start[nseg] = r;
+    }
+
+    /* embedding, copied into every stream */
+    for (size_t t = 0; t < R; t++) {
+        float *x0 = X + t * (size_t)n * D;
+        const be_weight *e = &m->embed;
+        if (e->dtype == MD_F32)
+            memcpy(x0, (const float *)e->data + (size_t)rw.ids[t] * D, (size_t)D * sizeof(float));
+        else if (e->dtype == MD_BF16)
+            md_bf16_row_to_f32((const uint16_t *)e->data + (size_t)rw.ids[t] * D, x0, (size_t)D);
+        else
+            md_f16_row_to_f32((const uint16_t *)e->data + (size_t)rw.ids[t] * D, x0, (size_t)D);
+        for (int i = 1; i < n; i++) memcpy(x0 + (size_t)i * D, x0, (size_t)D * sizeof(float));
+    }
+
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const md_layer *ly = &m->layers[l];
+        hc_job hj = {.c = c, .X = X, .coll = coll, .post = post, .comb = comb, .f = f};
+        hj.fn = ly->hc_attn_fn; hj.base = ly->hc_attn_base; hj.scale = ly->hc_attn_scale;
+        be_cpu_parallel(be, R, hc_pre_task, &hj);
+        be->ops->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
+        if ((rc = attention(m, l, segs, nseg, &rw, coll, f))) break;
+        be_cpu_parallel(be, R, hc_post_task, &hj);
+
+        hj.fn = ly->hc_ffn_fn; hj.base = ly->hc_ffn_base; hj.scale = ly->hc_ffn_scale;
+        be_cpu_parallel(be, R, hc_pre_task, &hj);
+        be->ops->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
+        if ((rc = moe(m, l, &rw, coll, f))) break;
+        be_cpu_parallel(be, R, hc_post_task, &hj);
+    }
+    if (rc) { rc = rc_errf(err, rc, "forward failed: out of memory"); goto out; }
+
+    /* logits for the rows asked for */
+    {
+        size_t nl = 0;
+        for (size_t s = 0; s < nseg; s++)
+            if (segs[s].logits) nl += segs[s].all_logits ? segs[s].n : 1;
+        if (nl) {
+            lg_src = xalloc(nl * sizeof(size_t), &fail);
+            float *hx = xalloc(nl * (size_t)n * D * sizeof(float), &fail);
+            float *y = xalloc(nl * (size_t)D * sizeof(float), &fail);
+            lg_rows = xalloc(nl * (size_t)V * sizeof(float), &fail);
+            if (fail) {
+                free(hx); free(y);
+                rc = rc_errf(err, RC_ENOMEM, "out of memory for logits");
+                goto out;
+            }
+            size_t k = 0;
+            for (size_t s = 0; s < nseg; s++) {
+                if (!segs[s].logits) continue;
+                size_t a = segs[s].all_logits ? rw.seg_start[s] : rw.seg_start[s + 1] - 1;
+                for (size_t r = a; r < rw.seg_start[s + 1]; r++, k++) {
+                    lg_src[k] = r;
+                    memcpy(hx + k * (size_t)n * D, X + r * (size_t)n * D, (size_t)n * D * sizeof(float));
+                }
+            }
+            hc_job hj = {.c = c, .X = hx, .coll = y, .fn = m->hc_head_fn, .base = m->hc_head_base,
+                         .scale = m->hc_head_scale};
+            be_cpu_parallel(be, nl, hc_head_task, &hj);
+            be->ops->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
+            be->ops->linear(be, lg_rows, y, nl, &m->head);
+            k = 0;
+            for (size_t s = 0; s < nseg; s++) {
+                if (!segs[s].logits) continue;
+                size_t cnt = segs[s].all_logits ? segs[s].n : 1;
+                memcpy(segs[s].logits, lg_rows + k * (size_t)V, cnt * (size_t)V * sizeof(float));
+                k += cnt;
+            }
+            free(hx);
+            free(y);
+        }
+    }
+    for (size_t s = 0; s < nseg; s++) segs[s].seq->len += (int64_t)segs[s].n;
+out:
+    free(rw.ids); free(rw.pos); free(rw.seg_start);
+    free(X); free(coll); free(post); free(comb); free(f); free(lg_rows); free(lg_src);
+    return rc;
+}

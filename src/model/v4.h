@@ -1,0 +1,67 @@
+/* v4.h - the DeepSeek V4 model: weights, per-sequence state, forward pass.
+ *
+ *   md_model_load   config.json + safetensors (official or transformers names,
+ *                   dense / FP8 / FP4 weights) -> a model bound to a backend
+ *   md_seq_create   an empty decoding state for one sequence
+ *   md_forward      run a batch of segments (each: one sequence, some new
+ *                   tokens) through the model, advancing every state
+ *
+ * Prefill in one call, prefill in chunks of any size, and token-by-token decode
+ * all go through md_forward and give the same logits: every computation for a
+ * token depends only on the token, its position and the sequence's state.  The
+ * state layout is documented in docs/MODEL-STATE.md. */
+#ifndef MODEL_V4_H
+#define MODEL_V4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "base/err.h"
+#include "model/config.h"
+
+typedef enum {
+    MD_SEM_OFFICIAL = 0,      /* DeepSeek inference/model.py: KV FP8 and indexer FP4 round trips */
+    MD_SEM_TRANSFORMERS = 1,  /* transformers 5.17 DeepseekV4ForCausalLM: none of them */
+} md_semantics;
+
+int md_semantics_parse(const char *s, md_semantics *out);
+const char *md_semantics_name(md_semantics s);
+
+typedef struct md_model md_model;
+typedef struct md_seq md_seq;
+
+typedef void (*md_progress_fn)(void *arg, const char *stage, uint64_t done, uint64_t total);
+
+int md_model_load(const char *dir, be_backend *be, md_semantics sem, md_progress_fn progress,
+                  void *progress_arg, md_model **out, rc_err *err);
+void md_model_free(md_model *m);
+const md_config *md_model_config(const md_model *m);
+md_semantics md_model_semantics(const md_model *m);
+void md_model_set_semantics(md_model *m, md_semantics sem);
+uint64_t md_model_param_count(const md_model *m);
+
+md_seq *md_seq_create(const md_model *m);
+void md_seq_free(md_seq *s);
+/* tokens the state has absorbed (= next position) */
+int64_t md_seq_len(const md_seq *s);
+/* bytes held by the state now; fixed part (window rings + partial blocks) and
+ * the part that grows with length (compressed entries), per token */
+size_t md_seq_bytes(const md_seq *s);
+size_t md_seq_fixed_bytes(const md_model *m);
+double md_seq_bytes_per_token(const md_model *m);
+
+/* One segment of a batched forward: n new tokens appended to seq. */
+typedef struct md_segment {
+    md_seq *seq;
+    const int32_t *ids;
+    size_t n;
+    /* where to put logits: NULL for none; else [n, vocab] if all_logits,
+     * else [vocab] for the last token only */
+    float *logits;
+    int all_logits;
+} md_segment;
+
+int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err);
+
+#endif

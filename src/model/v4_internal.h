@@ -1,0 +1,59 @@
+/* v4_internal.h - the model's private layout, shared by v4_load.c (weights)
+ * and v4.c (state and forward pass). */
+#ifndef MODEL_V4_INTERNAL_H
+#define MODEL_V4_INTERNAL_H
+
+#include "model/safetensors.h"
+#include "model/v4.h"
+
+typedef struct md_layer {
+    int ratio;   /* 0 SWA, csa_ratio (overlapping compressor + indexer), hca_ratio */
+    int overlap; /* ratio == csa_ratio: two half-channels, 2*ratio slots per entry */
+    int hash;
+
+    /* mHC, both sites: fn [(2+n)n, nD], base [(2+n)n], scale [3]; all f32 */
+    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale;
+    float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    float *attn_norm, *ffn_norm;
+
+    /* attention */
+    be_weight wq_a, wq_b, wkv, wo_a, wo_b;
+    float *q_norm, *kv_norm, *attn_sink;
+
+    /* compressor (ratio > 0): wkv/wgate [c*d, D], ape [ratio, c*d], norm [d] */
+    be_weight c_wkv, c_wgate;
+    float *c_ape, *c_norm;
+
+    /* indexer (CSA): wq_b [IH*ID, q_l], weights_proj [IH, D], own compressor */
+    be_weight i_wq_b, i_wproj, i_wkv, i_wgate;
+    float *i_ape, *i_norm;
+
+    /* MoE */
+    be_weight gate;
+    float *gate_bias;   /* NULL on hash layers */
+    int32_t *tid2eid;   /* [vocab, top_k] on hash layers */
+    be_weight *w1, *w2, *w3; /* [n_experts] */
+    be_weight sw1, sw2, sw3;
+} md_layer;
+
+struct md_model {
+    md_config cfg;
+    md_semantics sem;
+    be_backend *be;
+    md_ckpt *ck;
+    be_weight embed, head;
+    float *norm;
+    float *hc_head_fn, *hc_head_base, *hc_head_scale;
+    md_layer *layers;
+    /* RoPE inverse frequencies: [rope_dim/2] for SWA layers and for compressed layers */
+    float *inv_freq_main, *inv_freq_comp;
+    /* every f32 copy made at load, freed at the end */
+    void **owned;
+    size_t n_owned, cap_owned;
+    uint64_t n_params;
+};
+
+int md_load_weights(md_model *m, md_progress_fn progress, void *progress_arg, rc_err *err);
+void md_free_weights(md_model *m);
+
+#endif
