@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "recipe/idfeed.h"
 #include "recipe/out.h"
 #include "recipe/protocol.h"
 #include "recipe/pyjson.h"
@@ -132,21 +133,6 @@ static int one(const opts *o, const char *body, size_t n, int jsonl, rc_bytes *o
     return rc ? 1 : 0;
 }
 
-/* bytes with each ill-formed subpart replaced by U+FFFD */
-static void append_lossy(rc_bytes *out, const char *p, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        int k = rc_utf8_step((const uint8_t *)p + i, n - i);
-        if (k > 0) {
-            rc_bytes_append(out, p + i, (size_t)k);
-            i += (size_t)k;
-        } else {
-            rc_bytes_append(out, "\xEF\xBF\xBD", 3);
-            i += k < 0 ? (size_t)(-k) : n - i;
-        }
-    }
-}
-
 static int recipe_parse(const char *api_name, convert_fn convert, const char *req_path, int stream,
                         int deterministic, long long ptoks, long long ctoks, const char *finish,
                         const rc_tokenizer *tok) {
@@ -217,9 +203,8 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
     ssize_t n;
     long long ctok = 0;
     int done = 0;
-    rc_bytes piece = {0}, held = {0};
-    long long pending_ids = 0; /* ids not yet counted: no text from them yet */
-    size_t *ends = NULL, ends_cap = 0;
+    rc_idfeed feed;
+    rc_idfeed_init(&feed, tok);
     while (!done && (n = getline(&line, &cap, stdin)) > 0) {
         json_t *v = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
         if (tok) {
@@ -231,50 +216,10 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
                 break;
             }
             size_t nid = json_array_size(v);
-            for (size_t k = 0; k < nid && !done;) {
-                size_t e = k;
-                int32_t id = (int32_t)json_integer_value(json_array_get(v, k));
-                int added = rc_tokenizer_is_added(tok, id);
-                if (!added)
-                    while (e < nid && !rc_tokenizer_is_added(tok, (int32_t)json_integer_value(json_array_get(v, e)))) e++;
-                else
-                    e = k + 1;
-                piece.n = 0;
-                if (e - k > ends_cap) {
-                    ends_cap = (e - k) * 2;
-                    ends = realloc(ends, ends_cap * sizeof *ends);
-                }
-                for (size_t q = k; q < e; q++) {
-                    int32_t x = (int32_t)json_integer_value(json_array_get(v, q));
-                    size_t before = piece.n;
-                    pending_ids++;
-                    size_t tl;
-                    const char *tb = rc_tokenizer_token_bytes(tok, x, &tl);
-                    if (tb) {
-                        /* like the reference, hold a token's whole text while the
-                         * held bytes end inside a character; emit when complete */
-                        rc_bytes_append(&held, tb, tl);
-                        size_t ok = rc_utf8_valid_prefix((const uint8_t *)held.v, held.n);
-                        int incomplete = ok < held.n && rc_utf8_step((const uint8_t *)held.v + ok, held.n - ok) == 0;
-                        if (ok == held.n) {
-                            rc_bytes_append(&piece, held.v, held.n);
-                            held.n = 0;
-                        } else if (!incomplete) { /* ill-formed: U+FFFD, as the decoder does */
-                            append_lossy(&piece, held.v, held.n);
-                            held.n = 0;
-                        }
-                    }
-                    /* ids are counted when they yield text: an id that ends a
-                     * character, or an unknown id before it, counts then */
-                    if (piece.n > before) {
-                        ctok += pending_ids;
-                        pending_ids = 0;
-                    }
-                    ends[q - k] = piece.n;
-                }
-                done = rc_stream_feed_ids(st, piece.v ? piece.v : "", piece.n, ends, e - k, api->event, co_);
-                k = e;
-            }
+            int32_t *idv = malloc((nid ? nid : 1) * sizeof *idv);
+            for (size_t q = 0; q < nid; q++) idv[q] = (int32_t)json_integer_value(json_array_get(v, q));
+            done = rc_idfeed_push(&feed, st, idv, nid, api->event, co_);
+            free(idv);
             if (stream) api->flush(co_, &out);
             json_decref(v);
             continue;
@@ -292,9 +237,8 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
         json_decref(v);
     }
     free(line);
-    free(ends);
-    rc_bytes_free(&piece);
-    rc_bytes_free(&held);
+    if (tok) ctok = rc_idfeed_completion_tokens(&feed);
+    rc_idfeed_free(&feed);
     /* ids that never produced text (an unfinished character, unknown ids) count 0 */
     rc_finish backend = !strcmp(finish, "length") ? RC_FINISH_LENGTH
                         : !strcmp(finish, "content_filter") ? RC_FINISH_CONTENT_FILTER
