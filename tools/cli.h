@@ -17,5 +17,6 @@ int cmd_recipe(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

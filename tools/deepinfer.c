@@ -20,6 +20,7 @@ static const struct {
     {"detokenize", cmd_detokenize, "JSON array of ids on stdin -> text on stdout, byte-exact"},
     {"recipe", cmd_recipe, "recipe render|tokens|parse: API request -> prompt / ids; output -> events"},
     {"logits", cmd_logits, "prefill logits of a token sequence (checks a checkpoint against a reference)"},
+    {"serve", cmd_serve, "HTTP API server: Chat Completions, Responses, Anthropic Messages"},
     {"make-tiny-model", cmd_make_model, "write a V4-architecture checkpoint with deterministic random weights"},
     {"generate", cmd_generate, "continue a prompt with the model (greedy or sampled), token by token"},
 };
@@ -34,7 +35,7 @@ static void usage(FILE *f) {
         fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "  %-16s %s\n", "version", "print the version");
     fprintf(f,
-            "\nNot yet built (see the issues): serve.\n");
+            "\n");
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,173 @@
+/* sampler.c - temperature, min_p, top_k, top_p and one draw, for one row.
+ *
+ * Everything is computed from weights w_i = exp((l_i - l_max) / T) in double:
+ * w_max = 1, so min_p is the plain test w_i >= min_p (p_i / p_max is
+ * invariant to normalisation), and the softmax never needs its denominator
+ * except as the sum of the kept weights at draw time.
+ *
+ * The filters run in vLLM v1's order (vllm/v1/sample/sampler.py: temperature,
+ * the argmax-invariant processors - min_p - then top_k, then top_p).  top_k and
+ * min_p commute (both keep the max and are rank/ratio tests); top_p does not:
+ * it is taken over the distribution the earlier filters left, renormalised,
+ * exactly as apply_top_k_top_p computes its cumulative sum.  top_p keeps the
+ * shortest prefix (by descending probability) whose mass reaches top_p, and
+ * never less than one token.
+ *
+ * Candidates are ordered by (logit descending, id ascending) - the logit, not
+ * the weight, so rounding in exp() cannot reorder two tokens, and equal logits
+ * resolve to the lowest id as greedy does.  top_k with small k is a size-k heap
+ * over the vocabulary (O(V log k)) and sorts only the k survivors; a full sort
+ * happens only when top_p is on without top_k.  Without top_p the draw walks
+ * the candidates in id order and nothing is sorted.
+ *
+ * Not here: penalties, logit bias, logprobs - none exist in eng_sampling yet. */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct {
+    double w;  /* exp((l - l_max) / T) */
+    float l;   /* the logit, NaN folded to -inf */
+    int32_t id;
+} cand;
+
+uint64_t eng_rng_init(uint64_t seed) { return seed; }
+
+uint64_t eng_rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void eng_sample_scratch_free(eng_sample_scratch *ws)
+{
+    if (!ws) return;
+    free(ws->buf);
+    ws->buf = NULL;
+    ws->cap = 0;
+}
+
+static inline float logit_at(const float *logits, int i)
+{
+    float v = logits[i];
+    return isnan(v) ? -INFINITY : v;
+}
+
+/* a ranks before b */
+static inline int before(const cand *a, const cand *b) { return a->l > b->l || (a->l == b->l && a->id < b->id); }
+
+static int cmp_cand(const void *pa, const void *pb)
+{
+    const cand *a = pa, *b = pb;
+    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+/* Min-heap on rank: h[0] is the worst of the k kept so far. */
+static void heap_down(cand *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && before(&h[w], &h[l])) w = l;
+        if (r < n && before(&h[w], &h[r])) w = r;
+        if (w == i) return;
+        cand t = h[i]; h[i] = h[w]; h[w] = t;
+        i = w;
+    }
+}
+
+static void heap_up(cand *h, size_t i)
+{
+    while (i) {
+        size_t p = (i - 1) / 2;
+        if (!before(&h[p], &h[i])) return;
+        cand t = h[i]; h[i] = h[p]; h[p] = t;
+        i = p;
+    }
+}
+
+static int greedy(const float *logits, int vocab)
+{
+    int best = 0;
+    float bv = logit_at(logits, 0);
+    for (int i = 1; i < vocab; i++) {
+        float v = logit_at(logits, i);
+        if (v > bv) { bv = v; best = i; }
+    }
+    return best;
+}
+
+int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state,
+                  eng_sample_scratch *ws)
+{
+    if (!logits || vocab <= 0 || !s || !rng_state || !ws) return RC_EINVAL;
+    const int amax = greedy(logits, vocab);
+    if (!(s->temperature >= 1e-5)) return amax;  /* vLLM's _SAMPLING_EPS; NaN too */
+    const float lmax = logit_at(logits, amax);
+    const double u01 = (double)(eng_rng_next(rng_state) >> 11) * 0x1.0p-53;
+    if (!isfinite(lmax)) return amax;  /* all -inf, or +inf present: nothing to weigh */
+
+    if (ws->cap < (size_t)vocab) {
+        void *p = realloc(ws->buf, (size_t)vocab * sizeof(cand));
+        if (!p) return RC_ENOMEM;
+        ws->buf = p;
+        ws->cap = (size_t)vocab;
+    }
+    cand *c = ws->buf;
+    const double invT = 1.0 / s->temperature;
+    const double min_p = s->min_p > 0 ? s->min_p : 0;
+
+    /* temperature + min_p; zero-weight tokens cannot be drawn and are dropped */
+    size_t n = 0;
+    for (int i = 0; i < vocab; i++) {
+        float l = logit_at(logits, i);
+        double w = exp(((double)l - (double)lmax) * invT);
+        if (w > 0 && w >= min_p) c[n++] = (cand){w, l, i};
+    }
+    /* n >= 1: the argmax has w = 1 */
+
+    int sorted = 0;
+    if (s->top_k > 0 && (size_t)s->top_k < n) {
+        size_t k = (size_t)s->top_k;
+        /* c[0..k) becomes the heap; later candidates replace its worst */
+        for (size_t i = 1; i < k; i++) heap_up(c, i);
+        for (size_t i = k; i < n; i++)
+            if (before(&c[i], &c[0])) { c[0] = c[i]; heap_down(c, k, 0); }
+        n = k;
+        qsort(c, n, sizeof *c, cmp_cand);
+        sorted = 1;
+    }
+    if (s->top_p > 0 && s->top_p < 1 && n > 1) {
+        if (!sorted) qsort(c, n, sizeof *c, cmp_cand);
+        double total = 0;
+        for (size_t i = 0; i < n; i++) total += c[i].w;
+        const double need = s->top_p * total;
+        double cum = 0;
+        size_t keep = 0;
+        while (keep < n) {
+            cum += c[keep++].w;
+            if (cum >= need) break;
+        }
+        n = keep;
+    }
+
+    double total = 0;
+    for (size_t i = 0; i < n; i++) total += c[i].w;
+    const double u = u01 * total;
+    double cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += c[i].w;
+        if (u < cum) return c[i].id;
+    }
+    return c[n - 1].id;  /* u rounded up to the total */
+}
+
+int eng_sample(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state)
+{
+    eng_sample_scratch ws = {0};
+    int id = eng_sample_ws(logits, vocab, s, rng_state, &ws);
+    eng_sample_scratch_free(&ws);
+    return id;
+}

@@ -1,0 +1,42 @@
+/* sampler.h - one token from one row of logits.
+ *
+ *   temperature < 1e-5 (0 included)  greedy: the argmax, ties to the lowest id
+ *   otherwise                        z = logits / T, then the filters in the
+ *                                    order vLLM v1 applies them (min_p, top_k,
+ *                                    top_p), then one draw
+ *
+ * Off values: top_k <= 0 or >= the candidates, top_p <= 0 or >= 1, min_p <= 0
+ * (a zero-initialised eng_sampling with a temperature samples unfiltered).
+ *
+ * The draw uses a per-request splitmix64 stream: *rng_state is advanced by
+ * exactly one step per non-greedy call, so a request's tokens depend only on
+ * its seed and its own logits, never on which requests share the batch.
+ * eng_rng_init gives the starting state for a seed. */
+#ifndef ENGINE_SAMPLER_H
+#define ENGINE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* Work space for one vocabulary; reused across calls to avoid a malloc per
+ * token.  Zero-initialise, free with eng_sample_scratch_free. */
+typedef struct eng_sample_scratch {
+    void *buf;
+    size_t cap;  /* entries */
+} eng_sample_scratch;
+
+void eng_sample_scratch_free(eng_sample_scratch *ws);
+
+/* The token id (>= 0), or RC_EINVAL (vocab <= 0, logits NULL) / RC_ENOMEM.
+ * NaN logits count as -inf; a row with no finite logit yields id 0. */
+int eng_sample(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state);
+int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state,
+                  eng_sample_scratch *ws);
+
+uint64_t eng_rng_init(uint64_t seed);
+/* The next 64 random bits of the stream (splitmix64). */
+uint64_t eng_rng_next(uint64_t *state);
+
+#endif

@@ -1,0 +1,986 @@
+/* test_engine.c - the sampler, and the engine loop over a fake backend and
+ * over the tiny real model.
+ *
+ *   sampler   greedy ties, top_k=1 == greedy, seeds, empirical frequencies,
+ *             what top_k / top_p / min_p exclude (and in which order)
+ *   fake      a backend whose logits are a function of the position, so the
+ *             schedule (chunks, logits requests), EOS, errors, the queue
+ *             bound, cancellation and shutdown can be asserted exactly
+ *   model     tiny-mixed: a request alone == the same request among 63
+ *             others (greedy and seeded sampling), cancellation, max_tokens,
+ *             stop_ids, state bytes
+ *
+ * DEEPINFER_TEST_SMALL=1 (or an ASan build) shrinks the 64-way test's prompts
+ * and outputs; the claims stay the same. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "model/v4.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ASAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ASAN_BUILD 1
+#endif
+#endif
+#ifndef ASAN_BUILD
+#define ASAN_BUILD 0
+#endif
+
+static int small_mode(void)
+{
+    const char *s = getenv("DEEPINFER_TEST_SMALL");
+    return ASAN_BUILD || (s && *s && strcmp(s, "0"));
+}
+
+/* ================================================================ sampler */
+
+static eng_sampling samp(double t) { return (eng_sampling){.temperature = t, .top_p = 1, .max_tokens = 1}; }
+
+static void test_greedy_ties(void **st)
+{
+    (void)st;
+    const float l[] = {1, 5, 5, 3};
+    eng_sampling s = samp(0);
+    uint64_t rng = 9, rng0 = rng;
+    assert_int_equal(eng_sample(l, 4, &s, &rng), 1);
+    assert_true(rng == rng0); /* greedy draws nothing */
+    const float n[] = {NAN, 2, 2, -INFINITY};
+    assert_int_equal(eng_sample(n, 4, &s, &rng), 1);
+    const float all_neg[] = {-INFINITY, -INFINITY};
+    s.temperature = 1;
+    assert_int_equal(eng_sample(all_neg, 2, &s, &rng), 0);
+    assert_int_equal(eng_sample(l, 0, &s, &rng), RC_EINVAL);
+}
+
+static void fill_logits(float *l, int V, uint64_t seed)
+{
+    for (int i = 0; i < V; i++) l[i] = (float)((double)(eng_rng_next(&seed) >> 11) * 0x1.0p-53 * 8.0 - 4.0);
+}
+
+static void test_top_k1_is_greedy(void **st)
+{
+    (void)st;
+    enum { V = 1000 };
+    float l[V];
+    eng_sample_scratch ws = {0};
+    const double temps[] = {0.3, 1, 2, 50};
+    for (int row = 0; row < 50; row++) {
+        fill_logits(l, V, (uint64_t)row + 1);
+        if (row % 5 == 0) l[row * 7] = l[row * 7 + 3] = 9; /* a tie at the top */
+        eng_sampling g = samp(0);
+        uint64_t r0 = 1;
+        int want = eng_sample(l, V, &g, &r0);
+        for (size_t t = 0; t < 4; t++) {
+            eng_sampling s = samp(temps[t]);
+            s.top_k = 1;
+            uint64_t rng = (uint64_t)row * 31 + t;
+            assert_int_equal(eng_sample_ws(l, V, &s, &rng, &ws), want);
+        }
+    }
+    eng_sample_scratch_free(&ws);
+}
+
+static void test_seed_determinism(void **st)
+{
+    (void)st;
+    enum { V = 300 };
+    float l[V];
+    fill_logits(l, V, 77);
+    eng_sampling s = samp(1.3);
+    s.top_p = 0.95;
+    uint64_t a = eng_rng_init(42), b = eng_rng_init(42), c = eng_rng_init(43);
+    int differ = 0;
+    for (int i = 0; i < 500; i++) {
+        int x = eng_sample(l, V, &s, &a), y = eng_sample(l, V, &s, &b), z = eng_sample(l, V, &s, &c);
+        assert_int_equal(x, y);
+        differ += x != z;
+    }
+    assert_true(differ > 100);
+}
+
+/* frequencies of 20000 draws against want (within 0.015, > 4 sigma) */
+static void expect_freq(const double *logp_src, int V, const eng_sampling *s, const double *want, uint64_t seed)
+{
+    float l[16];
+    for (int i = 0; i < V; i++) l[i] = (float)log(logp_src[i]);
+    int cnt[16] = {0};
+    uint64_t rng = eng_rng_init(seed);
+    const int N = 20000;
+    for (int k = 0; k < N; k++) cnt[eng_sample(l, V, s, &rng)]++;
+    for (int i = 0; i < V; i++) {
+        double f = (double)cnt[i] / N;
+        if (want[i] == 0) {
+            if (cnt[i]) fail_msg("token %d should be filtered out, drawn %d times", i, cnt[i]);
+        } else if (fabs(f - want[i]) > 0.015) {
+            fail_msg("token %d: frequency %.4f, expected %.4f", i, f, want[i]);
+        }
+    }
+}
+
+static void test_empirical(void **st)
+{
+    (void)st;
+    const double p[4] = {0.1, 0.2, 0.3, 0.4};
+    eng_sampling s = samp(1);
+    expect_freq(p, 4, &s, p, 1);
+    /* temperature 2: p^(1/2), renormalised */
+    double w[4], z = 0;
+    for (int i = 0; i < 4; i++) z += (w[i] = sqrt(p[i]));
+    for (int i = 0; i < 4; i++) w[i] /= z;
+    s.temperature = 2;
+    expect_freq(p, 4, &s, w, 3);
+    /* top_k 3: the top three, renormalised */
+    s = samp(1);
+    s.top_k = 3;
+    const double k3[4] = {0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9};
+    expect_freq(p, 4, &s, k3, 4);
+}
+
+static void test_filters_exclude(void **st)
+{
+    (void)st;
+    const double p[4] = {0.5, 0.3, 0.15, 0.05};
+    eng_sampling s = samp(1);
+    /* top_p: 0.5 + 0.3 reaches 0.75, so {0, 1} */
+    s.top_p = 0.75;
+    const double tp[4] = {0.5 / 0.8, 0.3 / 0.8, 0, 0};
+    expect_freq(p, 4, &s, tp, 5);
+    /* top_p below the top probability keeps exactly one */
+    s.top_p = 0.01;
+    const double one[4] = {1, 0, 0, 0};
+    expect_freq(p, 4, &s, one, 6);
+    /* min_p 0.25 of the max: p/pmax = 1, .6, .3, .1 -> {0, 1, 2} */
+    s = samp(1);
+    s.min_p = 0.25;
+    const double mp[4] = {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0};
+    expect_freq(p, 4, &s, mp, 7);
+    /* the order: min_p (renormalise) before top_p, as vLLM v1.  {.4 .3 .2 .1}
+     * with min_p .3 keeps {0,1,2} -> {.444 .333 .222}; top_p .75 then keeps
+     * {0,1}.  top_p first (vLLM v0) would have kept token 2. */
+    const double q[4] = {0.4, 0.3, 0.2, 0.1};
+    s = samp(1);
+    s.min_p = 0.3;
+    s.top_p = 0.75;
+    const double order[4] = {4.0 / 7, 3.0 / 7, 0, 0};
+    expect_freq(q, 4, &s, order, 8);
+}
+
+/* top_k by partial selection keeps exactly the k best (ties to the lowest id) */
+static void test_top_k_set(void **st)
+{
+    (void)st;
+    enum { V = 5000, K = 50 };
+    static float l[V];
+    fill_logits(l, V, 5);
+    for (int i = 100; i < 110; i++) l[i] = 3.99f; /* a tie band straddling the cut */
+    /* rank by (logit desc, id asc), naive */
+    static int rank_ok[V];
+    for (int i = 0; i < V; i++) {
+        int better = 0;
+        for (int j = 0; j < V; j++) better += l[j] > l[i] || (l[j] == l[i] && j < i);
+        rank_ok[i] = better < K;
+    }
+    eng_sampling s = samp(1000); /* nearly uniform over the survivors */
+    s.top_k = K;
+    uint64_t rng = 3;
+    eng_sample_scratch ws = {0};
+    static int seen[V];
+    int distinct = 0;
+    for (int k = 0; k < 4000; k++) {
+        int id = eng_sample_ws(l, V, &s, &rng, &ws);
+        if (!rank_ok[id]) fail_msg("drew %d, outside the top %d", id, K);
+        if (!seen[id]++) distinct++;
+    }
+    assert_int_equal(distinct, K);
+    /* with top_p as well: still inside the top k */
+    s.top_p = 0.5;
+    for (int k = 0; k < 1000; k++) assert_true(rank_ok[eng_sample_ws(l, V, &s, &rng, &ws)]);
+    eng_sample_scratch_free(&ws);
+}
+
+/* ================================================================ jobs */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+
+#define MAXTOK 512
+
+typedef struct job {
+    eng_request req;
+    int32_t *prompt;
+    int32_t toks[MAXTOK];
+    size_t n_toks;
+    int done;
+    eng_reason why;
+    size_t completion;
+    char err[256];
+    /* optional: a job to submit from on_done (chaining) */
+    engine *chain_e;
+    struct job *chain;
+} job;
+
+static void on_token(void *ctx, int32_t id)
+{
+    job *j = ctx;
+    pthread_mutex_lock(&g_mu);
+    if (j->n_toks < MAXTOK) j->toks[j->n_toks] = id;
+    j->n_toks++;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void on_done(void *ctx, eng_reason why, size_t completion, const char *error)
+{
+    job *j = ctx;
+    if (j->chain) {
+        rc_err err = {0};
+        assert_int_equal(eng_submit(j->chain_e, &j->chain->req, &err), 0);
+    }
+    pthread_mutex_lock(&g_mu);
+    assert_int_equal(j->done, 0); /* exactly one on_done */
+    j->done = 1;
+    j->why = why;
+    j->completion = completion;
+    snprintf(j->err, sizeof j->err, "%s", error ? error : "");
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void job_init(job *j, const int32_t *prompt, size_t n, eng_sampling s)
+{
+    memset(j, 0, sizeof *j);
+    j->prompt = malloc(n ? n * sizeof *j->prompt : 1);
+    if (n) memcpy(j->prompt, prompt, n * sizeof *prompt);
+    j->req = (eng_request){.prompt = j->prompt, .n_prompt = n, .sampling = s, .ctx = j, .on_token = on_token,
+                           .on_done = on_done};
+}
+
+static void job_fini(job *j) { free(j->prompt); j->prompt = NULL; }
+
+static struct timespec deadline_in(int sec)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += sec;
+    return ts;
+}
+
+/* wait until the predicate holds, up to 60 s */
+#define WAIT_UNTIL(cond)                                                            \
+    do {                                                                            \
+        struct timespec dl_ = deadline_in(60);                                      \
+        pthread_mutex_lock(&g_mu);                                                  \
+        while (!(cond))                                                             \
+            if (pthread_cond_timedwait(&g_cv, &g_mu, &dl_)) {                       \
+                pthread_mutex_unlock(&g_mu);                                        \
+                fail_msg("timed out waiting for: %s", #cond);                       \
+            }                                                                       \
+        pthread_mutex_unlock(&g_mu);                                                \
+    } while (0)
+
+static int all_done(job *js, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!js[i].done) return 0;
+    return 1;
+}
+
+static int32_t *make_ids(size_t n, int vocab, uint64_t seed)
+{
+    int32_t *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
+    }
+    return v;
+}
+
+/* ================================================================ fake backend */
+
+/* Logits: one winner per position.  After a sequence holds len tokens the
+ * winner is eos when len >= eos_at (eos_at > 0), else 2 + len % 20.  Each
+ * forward is logged; `hold` parks the forward until released. */
+typedef struct {
+    int len;
+} fseq;
+
+#define FLOG 64
+typedef struct {
+    int vocab, eos_id, eos_at;
+    int fail_at;             /* forward number k + 1 fails; 0 = none */
+    atomic_int live_seqs;
+    int n_forward;
+    size_t log_items[FLOG], log_tokens[FLOG], log_logits[FLOG];
+    size_t log_n0[FLOG];  /* n of the first item */
+    int hold, in_forward;
+    int sleep_us;
+} fake;
+
+static void *f_seq_new(void *impl)
+{
+    fake *f = impl;
+    atomic_fetch_add(&f->live_seqs, 1);
+    return calloc(1, sizeof(fseq));
+}
+
+static void f_seq_free(void *impl, void *seq)
+{
+    fake *f = impl;
+    atomic_fetch_sub(&f->live_seqs, 1);
+    free(seq);
+}
+
+static size_t f_bytes(void *impl, void *seq) { return (size_t)((fseq *)seq)->len * 4 + 100; }
+
+static int f_forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
+                     rc_err *err)
+{
+    fake *f = impl;
+    pthread_mutex_lock(&g_mu);
+    f->in_forward++;
+    pthread_cond_broadcast(&g_cv);
+    while (f->hold) pthread_cond_wait(&g_cv, &g_mu);
+    int k = f->n_forward++;
+    pthread_mutex_unlock(&g_mu);
+    if (f->sleep_us) usleep((useconds_t)f->sleep_us);
+    if (f->fail_at == k + 1) return rc_errf(err, RC_EIO, "fake device lost");
+    size_t tokens = 0, nl = 0;
+    for (size_t i = 0; i < count; i++) {
+        fseq *s = seqs[i];
+        for (size_t t = 0; t < n[i]; t++) assert_true(ids[i][t] >= 0 && ids[i][t] < f->vocab);
+        s->len += (int)n[i];
+        tokens += n[i];
+        if (logits[i]) {
+            nl++;
+            int win = f->eos_at > 0 && s->len >= f->eos_at ? f->eos_id : 2 + s->len % 20;
+            for (int v = 0; v < f->vocab; v++) logits[i][v] = v == win ? 10.0f : 0.0f;
+        }
+    }
+    if (k < FLOG) {
+        f->log_items[k] = count;
+        f->log_tokens[k] = tokens;
+        f->log_logits[k] = nl;
+        f->log_n0[k] = count ? n[0] : 0;
+    }
+    return 0;
+}
+
+static eng_backend fake_backend(fake *f)
+{
+    f->vocab = 32;
+    f->eos_id = 1;
+    return (eng_backend){.vocab = 32, .eos_id = 1, .max_context = 256, .impl = f, .seq_new = f_seq_new,
+                         .seq_free = f_seq_free, .forward = f_forward};
+}
+
+static engine *fake_engine(fake *f, int mbt, int mr, int mw)
+{
+    eng_backend be = fake_backend(f);
+    eng_cfg cfg = {.max_batch_tokens = mbt, .max_running = mr, .max_waiting = mw};
+    rc_err err = {0};
+    engine *e = eng_create(&be, &cfg, &err);
+    if (!e) fail_msg("eng_create: %s", err.msg);
+    return e;
+}
+
+static eng_sampling greedy_n(int n)
+{
+    eng_sampling s = samp(0);
+    s.max_tokens = n;
+    return s;
+}
+
+static void release(fake *f)
+{
+    pthread_mutex_lock(&g_mu);
+    f->hold = 0;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Park the loop inside forward 0 on a 1-token, 1-output request, so that the
+ * next requests are all waiting together when step 1 is planned. */
+static void park(engine *e, fake *f, job *blocker)
+{
+    static const int32_t one = 3;
+    job_init(blocker, &one, 1, greedy_n(1));
+    rc_err err = {0};
+    f->hold = 1;
+    assert_int_equal(eng_submit(e, &blocker->req, &err), 0);
+    WAIT_UNTIL(f->in_forward == 1);
+}
+
+static void test_fake_chunking(void **st)
+{
+    (void)st;
+    fake f = {0};
+    engine *e = fake_engine(&f, 8, 0, 0);
+    eng_set_state_bytes_fn(e, f_bytes);
+    int32_t p[20];
+    for (int i = 0; i < 20; i++) p[i] = 3 + i;
+    job j;
+    job_init(&j, p, 20, greedy_n(3));
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &j.req, &err), 0);
+    WAIT_UNTIL(j.done);
+    assert_int_equal(j.why, ENG_STOP_LENGTH);
+    assert_int_equal(j.completion, 3);
+    assert_int_equal(j.n_toks, 3);
+    /* 20 prompt tokens in chunks 8, 8, 4; only the last asks for logits; then 2 decodes */
+    assert_int_equal(f.n_forward, 5);
+    const size_t n0[5] = {8, 8, 4, 1, 1}, nl[5] = {0, 0, 1, 1, 1};
+    for (int k = 0; k < 5; k++) {
+        assert_int_equal(f.log_items[k], 1);
+        assert_int_equal(f.log_n0[k], n0[k]);
+        assert_int_equal(f.log_logits[k], nl[k]);
+    }
+    /* winners after 20, 21, 22 tokens */
+    assert_int_equal(j.toks[0], 2 + 20 % 20);
+    assert_int_equal(j.toks[1], 2 + 21 % 20);
+    assert_int_equal(j.toks[2], 2 + 22 % 20);
+    assert_true(j.req.t_submit > 0 && j.req.t_first_token >= j.req.t_submit && j.req.t_done >= j.req.t_first_token);
+    eng_stats s;
+    eng_get_stats(e, &s);
+    assert_int_equal(s.steps, 5);
+    assert_int_equal(s.prompt_tokens, 20);
+    assert_int_equal(s.completion_tokens, 3);
+    assert_int_equal(s.running, 0);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.state_bytes, 0);
+    eng_destroy(e);
+    assert_int_equal(atomic_load(&f.live_seqs), 0);
+    job_fini(&j);
+}
+
+/* Two requests share the budget: decodes first, prefill takes the rest. */
+static void test_fake_budget_shared(void **st)
+{
+    (void)st;
+    fake f = {0};
+    engine *e = fake_engine(&f, 8, 4, 0);
+    int32_t p[20];
+    for (int i = 0; i < 20; i++) p[i] = 3 + i;
+    job blk, a, b;
+    park(e, &f, &blk);
+    job_init(&a, p, 3, greedy_n(6));
+    job_init(&b, p, 20, greedy_n(2));
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &a.req, &err), 0);
+    assert_int_equal(eng_submit(e, &b.req, &err), 0);
+    release(&f);
+    WAIT_UNTIL(blk.done && a.done && b.done);
+    /* 0: the blocker's token.  1: a's 3 (complete) + b's first 5.  2, 3: a's
+     * decode + 7 of b.  4: a + b's last 1 (complete).  5: a + b.  6: a. */
+    const size_t tokens[7] = {1, 8, 8, 8, 2, 2, 1}, items[7] = {1, 2, 2, 2, 2, 2, 1}, nl[7] = {1, 1, 1, 1, 2, 2, 1};
+    assert_int_equal(f.n_forward, 7);
+    for (int k = 0; k < 7; k++) {
+        assert_int_equal(f.log_tokens[k], tokens[k]);
+        assert_int_equal(f.log_items[k], items[k]);
+        assert_int_equal(f.log_logits[k], nl[k]);
+    }
+    assert_int_equal(a.n_toks, 6);
+    assert_int_equal(b.n_toks, 2);
+    eng_destroy(e);
+    job_fini(&blk);
+    job_fini(&a);
+    job_fini(&b);
+}
+
+static void test_fake_eos(void **st)
+{
+    (void)st;
+    fake f = {.eos_at = 7};
+    engine *e = fake_engine(&f, 64, 0, 0);
+    int32_t p[4] = {5, 6, 7, 8};
+    job j, k, m;
+    job_init(&j, p, 4, greedy_n(50));
+    eng_sampling ig = greedy_n(5);
+    ig.ignore_eos = 1;
+    job_init(&k, p, 4, ig);
+    eng_sampling sid = greedy_n(50);
+    sid.ignore_eos = 1;
+    int32_t stop_eos = 1;
+    sid.stop_ids = &stop_eos;
+    sid.n_stop_ids = 1;
+    job_init(&m, p, 4, sid);
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &j.req, &err), 0);
+    assert_int_equal(eng_submit(e, &k.req, &err), 0);
+    assert_int_equal(eng_submit(e, &m.req, &err), 0);
+    WAIT_UNTIL(j.done && k.done && m.done);
+    /* sampled after 4, 5, 6 tokens; EOS after 7: not reported, counted */
+    assert_int_equal(j.why, ENG_STOP_EOS);
+    assert_int_equal(j.n_toks, 3);
+    assert_int_equal(j.completion, 4);
+    for (size_t i = 0; i < j.n_toks; i++) assert_int_not_equal(j.toks[i], 1);
+    /* ignore_eos: EOS is an ordinary token */
+    assert_int_equal(k.why, ENG_STOP_LENGTH);
+    assert_int_equal(k.n_toks, 5);
+    assert_int_equal(k.toks[3], 1);
+    /* ... and a stop id when listed (reported, then ENG_STOP_ID) */
+    assert_int_equal(m.why, ENG_STOP_ID);
+    assert_int_equal(m.n_toks, 4);
+    assert_int_equal(m.toks[3], 1);
+    eng_destroy(e);
+    job_fini(&j);
+    job_fini(&k);
+    job_fini(&m);
+}
+
+static void test_fake_forward_error(void **st)
+{
+    (void)st;
+    fake f = {.fail_at = 2};
+    engine *e = fake_engine(&f, 64, 0, 0);
+    int32_t p[5] = {3, 4, 5, 6, 7};
+    job blk, a, b, c;
+    park(e, &f, &blk);
+    job_init(&a, p, 5, greedy_n(4));
+    job_init(&b, p, 3, greedy_n(4));
+    job_init(&c, p, 2, greedy_n(4));
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &a.req, &err), 0);
+    assert_int_equal(eng_submit(e, &b.req, &err), 0);
+    release(&f);
+    WAIT_UNTIL(blk.done && a.done && b.done);
+    assert_int_equal(blk.why, ENG_STOP_LENGTH);
+    assert_int_equal(a.why, ENG_ERROR);
+    assert_int_equal(b.why, ENG_ERROR);
+    assert_non_null(strstr(a.err, "fake device lost"));
+    assert_non_null(strstr(b.err, "fake device lost"));
+    assert_int_equal(atomic_load(&f.live_seqs), 0);
+    /* the engine keeps running */
+    assert_int_equal(eng_submit(e, &c.req, &err), 0);
+    WAIT_UNTIL(c.done);
+    assert_int_equal(c.why, ENG_STOP_LENGTH);
+    assert_int_equal(c.n_toks, 4);
+    eng_destroy(e);
+    job_fini(&blk);
+    job_fini(&a);
+    job_fini(&b);
+    job_fini(&c);
+}
+
+static void test_fake_validation(void **st)
+{
+    (void)st;
+    fake f = {0};
+    engine *e = fake_engine(&f, 64, 0, 0);
+    int32_t p[300];
+    for (int i = 0; i < 300; i++) p[i] = 2;
+    job j;
+    rc_err err = {0};
+    job_init(&j, p, 0, greedy_n(4));
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    assert_non_null(strstr(err.msg, "empty prompt"));
+    job_fini(&j);
+    job_init(&j, p, 200, greedy_n(57));
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    assert_non_null(strstr(err.msg, "200"));
+    assert_non_null(strstr(err.msg, "57"));
+    assert_non_null(strstr(err.msg, "256"));
+    job_fini(&j);
+    job_init(&j, p, 300, greedy_n(1));
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    job_fini(&j);
+    job_init(&j, p, 10, greedy_n(4));
+    j.prompt[7] = 32;
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    assert_non_null(strstr(err.msg, "vocabulary"));
+    j.prompt[7] = -1;
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    j.prompt[7] = 3;
+    j.req.sampling.max_tokens = 0;
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    j.req.sampling.max_tokens = 2;
+    j.req.sampling.temperature = -1;
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    j.req.sampling.temperature = 0;
+    j.req.sampling.top_p = 1.5;
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    j.req.sampling.top_p = 1;
+    j.req.sampling.n_stop_ids = 2;
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    j.req.sampling.n_stop_ids = 0;
+    /* fits exactly: 10 + 246 = 256 */
+    j.req.sampling.max_tokens = 246;
+    f.hold = 1; /* keep it live (parked in its first forward) */
+    assert_int_equal(eng_submit(e, &j.req, &err), 0);
+    /* the same request twice while live */
+    assert_int_equal(eng_submit(e, &j.req, &err), RC_EINVAL);
+    assert_non_null(strstr(err.msg, "already"));
+    release(&f);
+    WAIT_UNTIL(j.done);
+    assert_int_equal(j.why, ENG_STOP_LENGTH);
+    assert_int_equal(j.completion, 246);
+    eng_destroy(e);
+    job_fini(&j);
+    /* a backend without forward is refused */
+    eng_backend bad = fake_backend(&f);
+    bad.forward = NULL;
+    assert_null(eng_create(&bad, NULL, &err));
+}
+
+/* max_running 1, max_waiting 2: A runs (parked in forward), B and C wait, D
+ * is refused; cancelling B frees its queue slot at once. */
+static void test_fake_queue_full_and_cancel_waiting(void **st)
+{
+    (void)st;
+    fake f = {.hold = 1};
+    engine *e = fake_engine(&f, 64, 1, 2);
+    int32_t p[3] = {3, 4, 5};
+    job js[5];
+    for (int i = 0; i < 5; i++) job_init(&js[i], p, 3, greedy_n(5));
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &js[0].req, &err), 0);
+    WAIT_UNTIL(f.in_forward == 1);
+    assert_int_equal(eng_submit(e, &js[1].req, &err), 0);
+    assert_int_equal(eng_submit(e, &js[2].req, &err), 0);
+    assert_int_equal(eng_submit(e, &js[3].req, &err), ENG_EBUSY);
+    assert_non_null(strstr(err.msg, "full"));
+    eng_stats s;
+    eng_get_stats(e, &s);
+    assert_int_equal(s.running, 1);
+    assert_int_equal(s.waiting, 2);
+    eng_cancel(e, &js[1].req);
+    eng_cancel(e, &js[1].req); /* twice: harmless */
+    eng_get_stats(e, &s);
+    assert_int_equal(s.waiting, 1);
+    assert_int_equal(eng_submit(e, &js[3].req, &err), 0);
+    release(&f);
+    WAIT_UNTIL(js[0].done && js[1].done && js[2].done && js[3].done);
+    assert_int_equal(js[1].why, ENG_CANCELLED);
+    assert_int_equal(js[1].n_toks, 0);
+    assert_int_equal(js[0].why, ENG_STOP_LENGTH);
+    assert_int_equal(js[2].why, ENG_STOP_LENGTH);
+    assert_int_equal(js[3].why, ENG_STOP_LENGTH);
+    /* cancel after on_done, and of a request never submitted: no-ops */
+    eng_cancel(e, &js[0].req);
+    eng_cancel(e, &js[4].req);
+    eng_get_stats(e, &s);
+    assert_int_equal(s.running + s.waiting, 0);
+    eng_destroy(e);
+    for (int i = 0; i < 5; i++) job_fini(&js[i]);
+}
+
+/* on_done may submit; shutdown drains what was accepted; a deadline cancels */
+static void test_fake_chain_and_shutdown(void **st)
+{
+    (void)st;
+    int32_t p[4] = {3, 4, 5, 6};
+    {
+        fake f = {0};
+        engine *e = fake_engine(&f, 16, 0, 0);
+        job a, b;
+        job_init(&a, p, 4, greedy_n(3));
+        job_init(&b, p, 2, greedy_n(3));
+        a.chain = &b;
+        a.chain_e = e;
+        rc_err err = {0};
+        assert_int_equal(eng_submit(e, &a.req, &err), 0);
+        WAIT_UNTIL(a.done && b.done);
+        assert_int_equal(b.why, ENG_STOP_LENGTH);
+        eng_destroy(e);
+        job_fini(&a);
+        job_fini(&b);
+    }
+    {
+        /* generous deadline: everything accepted finishes normally */
+        fake f = {.sleep_us = 200};
+        engine *e = fake_engine(&f, 16, 2, 0);
+        job js[4];
+        rc_err err = {0};
+        for (int i = 0; i < 4; i++) {
+            job_init(&js[i], p, 4, greedy_n(10));
+            assert_int_equal(eng_submit(e, &js[i].req, &err), 0);
+        }
+        eng_shutdown(e, -1);
+        for (int i = 0; i < 4; i++) assert_int_equal(js[i].why, ENG_STOP_LENGTH);
+        job late;
+        job_init(&late, p, 4, greedy_n(1));
+        assert_int_equal(eng_submit(e, &late.req, &err), ENG_EBUSY);
+        assert_non_null(strstr(err.msg, "shutting down"));
+        eng_destroy(e);
+        for (int i = 0; i < 4; i++) job_fini(&js[i]);
+        job_fini(&late);
+    }
+    {
+        /* short deadline: running and waiting ones are cancelled, seqs freed */
+        fake f = {.sleep_us = 2000};
+        engine *e = fake_engine(&f, 16, 2, 0);
+        job js[4];
+        rc_err err = {0};
+        for (int i = 0; i < 4; i++) {
+            job_init(&js[i], p, 4, greedy_n(200));
+            assert_int_equal(eng_submit(e, &js[i].req, &err), 0);
+        }
+        WAIT_UNTIL(js[0].n_toks >= 2);
+        eng_shutdown(e, 20);
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(js[i].done, 1);
+            assert_int_equal(js[i].why, ENG_CANCELLED);
+        }
+        assert_int_equal(atomic_load(&f.live_seqs), 0);
+        eng_shutdown(e, 0); /* again: harmless */
+        eng_destroy(e);
+        for (int i = 0; i < 4; i++) job_fini(&js[i]);
+    }
+}
+
+/* ================================================================ real model */
+
+typedef struct {
+    be_backend *be;
+    md_model *m;
+} model_fix;
+
+static int model_setup(void **st)
+{
+    model_fix *fx = calloc(1, sizeof *fx);
+    fx->be = be_cpu_create(2);
+    rc_err err = {0};
+    if (md_model_load(MODEL_FIXTURE_DIR "/tiny-mixed", fx->be, MD_SEM_OFFICIAL, NULL, NULL, &fx->m, &err)) {
+        fprintf(stderr, "tiny-mixed: %s\n", err.msg);
+        return -1;
+    }
+    *st = fx;
+    return 0;
+}
+
+static int model_teardown(void **st)
+{
+    model_fix *fx = *st;
+    md_model_free(fx->m);
+    be_destroy(fx->be);
+    free(fx);
+    return 0;
+}
+
+static engine *model_engine(model_fix *fx, int mbt, int mr, int mw)
+{
+    eng_backend be = eng_model_backend(fx->m);
+    eng_cfg cfg = {.max_batch_tokens = mbt, .max_running = mr, .max_waiting = mw};
+    rc_err err = {0};
+    engine *e = eng_create(&be, &cfg, &err);
+    if (!e) fail_msg("eng_create: %s", err.msg);
+    eng_set_state_bytes_fn(e, eng_model_seq_bytes);
+    return e;
+}
+
+/* run one request alone (fresh engine) */
+static void run_alone(model_fix *fx, job *j)
+{
+    engine *e = model_engine(fx, 64, 0, 0);
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &j->req, &err), 0);
+    WAIT_UNTIL(j->done);
+    eng_destroy(e);
+}
+
+static void test_model_batch_invariance(void **st)
+{
+    model_fix *fx = *st;
+    const int V = md_model_config(fx->m)->vocab_size;
+    const int small = small_mode();
+    const int N = 64, OUT = small ? 8 : 16;
+    const size_t REF = 20, SAMP = 41; /* positions of the two checked requests */
+    job *js = calloc((size_t)N, sizeof *js);
+    for (int i = 0; i < N; i++) {
+        /* lengths 1..40, and every 8th one long enough to be chunked (> 64) */
+        size_t n = (size_t)(1 + (i * 13) % 40);
+        if (i % 8 == 3) n = small ? 70 + (size_t)i : 90 + 2 * (size_t)i;
+        int32_t *p = make_ids(n, V, 1000 + (uint64_t)i);
+        eng_sampling s = greedy_n(OUT);
+        s.ignore_eos = 1;
+        if (i % 3 == 1 || (size_t)i == SAMP) {
+            s.temperature = 0.8;
+            s.top_k = 40;
+            s.top_p = 0.9;
+            s.seed = 1234 + (uint64_t)i;
+            s.has_seed = 1;
+        }
+        job_init(&js[i], p, n, s);
+        free(p);
+    }
+    /* the reference run: each checked request alone */
+    job solo[2];
+    const size_t which[2] = {REF, SAMP};
+    for (int k = 0; k < 2; k++) {
+        job_init(&solo[k], js[which[k]].prompt, js[which[k]].req.n_prompt, js[which[k]].req.sampling);
+        run_alone(fx, &solo[k]);
+        assert_int_equal(solo[k].why, ENG_STOP_LENGTH);
+        assert_int_equal(solo[k].n_toks, (size_t)OUT);
+    }
+    engine *e = model_engine(fx, 64, 0, 0);
+    rc_err err = {0};
+    for (int i = 0; i < N; i++) assert_int_equal(eng_submit(e, &js[i].req, &err), 0);
+    WAIT_UNTIL(all_done(js, (size_t)N));
+    eng_stats s;
+    eng_get_stats(e, &s);
+    size_t prompt_total = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(js[i].why, ENG_STOP_LENGTH);
+        assert_int_equal(js[i].n_toks, (size_t)OUT);
+        assert_int_equal(js[i].completion, (size_t)OUT);
+        prompt_total += js[i].req.n_prompt;
+    }
+    assert_int_equal(s.prompt_tokens, prompt_total);
+    assert_int_equal(s.completion_tokens, (uint64_t)N * (uint64_t)OUT);
+    /* batching is invisible: same tokens, greedy and seeded sampling */
+    for (int k = 0; k < 2; k++)
+        assert_memory_equal(solo[k].toks, js[which[k]].toks, (size_t)OUT * sizeof(int32_t));
+    /* and it was a batch: far fewer steps than requests x tokens */
+    assert_true(s.steps < (uint64_t)(N * OUT) / 4);
+    eng_destroy(e);
+    for (int i = 0; i < N; i++) job_fini(&js[i]);
+    for (int k = 0; k < 2; k++) job_fini(&solo[k]);
+    free(js);
+}
+
+static void test_model_cancel_running(void **st)
+{
+    model_fix *fx = *st;
+    const int V = md_model_config(fx->m)->vocab_size;
+    engine *e = model_engine(fx, 64, 0, 0);
+    int32_t *p = make_ids(30, V, 5);
+    job a, b;
+    eng_sampling s = greedy_n(4000);
+    s.ignore_eos = 1;
+    job_init(&a, p, 30, s);
+    job_init(&b, p, 10, s);
+    rc_err err = {0};
+    assert_int_equal(eng_submit(e, &a.req, &err), 0);
+    assert_int_equal(eng_submit(e, &b.req, &err), 0);
+    WAIT_UNTIL(a.n_toks >= 3 && b.n_toks >= 3);
+    eng_stats st0;
+    eng_get_stats(e, &st0);
+    assert_int_equal(st0.running, 2);
+    assert_true(st0.state_bytes >= 2 * md_seq_fixed_bytes(fx->m));
+    eng_cancel(e, &a.req);
+    WAIT_UNTIL(a.done);
+    assert_int_equal(a.why, ENG_CANCELLED);
+    assert_true(a.completion >= 3);
+    eng_stats st1;
+    eng_get_stats(e, &st1);
+    assert_int_equal(st1.running, 1);
+    eng_cancel(e, &a.req); /* after on_done: a no-op */
+    eng_cancel(e, &b.req);
+    WAIT_UNTIL(b.done);
+    assert_int_equal(b.why, ENG_CANCELLED);
+    eng_get_stats(e, &st1);
+    assert_int_equal(st1.running, 0);
+    eng_destroy(e);
+    job_fini(&a);
+    job_fini(&b);
+    free(p);
+}
+
+static void test_model_stops(void **st)
+{
+    model_fix *fx = *st;
+    const int V = md_model_config(fx->m)->vocab_size;
+    int32_t *p = make_ids(12, V, 99);
+    eng_sampling s = greedy_n(12);
+    s.ignore_eos = 1;
+    job full;
+    job_init(&full, p, 12, s);
+    run_alone(fx, &full);
+    assert_int_equal(full.why, ENG_STOP_LENGTH);
+    assert_int_equal(full.n_toks, 12);
+    /* the engine's greedy == argmax over md_forward driven by hand */
+    {
+        md_seq *q = md_seq_create(fx->m);
+        float *lg = malloc((size_t)V * sizeof *lg);
+        rc_err err = {0};
+        md_segment seg = {.seq = q, .ids = p, .n = 12, .logits = lg};
+        for (int t = 0; t < 12; t++) {
+            assert_int_equal(md_forward(fx->m, &seg, 1, &err), 0);
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (lg[v] > lg[best]) best = v;
+            assert_int_equal(full.toks[t], best);
+            seg.ids = &full.toks[t];
+            seg.n = 1;
+        }
+        free(lg);
+        md_seq_free(q);
+    }
+    /* max_tokens 5: the first five of the same greedy run */
+    job five;
+    s.max_tokens = 5;
+    job_init(&five, p, 12, s);
+    run_alone(fx, &five);
+    assert_int_equal(five.why, ENG_STOP_LENGTH);
+    assert_int_equal(five.n_toks, 5);
+    assert_memory_equal(five.toks, full.toks, 5 * sizeof(int32_t));
+    /* stop id: the first token (from index 2) not seen before it */
+    size_t k = 2;
+    for (; k < 12; k++) {
+        int seen = 0;
+        for (size_t i = 0; i < k; i++) seen |= full.toks[i] == full.toks[k];
+        if (!seen) break;
+    }
+    assert_true(k < 12);
+    int32_t stops[2] = {V - 1 == full.toks[k] ? V - 2 : V - 1, full.toks[k]};
+    for (size_t i = 0; i < k; i++) assert_int_not_equal(stops[0], full.toks[i]);
+    job st_job;
+    s.max_tokens = 12;
+    s.stop_ids = stops;
+    s.n_stop_ids = 2;
+    job_init(&st_job, p, 12, s);
+    run_alone(fx, &st_job);
+    assert_int_equal(st_job.why, ENG_STOP_ID);
+    assert_int_equal(st_job.n_toks, k + 1);
+    assert_memory_equal(st_job.toks, full.toks, (k + 1) * sizeof(int32_t));
+    job_fini(&full);
+    job_fini(&five);
+    job_fini(&st_job);
+    free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest sampler[] = {
+        cmocka_unit_test(test_greedy_ties),
+        cmocka_unit_test(test_top_k1_is_greedy),
+        cmocka_unit_test(test_seed_determinism),
+        cmocka_unit_test(test_empirical),
+        cmocka_unit_test(test_filters_exclude),
+        cmocka_unit_test(test_top_k_set),
+    };
+    const struct CMUnitTest fake_tests[] = {
+        cmocka_unit_test(test_fake_chunking),
+        cmocka_unit_test(test_fake_budget_shared),
+        cmocka_unit_test(test_fake_eos),
+        cmocka_unit_test(test_fake_forward_error),
+        cmocka_unit_test(test_fake_validation),
+        cmocka_unit_test(test_fake_queue_full_and_cancel_waiting),
+        cmocka_unit_test(test_fake_chain_and_shutdown),
+    };
+    const struct CMUnitTest model_tests[] = {
+        cmocka_unit_test(test_model_batch_invariance),
+        cmocka_unit_test(test_model_cancel_running),
+        cmocka_unit_test(test_model_stops),
+    };
+    int fails = cmocka_run_group_tests_name("sampler", sampler, NULL, NULL);
+    fails += cmocka_run_group_tests_name("engine_fake", fake_tests, NULL, NULL);
+    fails += cmocka_run_group_tests_name("engine_model", model_tests, model_setup, model_teardown);
+    return fails ? 1 : 0;
+}
