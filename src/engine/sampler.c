@@ -16,9 +16,10 @@
  * Candidates are ordered by (logit descending, id ascending) - the logit, not
  * the weight, so rounding in exp() cannot reorder two tokens, and equal logits
  * resolve to the lowest id as greedy does.  top_k with small k is a size-k heap
- * over the vocabulary (O(V log k)) and sorts only the k survivors; a full sort
- * happens only when top_p is on without top_k.  Without top_p the draw walks
- * the candidates in id order and nothing is sorted.
+ * over the vocabulary (O(V log k)) and sorts only the k survivors; top_p alone
+ * sorts only the tokens in the binades of w that reach its mass (see
+ * nucleus_bound).  Without top_p the draw walks the candidates in id order and
+ * nothing is sorted.
  *
  * Not here: penalties, logit bias, logprobs - none exist in eng_sampling yet. */
 #include "engine/sampler.h"
@@ -88,6 +89,47 @@ static void heap_up(cand *h, size_t i)
     }
 }
 
+/* Length of the shortest prefix of sorted c[0..n) with mass >= need, or n + 1
+ * if the whole of it falls short. */
+static size_t top_p_prefix(const cand *c, size_t n, double need)
+{
+    double cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += c[i].w;
+        if (cum >= need) return i + 1;
+    }
+    return n + 1;
+}
+
+/* The nucleus is a prefix of the (logit desc, id asc) order, so any upper set
+ * {w >= 2^-B} with mass >= need contains it, and only that set needs sorting.
+ * One pass histograms the mass by binade of w (w in (0, 1]); the smallest B
+ * that reaches need picks the set, moved to the front of c.  Returns its size.
+ * Its sorted prefix sums are the full sort's, bit for bit; the caller falls
+ * back to the full sort in the (rounding) case where they still fall short. */
+static size_t nucleus_bound(cand *c, size_t n, double need)
+{
+    enum { NB = 64 };
+    double mass[NB] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int ex;
+        frexp(c[i].w, &ex); /* w = f * 2^ex, f in [0.5, 1): w = 1 -> ex 1 */
+        int b = 1 - ex;
+        mass[b < NB ? b : NB - 1] += c[i].w;
+    }
+    int B = 0;
+    double cum = mass[0];
+    while (cum < need && B < NB - 1) cum += mass[++B];
+    if (B == NB - 1) return n;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ex;
+        frexp(c[i].w, &ex);
+        if (1 - ex <= B) { cand t = c[m]; c[m++] = c[i]; c[i] = t; }
+    }
+    return m;
+}
+
 static int greedy(const float *logits, int vocab)
 {
     int best = 0;
@@ -140,15 +182,19 @@ int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_
         sorted = 1;
     }
     if (s->top_p > 0 && s->top_p < 1 && n > 1) {
-        if (!sorted) qsort(c, n, sizeof *c, cmp_cand);
         double total = 0;
         for (size_t i = 0; i < n; i++) total += c[i].w;
         const double need = s->top_p * total;
-        double cum = 0;
-        size_t keep = 0;
-        while (keep < n) {
-            cum += c[keep++].w;
-            if (cum >= need) break;
+        size_t m = n;
+        if (!sorted) {
+            m = nucleus_bound(c, n, need);
+            qsort(c, m, sizeof *c, cmp_cand);
+        }
+        size_t keep = top_p_prefix(c, m, need);
+        if (keep > m) { /* rounding left the bound short: sort everything */
+            qsort(c, n, sizeof *c, cmp_cand);
+            keep = top_p_prefix(c, n, need);
+            if (keep > n) keep = n;
         }
         n = keep;
     }

@@ -215,6 +215,78 @@ static void test_top_k_set(void **st)
     eng_sample_scratch_free(&ws);
 }
 
+/* top_p without top_k sorts only a bound on the nucleus; a naive full sort
+ * must give the same token for the same random number, row after row. */
+typedef struct { double w; float l; int id; } ref_cand;
+static int ref_cmp(const void *pa, const void *pb)
+{
+    const ref_cand *a = pa, *b = pb;
+    if (a->l != b->l) return a->l > b->l ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static int ref_top_p(const float *l, int V, double T, double top_p, double min_p, uint64_t *rng, ref_cand *c)
+{
+    int amax = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[amax]) amax = i;
+    double u01 = (double)(eng_rng_next(rng) >> 11) * 0x1.0p-53;
+    size_t n = 0;
+    for (int i = 0; i < V; i++) {
+        double w = exp(((double)l[i] - (double)l[amax]) * (1.0 / T));
+        if (w > 0 && w >= min_p) c[n++] = (ref_cand){w, l[i], i};
+    }
+    double total = 0;
+    for (size_t i = 0; i < n; i++) total += c[i].w;
+    qsort(c, n, sizeof *c, ref_cmp);
+    size_t keep = 0;
+    double cum = 0;
+    while (keep < n) {
+        cum += c[keep++].w;
+        if (cum >= top_p * total) break;
+    }
+    double kt = 0;
+    for (size_t i = 0; i < keep; i++) kt += c[i].w;
+    double u = u01 * kt;
+    cum = 0;
+    for (size_t i = 0; i < keep; i++) {
+        cum += c[i].w;
+        if (u < cum) return c[i].id;
+    }
+    return c[keep - 1].id;
+}
+
+static void test_top_p_matches_full_sort(void **st)
+{
+    (void)st;
+    enum { V = 4000 };
+    static float l[V];
+    static ref_cand rc[V];
+    eng_sample_scratch ws = {0};
+    const double tps[] = {0.3, 0.9, 0.95, 0.999}, temps[] = {0.4, 1, 1.7}, mps[] = {0, 0.02};
+    for (int row = 0; row < 24; row++) {
+        fill_logits(l, V, 100 + (uint64_t)row);
+        /* peaked rows like a real model's, flat ones, and ties */
+        if (row % 3 == 1)
+            for (int i = 0; i < V; i++) l[i] = l[i] * 4 + (i % 97 == 0 ? 12.0f : 0.0f);
+        if (row % 4 == 2)
+            for (int i = 0; i < V; i += 5) l[i] = 1.5f;
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 3; b++)
+                for (size_t m = 0; m < 2; m++) {
+                    eng_sampling s = samp(temps[b]);
+                    s.top_p = tps[a];
+                    s.min_p = mps[m];
+                    uint64_t r1 = (uint64_t)row * 1000 + a * 100 + b * 10 + m, r2 = r1;
+                    for (int k = 0; k < 3; k++) {
+                        int x = eng_sample_ws(l, V, &s, &r1, &ws), y = ref_top_p(l, V, temps[b], tps[a], mps[m], &r2, rc);
+                        if (x != y) fail_msg("row %d top_p %g T %g min_p %g: %d vs reference %d", row, tps[a], temps[b], mps[m], x, y);
+                    }
+                }
+    }
+    eng_sample_scratch_free(&ws);
+}
+
 /* ================================================================ jobs */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -964,6 +1036,7 @@ int main(void)
         cmocka_unit_test(test_empirical),
         cmocka_unit_test(test_filters_exclude),
         cmocka_unit_test(test_top_k_set),
+        cmocka_unit_test(test_top_p_matches_full_sort),
     };
     const struct CMUnitTest fake_tests[] = {
         cmocka_unit_test(test_fake_chunking),
