@@ -156,6 +156,7 @@ int cmd_serve(int argc, char **argv)
     eng_cfg ec = {.max_batch_tokens = (int)max_batch, .max_running = (int)max_running, .max_waiting = (int)max_waiting};
     engine *e = eng_create(&eb, &ec, &err);
     if (!e) { fprintf(stderr, "serve: engine: %s\n", err.msg); return 1; }
+    if (!scripted_be) eng_set_state_bytes_fn(e, eng_model_seq_bytes);
 
     srv_metrics *met = srv_metrics_create();
     char namebuf[256];

@@ -307,7 +307,8 @@ static void *loop(void *arg)
             eng_slot *s = e->b_slot[i];
             if (e->b_prefill[i]) { s->n_fed += e->b_n[i]; p.prompt_tokens += e->b_n[i]; }
             if (!e->b_want[i]) continue;
-            e->b_tok[i] = eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws);
+            int32_t f = e->be.forced ? e->be.forced(e->be.impl, e->b_seqs[i]) : -1;
+            e->b_tok[i] = f >= 0 ? f : eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws);
             completion += e->b_tok[i] >= 0;
         }
         pthread_mutex_lock(&e->mu);

@@ -32,6 +32,11 @@ typedef struct eng_backend {
      * vocab logits after the last id.  One call = one batched forward. */
     int (*forward)(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
                    rc_err *err);
+    /* optional, for test backends that know their output: after forward, a
+     * value >= 0 is the sequence's next token and its logits are not read
+     * (the scripted backend then skips writing them: serving overhead can be
+     * measured without a vocabulary-sized softmax per token) */
+    int32_t (*forced)(void *impl, void *seq);
 } eng_backend;
 
 typedef enum { ENG_STOP_EOS, ENG_STOP_ID, ENG_STOP_LENGTH, ENG_STOP_CONTEXT, ENG_CANCELLED, ENG_ERROR } eng_reason;

@@ -1,7 +1,8 @@
 /* scripted.c - see scripted.h.  Each sequence remembers the prompt it was
  * fed (decoded once the prompt is complete) and its position in the chosen
- * script; "logits" are 0 for the next scripted token and -1e30 elsewhere, so
- * greedy and sampled decoding both replay the script exactly. */
+ * script; the next token goes to the engine through eng_backend.forced, so
+ * no logits are written and no sampling runs: whatever the request's sampling
+ * parameters, the script is replayed exactly, at almost no cost. */
 #include "engine/scripted.h"
 
 #include <jansson.h>
@@ -26,6 +27,7 @@ typedef struct {
     rc_ids prompt;
     const script *sc;
     size_t pos;
+    int32_t next; /* what forced() hands the engine */
 } sseq;
 
 static const char *const BUILTIN[][2] = {
@@ -102,6 +104,12 @@ static const script *choose(const scripted *s, const rc_ids *prompt)
     return pick;
 }
 
+static int32_t forced(void *impl, void *seq)
+{
+    (void)impl;
+    return ((sseq *)seq)->next;
+}
+
 static int forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
                    rc_err *err)
 {
@@ -131,9 +139,7 @@ static int forward(void *impl, void **seqs, const int32_t **ids, const size_t *n
                         break;
                     }
         }
-        int32_t next = q->pos < q->sc->ids.n ? q->sc->ids.v[q->pos] : s->eos;
-        for (int v = 0; v < s->vocab; v++) logits[k][v] = -1e30f;
-        logits[k][next] = 0.0f;
+        q->next = q->pos < q->sc->ids.n ? q->sc->ids.v[q->pos] : s->eos;
     }
     return 0;
 }
@@ -173,6 +179,7 @@ int eng_scripted_backend(const rc_tokenizer *tok, const char *path, eng_backend 
     out->seq_new = seq_new;
     out->seq_free = seq_free;
     out->forward = forward;
+    out->forced = forced;
     if (rc) eng_scripted_free(out);
     return rc;
 }
