@@ -34,8 +34,14 @@ build: deps
 	ninja -C build -j $(JOBS)
 
 build-asan: deps
-	CC=clang cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON -DDEEPINFER_FUZZ=ON >/dev/null
+	CC=clang cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON >/dev/null
 	ninja -C build-asan -j $(JOBS)
+
+# the fuzzers, with coverage instrumentation in the libraries they exercise
+FUZZERS := fuzz_tokenizer fuzz_request fuzz_stream fuzz_safetensors
+build-fuzz: deps
+	CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON -DDEEPINFER_FUZZ=ON >/dev/null
+	ninja -C build-fuzz -j $(JOBS) $(FUZZERS)
 
 test-unit: build
 	cd build && ctest --output-on-failure -j $(JOBS)
@@ -44,18 +50,18 @@ test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 # libFuzzer for a bounded time, seeded from the checked-in corpus
-test-fuzz: build-asan
+test-fuzz: build-fuzz
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
-	./build-asan/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	./build-fuzz/fuzz_tokenizer -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus 2>&1 | tail -n 6
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
-	./build-asan/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	./build-fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus-request 2>&1 | tail -n 6
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
-	./build-asan/fuzz_stream -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	./build-fuzz/fuzz_stream -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus-stream 2>&1 | tail -n 6
 	rm -rf tests/fuzz/corpus-run && mkdir -p tests/fuzz/corpus-run
-	./build-asan/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	./build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
 	  tests/fuzz/corpus-run tests/fuzz/corpus-safetensors 2>&1 | tail -n 6
 	@echo "fuzz: 4 passed, 0 failed"
 
@@ -77,4 +83,4 @@ bench: build
 	$(PYTHON) bench/tokenizer.py
 
 clean:
-	rm -rf build build-asan tests/fuzz/corpus-run
+	rm -rf build build-asan build-fuzz tests/fuzz/corpus-run

@@ -357,7 +357,7 @@ static struct timespec deadline_in(int sec)
 /* wait until the predicate holds, up to 60 s */
 #define WAIT_UNTIL(cond)                                                            \
     do {                                                                            \
-        struct timespec dl_ = deadline_in(60);                                      \
+        struct timespec dl_ = deadline_in(600); /* generous: ASan on a loaded 2-core CI box */                                      \
         pthread_mutex_lock(&g_mu);                                                  \
         while (!(cond))                                                             \
             if (pthread_cond_timedwait(&g_cv, &g_mu, &dl_)) {                       \
