@@ -71,6 +71,8 @@ static float *rope_inv_freq(int dim, double base, int yarn, double factor, doubl
     return f;
 }
 
+static int is_pow2(size_t n) { return n && !(n & (n - 1)); }
+
 typedef struct {
     md_progress_fn fn;
     void *arg;
@@ -103,6 +105,16 @@ int md_model_load(const char *dir, be_backend *be, md_semantics sem, md_progress
     }
     if ((rc = md_load_weights(m, progress, progress_arg, err))) goto fail;
     const md_config *c = &m->cfg;
+    if (sem == MD_SEM_OFFICIAL && !is_pow2((size_t)c->index_head_dim)) {
+        for (int l = 0; l < c->n_layers; l++)
+            if (m->layers[l].overlap) {
+                rc = rc_errf(err, RC_EUNSUP,
+                             "--semantics official rotates indexer vectors with a Hadamard transform, which needs a "
+                             "power-of-two index_head_dim (this config has %d); use --semantics transformers",
+                             c->index_head_dim);
+                goto fail;
+            }
+    }
     m->inv_freq_main = rope_inv_freq(c->rope_dim, c->rope_theta, 0, 0, 0, 0, 0);
     m->inv_freq_comp = rope_inv_freq(c->rope_dim, c->compress_rope_theta, c->yarn, c->yarn_factor, c->yarn_orig_max,
                                      c->yarn_beta_fast, c->yarn_beta_slow);
@@ -317,7 +329,7 @@ static void fq_fp8(float *x, size_t n, size_t block)
         size_t b1 = b0 + block < n ? b0 + block : n;
         float amax = 1e-4f;
         for (size_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
-        float sc = pow2_ceil(amax / 448.0f);
+        float sc = pow2_ceil(amax * (1.0f / 448.0f)); /* the kernels multiply */
         for (size_t i = b0; i < b1; i++) x[i] = md_e4m3_to_f32(md_f32_to_e4m3(x[i] / sc)) * sc;
     }
 }
@@ -328,7 +340,7 @@ static void fq_fp4(float *x, size_t n, size_t block)
         size_t b1 = b0 + block < n ? b0 + block : n;
         float amax = 6.0f * ldexpf(1.0f, -126);
         for (size_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
-        float sc = pow2_ceil(amax / 6.0f);
+        float sc = pow2_ceil(amax * (1.0f / 6.0f));
         for (size_t i = b0; i < b1; i++) x[i] = md_fp4_lut[md_f32_to_fp4(x[i] / sc)] * sc;
     }
 }
@@ -347,7 +359,6 @@ static void hadamard(float *x, size_t n)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-static int is_pow2(size_t n) { return n && !(n & (n - 1)); }
 
 /* ------------------------------------------------------------------- mHC */
 

@@ -4,7 +4,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "deepinfer"
+# DEEPINFER_BIN: run the tests against another build (make test-asan uses the ASan one)
+BIN = pathlib.Path(os.environ.get("DEEPINFER_BIN", ROOT / "build" / "deepinfer"))
 TOKENIZERS = {
     "v3": ROOT.parent / "shared" / "tokenizers" / "deepseek-v3" / "tokenizer.json",
     "v4": ROOT / "assets" / "tokenizers" / "deepseek-v4" / "tokenizer.json",

@@ -137,3 +137,26 @@ def test_client_disconnect_mid_stream_frees_the_sequence(srv):
 def test_still_up_after_everything(srv):
     assert srv.get("/health")[0] == 200
     assert srv.proc.poll() is None
+
+
+def test_graceful_shutdown_finishes_the_stream_in_flight():
+    s = Server("--backend", "scripted", "--scripted-step-ms", "10")
+    body = json.dumps({"model": s.model, "stream": True, "thinking": {"type": "disabled"},
+                       "messages": [{"role": "user", "content": "[[script:long]]"}]}).encode()
+    so = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    so.sendall(post("/v1/chat/completions", body))
+    first = so.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200")
+    s.proc.send_signal(15)  # SIGTERM mid-stream
+    data = first
+    while True:
+        d = so.recv(65536)
+        if not d:
+            break
+        data += d
+    so.close()
+    assert b"data: [DONE]" in data and b'"finish_reason":"stop"' in data
+    assert s.proc.wait(timeout=30) == 0
+    # a new connection is refused or answered 503 while draining/after exit
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", s.port), timeout=2).sendall(b"GET /health HTTP/1.1\r\n\r\n")
