@@ -32,6 +32,7 @@ import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOKEN_RE = re.compile(rb'"content":"[^"]')
 BIN = ROOT / "build" / "deepinfer"
 
 
@@ -68,7 +69,7 @@ def stream_request(port, body, timeout=300):
             break
         now = time.perf_counter()
         buf += d
-        n = d.count(b'"content":"')
+        n = len(TOKEN_RE.findall(d))  # content deltas with text (not the role chunk's "")
         if n:
             if first is None:
                 first = now - t0

@@ -117,7 +117,12 @@ static void lin_task(void *arg, size_t i)
     const lin_job *j = arg;
     int64_t a = (int64_t)i * j->tile, b = a + j->tile;
     if (b > j->n) b = j->n;
-    if (j->w->fmt == BE_W_DENSE && j->w->dtype == MD_BF16) {
+    /* few rows: widen bf16 in registers; many rows: widen each weight row
+     * once into a buffer and reuse it for every input row.  dot_bf16 and dot
+     * do the same operations in the same order on the same values, so the
+     * two paths give identical bits (tests/unit/test_model.c checks chunked
+     * prefill against one-shot prefill bit for bit, which crosses them). */
+    if (j->w->fmt == BE_W_DENSE && j->w->dtype == MD_BF16 && j->T < 4) {
         for (int64_t o = a; o < b; o++) {
             const uint16_t *wr = (const uint16_t *)j->w->data + (j->r0 + o) * j->w->cols + j->c0;
             for (size_t t = 0; t < j->T; t++)
