@@ -84,6 +84,12 @@ run: build
 
 bench: build
 	$(PYTHON) bench/tokenizer.py
+	$(PYTHON) bench/recipe.py
+	@mkdir -p build/bench-models
+	@[ -f build/bench-models/tiny/model.safetensors ] || ./build/deepinfer make-tiny-model build/bench-models/tiny
+	@[ -f build/bench-models/100m/model.safetensors ] || ./build/deepinfer make-tiny-model build/bench-models/100m --preset 100m
+	./build/bench_model_cpu --prefill 512 --decode 64 tests/fixtures/model/tiny-mixed build/bench-models/tiny build/bench-models/100m
+	$(PYTHON) bench/serve.py
 
 clean:
 	rm -rf build build-asan build-fuzz tests/fuzz/corpus-run
