@@ -18,8 +18,13 @@
  * Semantics switch (docs/MODEL-SEMANTICS.md): MD_SEM_OFFICIAL adds the
  * round trips the model was trained with (window and compressed KV through FP8,
  * indexer queries and keys through Hadamard + FP4) and the official router
- * arithmetic; MD_SEM_TRANSFORMERS leaves them out, like transformers 5.17. */
+ * arithmetic; MD_SEM_TRANSFORMERS leaves them out, like transformers 5.17.
+ *
+ * The state can be snapshotted to bytes, restored and cloned (end of file;
+ * the format is in docs/KV.md). */
+#include <assert.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1023,4 +1028,303 @@ out:
     free(rw.ids); free(rw.pos); free(rw.seg_start);
     free(X); free(coll); free(post); free(comb); free(f); free(lg_rows); free(lg_src);
     return rc;
+}
+
+/* --------------------------------------------------------------- snapshot */
+
+/* The whole decoding state as bytes (docs/KV.md "Snapshot format"): a header
+ * that names the shapes it was taken with, every layer's fields in the order
+ * of docs/MODEL-STATE.md as little-endian f32, and a CRC32C over all of it.
+ * Rings and partial blocks are written whole (valid slots and stale ones), so
+ * restore rebuilds the state byte for byte and a restored or cloned state
+ * continues exactly like the original at any length, block boundary or not.
+ * Restore trusts nothing: it checks every size against the model and the
+ * checksum before it touches the state. */
+
+#define SNAP_MAGIC "DISEQSNP"
+#define SNAP_VERSION 1u
+#define SNAP_HEAD 64u       /* fixed header bytes */
+#define SNAP_LAYER_HEAD 24u /* per-layer header bytes */
+#define SNAP_MAX_LEN ((int64_t)1 << 40)
+
+/* CRC32C (Castagnoli, reflected polynomial 0x82F63B78, init and final xor
+ * ~0), slicing by 8; "123456789" -> 0xE3069283. */
+static uint32_t crc_tab[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_tab[0][i] = c;
+    }
+    for (int t = 1; t < 8; t++)
+        for (int i = 0; i < 256; i++) crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 255];
+}
+
+static uint32_t crc32c(const uint8_t *p, size_t n)
+{
+    pthread_once(&crc_once, crc_init);
+    uint32_t c = 0xFFFFFFFFu;
+    for (; n >= 8; p += 8, n -= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        c = crc_tab[7][lo & 255] ^ crc_tab[6][(lo >> 8) & 255] ^ crc_tab[5][(lo >> 16) & 255] ^ crc_tab[4][lo >> 24] ^
+            crc_tab[3][p[4]] ^ crc_tab[2][p[5]] ^ crc_tab[1][p[6]] ^ crc_tab[0][p[7]];
+    }
+    for (; n; p++, n--) c = (c >> 8) ^ crc_tab[0][(c ^ *p) & 255];
+    return c ^ 0xFFFFFFFFu;
+}
+
+static void wr_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void wr_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t rd_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t rd_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* n floats to/from little-endian bytes */
+static void wr_f32s(uint8_t *p, const float *x, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        wr_u32(p + 4 * i, u);
+    }
+#else
+    if (n) memcpy(p, x, n * sizeof(float));
+#endif
+}
+static void rd_f32s(float *x, const uint8_t *p, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = rd_u32(p + 4 * i);
+        memcpy(x + i, &u, 4);
+    }
+#else
+    if (n) memcpy(x, p, n * sizeof(float));
+#endif
+}
+
+/* A layer's fields in snapshot order (docs/MODEL-STATE.md); the entry fields
+ * (F_C_ENT, F_I_ENT) are the ones that grow with length. */
+enum { F_WIN, F_C_KV, F_C_GATE, F_C_OVKV, F_C_OVG, F_C_ENT, F_I_KV, F_I_GATE, F_I_OVKV, F_I_OVG, F_I_ENT, F_COUNT };
+
+static float **field_ptr(seq_layer *L, int f)
+{
+    switch (f) {
+    case F_WIN: return &L->win;
+    case F_C_KV: return &L->c_kv;
+    case F_C_GATE: return &L->c_gate;
+    case F_C_OVKV: return &L->c_ovkv;
+    case F_C_OVG: return &L->c_ovg;
+    case F_C_ENT: return &L->c_ent;
+    case F_I_KV: return &L->i_kv;
+    case F_I_GATE: return &L->i_gate;
+    case F_I_OVKV: return &L->i_ovkv;
+    case F_I_OVG: return &L->i_ovg;
+    default: return &L->i_ent;
+    }
+}
+
+/* floats of each field of layer l at length len (0 = absent); len <= SNAP_MAX_LEN keeps every product in range */
+static void field_sizes(const md_config *c, int l, int64_t len, uint64_t out[F_COUNT])
+{
+    const uint64_t d = (uint64_t)c->head_dim, r = (uint64_t)c->ratio[l], id = (uint64_t)c->index_head_dim;
+    const int ov = r && c->ratio[l] == c->csa_ratio;
+    const uint64_t cd = (ov ? 2 : 1) * d, nent = r ? (uint64_t)len / r : 0;
+    memset(out, 0, F_COUNT * sizeof *out);
+    out[F_WIN] = (uint64_t)c->window * d;
+    if (r) {
+        out[F_C_KV] = out[F_C_GATE] = r * cd;
+        out[F_C_ENT] = nent * d;
+    }
+    if (ov) {
+        out[F_C_OVKV] = out[F_C_OVG] = r * d;
+        out[F_I_KV] = out[F_I_GATE] = r * 2 * id;
+        out[F_I_OVKV] = out[F_I_OVG] = r * id;
+        out[F_I_ENT] = nent * id;
+    }
+}
+
+static uint64_t snap_size(const md_config *c, int64_t len)
+{
+    uint64_t b = SNAP_HEAD + (uint64_t)SNAP_LAYER_HEAD * (uint64_t)c->n_layers + 4;
+    for (int l = 0; l < c->n_layers; l++) {
+        uint64_t f[F_COUNT];
+        field_sizes(c, l, len, f);
+        for (int k = 0; k < F_COUNT; k++) b += f[k] * 4;
+    }
+    return b;
+}
+
+size_t md_seq_snapshot_size(const md_seq *s) { return (size_t)snap_size(&s->m->cfg, s->len); }
+
+int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
+{
+    const md_config *c = &s->m->cfg;
+    const size_t total = md_seq_snapshot_size(s);
+    if (!buf || cap < total)
+        return rc_errf(err, RC_EINVAL, "snapshot needs %zu bytes, the buffer has %zu", total, buf ? cap : 0);
+    memcpy(buf, SNAP_MAGIC, 8);
+    wr_u32(buf + 8, SNAP_VERSION);
+    wr_u32(buf + 12, SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers);
+    wr_u64(buf + 16, total);
+    wr_u64(buf + 24, (uint64_t)s->len);
+    wr_u32(buf + 32, (uint32_t)s->m->sem);
+    wr_u32(buf + 36, (uint32_t)c->n_layers);
+    wr_u32(buf + 40, (uint32_t)c->head_dim);
+    wr_u32(buf + 44, (uint32_t)c->window);
+    wr_u32(buf + 48, (uint32_t)c->index_head_dim);
+    wr_u32(buf + 52, (uint32_t)c->csa_ratio);
+    wr_u32(buf + 56, (uint32_t)c->hca_ratio);
+    wr_u32(buf + 60, 0);
+    uint8_t *p = buf + SNAP_HEAD;
+    for (int l = 0; l < c->n_layers; l++, p += SNAP_LAYER_HEAD) {
+        wr_u32(p, (uint32_t)c->ratio[l]);
+        wr_u32(p + 4, c->ratio[l] && c->ratio[l] == c->csa_ratio);
+        wr_u64(p + 8, s->L[l].c_n);
+        wr_u64(p + 16, s->L[l].i_n);
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        uint64_t f[F_COUNT];
+        field_sizes(c, l, s->len, f);
+        assert(f[F_C_ENT] == s->L[l].c_n * (size_t)c->head_dim && f[F_I_ENT] == s->L[l].i_n * (size_t)c->index_head_dim);
+        for (int k = 0; k < F_COUNT; k++) {
+            wr_f32s(p, *field_ptr(&s->L[l], k), (size_t)f[k]);
+            p += f[k] * 4;
+        }
+    }
+    wr_u32(p, crc32c(buf, (size_t)(p - buf)));
+    assert((size_t)(p + 4 - buf) == total);
+    return 0;
+}
+
+int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
+{
+    const md_config *c = &s->m->cfg;
+    if (s->len != 0) return rc_errf(err, RC_EINVAL, "restore needs a fresh state; this one holds %lld tokens", (long long)s->len);
+    if (!buf || len < 16)
+        return rc_errf(err, RC_EINVAL, "state snapshot truncated: %zu bytes, the header alone is %u", buf ? len : 0,
+                       SNAP_HEAD);
+    if (memcmp(buf, SNAP_MAGIC, 8)) return rc_errf(err, RC_EINVAL, "not a state snapshot (bad magic)");
+    const uint32_t ver = rd_u32(buf + 8);
+    if (ver != SNAP_VERSION)
+        return rc_errf(err, RC_EINVAL, "state snapshot format version %u; this build reads version %u", ver, SNAP_VERSION);
+    if (len < SNAP_HEAD + 4)
+        return rc_errf(err, RC_EINVAL, "state snapshot truncated: %zu bytes, the header alone is %u", len, SNAP_HEAD);
+    const uint64_t total = rd_u64(buf + 16);
+    if (total != len)
+        return rc_errf(err, RC_EINVAL, "state snapshot is %zu bytes but its header says %llu (truncated or padded)", len,
+                       (unsigned long long)total);
+    const uint32_t want = rd_u32(buf + len - 4), got = crc32c(buf, len - 4);
+    if (want != got)
+        return rc_errf(err, RC_EINVAL, "state snapshot corrupted: CRC32C %08x, stored %08x", got, want);
+
+    /* the model it was taken with */
+    const uint32_t sem = rd_u32(buf + 32);
+    if (sem != (uint32_t)s->m->sem)
+        return rc_errf(err, RC_EINVAL, "state snapshot was taken with semantics %s; this model runs %s",
+                       sem == MD_SEM_OFFICIAL ? "official" : sem == MD_SEM_TRANSFORMERS ? "transformers" : "unknown",
+                       md_semantics_name(s->m->sem));
+    static const char *const names[] = {"n_layers", "head_dim", "sliding_window", "index_head_dim", "csa_ratio",
+                                        "hca_ratio"};
+    const int mine[] = {c->n_layers, c->head_dim, c->window, c->index_head_dim, c->csa_ratio, c->hca_ratio};
+    for (int i = 0; i < 6; i++) {
+        uint32_t v = rd_u32(buf + 36 + 4 * i);
+        if (v != (uint32_t)mine[i])
+            return rc_errf(err, RC_EINVAL, "state snapshot is of another model: %s %u, this model has %d", names[i], v,
+                           mine[i]);
+    }
+    if (rd_u32(buf + 12) != SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers || rd_u32(buf + 60) != 0)
+        return rc_errf(err, RC_EINVAL, "state snapshot header is malformed");
+    const uint64_t slen = rd_u64(buf + 24);
+    if (slen > (uint64_t)SNAP_MAX_LEN)
+        return rc_errf(err, RC_EINVAL, "state snapshot length %llu is out of range", (unsigned long long)slen);
+    const int64_t n = (int64_t)slen;
+    const uint8_t *lh = buf + SNAP_HEAD;
+    for (int l = 0; l < c->n_layers; l++, lh += SNAP_LAYER_HEAD) {
+        const int r = c->ratio[l];
+        const uint64_t ne = r ? (uint64_t)n / (uint64_t)r : 0, ni = r && r == c->csa_ratio ? ne : 0;
+        if (rd_u32(lh) != (uint32_t)r)
+            return rc_errf(err, RC_EINVAL, "state snapshot is of another model: layer %d has ratio %u, this model %d", l,
+                           rd_u32(lh), r);
+        if (rd_u32(lh + 4) != (uint32_t)(r && r == c->csa_ratio) || rd_u64(lh + 8) != ne || rd_u64(lh + 16) != ni)
+            return rc_errf(err, RC_EINVAL, "state snapshot layer %d header does not match %lld tokens", l, (long long)n);
+    }
+    if (snap_size(c, n) != total)
+        return rc_errf(err, RC_EINVAL, "state snapshot of %lld tokens should be %llu bytes, not %llu", (long long)n,
+                       (unsigned long long)snap_size(c, n), (unsigned long long)total);
+
+    /* everything checked: allocate the entries, then fill (nothing fails after this) */
+    float **ce = calloc((size_t)c->n_layers * 2, sizeof *ce);
+    if (!ce) return rc_errf(err, RC_ENOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        uint64_t f[F_COUNT];
+        field_sizes(c, l, n, f);
+        for (int k = 0; k < 2; k++) {
+            uint64_t nf = f[k ? F_I_ENT : F_C_ENT];
+            if (nf && !(ce[2 * l + k] = malloc((size_t)nf * sizeof(float)))) {
+                for (int i = 0; i < 2 * c->n_layers; i++) free(ce[i]);
+                free(ce);
+                return rc_errf(err, RC_ENOMEM, "out of memory for a state of %lld tokens", (long long)n);
+            }
+        }
+    }
+    const uint8_t *p = lh;
+    for (int l = 0; l < c->n_layers; l++) {
+        seq_layer *L = &s->L[l];
+        uint64_t f[F_COUNT];
+        field_sizes(c, l, n, f);
+        free(L->c_ent);
+        free(L->i_ent);
+        L->c_ent = ce[2 * l];
+        L->i_ent = ce[2 * l + 1];
+        L->c_n = L->c_cap = (size_t)(f[F_C_ENT] / (uint64_t)c->head_dim);
+        L->i_n = L->i_cap = (size_t)(f[F_I_ENT] / (uint64_t)c->index_head_dim);
+        for (int k = 0; k < F_COUNT; k++) {
+            rd_f32s(*field_ptr(L, k), p, (size_t)f[k]);
+            p += f[k] * 4;
+        }
+    }
+    free(ce);
+    s->len = n;
+    return 0;
+}
+
+md_seq *md_seq_clone(const md_seq *src)
+{
+    const md_config *c = &src->m->cfg;
+    md_seq *s = md_seq_create(src->m);
+    if (!s) return NULL;
+    for (int l = 0; l < c->n_layers; l++) {
+        seq_layer *L = &s->L[l], *F = &src->L[l];
+        uint64_t f[F_COUNT];
+        field_sizes(c, l, src->len, f);
+        if (f[F_C_ENT] && !(L->c_ent = malloc((size_t)f[F_C_ENT] * sizeof(float)))) goto fail;
+        if (f[F_I_ENT] && !(L->i_ent = malloc((size_t)f[F_I_ENT] * sizeof(float)))) goto fail;
+        L->c_n = L->c_cap = F->c_n;
+        L->i_n = L->i_cap = F->i_n;
+        for (int k = 0; k < F_COUNT; k++)
+            if (f[k]) memcpy(*field_ptr(L, k), *field_ptr(F, k), (size_t)f[k] * sizeof(float));
+    }
+    s->len = src->len;
+    return s;
+fail:
+    md_seq_free(s);
+    return NULL;
 }

@@ -5,6 +5,8 @@
  *   md_seq_create   an empty decoding state for one sequence
  *   md_forward      run a batch of segments (each: one sequence, some new
  *                   tokens) through the model, advancing every state
+ *   md_seq_snapshot / md_seq_restore / md_seq_clone
+ *                   the state as checksummed bytes and back, or a deep copy
  *
  * Prefill in one call, prefill in chunks of any size, and token-by-token decode
  * all go through md_forward and give the same logits: every computation for a
@@ -50,6 +52,21 @@ int64_t md_seq_len(const md_seq *s);
 size_t md_seq_bytes(const md_seq *s);
 size_t md_seq_fixed_bytes(const md_model *m);
 double md_seq_bytes_per_token(const md_model *m);
+
+/* Snapshot of a state at any length (docs/KV.md "Snapshot format"): a state
+ * restored from it, or a clone, continues bit for bit like the original.
+ * md_seq_snapshot_size is the exact byte count; md_seq_snapshot fails
+ * (RC_EINVAL) when cap is smaller.  md_seq_restore fills a fresh state (len 0)
+ * of the same model and semantics; anything else -- truncated, padded,
+ * corrupted (CRC32C), another format version, another model's shapes or
+ * semantics -- is refused with RC_EINVAL and a message, leaving s fresh.
+ * The header carries shapes, not weights: keep snapshots of different
+ * checkpoints apart by the model fingerprint (kv/blockkey.h).
+ * md_seq_clone returns a deep copy, or NULL when out of memory. */
+size_t md_seq_snapshot_size(const md_seq *s);
+int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err);
+int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err);
+md_seq *md_seq_clone(const md_seq *s);
 
 /* One segment of a batched forward: n new tokens appended to seq. */
 typedef struct md_segment {
