@@ -48,7 +48,7 @@ static void load_progress(void *arg, const char *stage, uint64_t done, uint64_t 
 
 typedef struct {
     const char *model, *input_ids, *probe_ids, *prompt, *tokenizer, *out_f32;
-    int json, threads, chunk, max_tokens, recompute;
+    int json, threads, chunk, max_tokens, recompute, cuda;
     double temperature;
     unsigned long long seed;
     md_semantics sem;
@@ -62,6 +62,13 @@ static int common_flag(opts *o, int argc, char **argv, int *i)
     if (!strcmp(a, "--input-ids")) { if (!(o->input_ids = NEXT())) return -1; return 1; }
     if (!strcmp(a, "--json")) { o->json = 1; return 1; }
     if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v) return -1; o->threads = atoi(v); return 1; }
+    if (!strcmp(a, "--backend")) {
+        const char *v = NEXT();
+        if (!v) return -1;
+        if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "--backend: 'cpu' or 'cuda', not '%s'\n", v); return -1; }
+        o->cuda = !strcmp(v, "cuda");
+        return 1;
+    }
     if (!strcmp(a, "--semantics")) {
         const char *v = NEXT();
         if (!v) return -1;
@@ -75,6 +82,17 @@ static int common_flag(opts *o, int argc, char **argv, int *i)
     return 0;
 }
 
+static void close_backend(be_backend *be)
+{
+#ifdef DEEPINFER_HAVE_CUDA
+    if (be && !strcmp(be->ops->name, "cuda")) {
+        be_cuda_destroy(be);
+        return;
+    }
+#endif
+    be_destroy(be);
+}
+
 static int open_model(const opts *o, be_backend **be, md_model **m)
 {
     if (!o->model) {
@@ -82,13 +100,37 @@ static int open_model(const opts *o, be_backend **be, md_model **m)
         return 2;
     }
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    *be = be_cpu_create(threads);
+    if (o->cuda) {
+#ifdef DEEPINFER_HAVE_CUDA
+        char msg[512] = "";
+        if (!(*be = be_cuda_create(0, threads, msg, sizeof msg))) {
+            fprintf(stderr, "deepinfer: --backend cuda: %s\n", msg);
+            return 1;
+        }
+#else
+        fprintf(stderr, "deepinfer: --backend cuda: this build has no CUDA backend (CMake found no nvcc)\n");
+        return 1;
+#endif
+    } else {
+        *be = be_cpu_create(threads);
+    }
     rc_err err = {0};
     if (!*be || md_model_load(o->model, *be, o->sem, load_progress, NULL, m, &err)) {
         fprintf(stderr, "deepinfer: cannot load model from %s: %s\n", o->model, err.msg);
-        be_destroy(*be);
+        close_backend(*be);
         return 1;
     }
+    return 0;
+}
+
+/* md_forward, plus the CUDA backend's sticky error (its ops cannot return one) */
+static int forward(md_model *m, be_backend *be, md_segment *seg, rc_err *err)
+{
+    if (md_forward(m, seg, 1, err)) return -1;
+#ifdef DEEPINFER_HAVE_CUDA
+    if (be_cuda_error(be)) return rc_errf(err, RC_EIO, "%s", be_cuda_error(be));
+#endif
+    (void)be;
     return 0;
 }
 
@@ -114,6 +156,7 @@ static const char logits_help[] =
     "  --chunk N            feed the input in chunks of N tokens through the decoding state instead of one\n"
     "                       pass (N=1 is token-by-token decode); the logits must not change\n"
     "  --out-f32 FILE       write all logits as raw little-endian float32 [positions, vocab]\n"
+    "  --backend B          cpu (default) or cuda (GPU 0; DEEPINFER_CUDA_MATH=bf16x3|bf16|fp32, docs/CUDA.md)\n"
     "  --threads N          CPU threads (default: all)\n";
 
 int cmd_logits(int argc, char **argv)
@@ -140,7 +183,7 @@ int cmd_logits(int argc, char **argv)
     be_backend *be;
     md_model *m;
     int rc = open_model(&o, &be, &m);
-    if (rc) return rc;
+    if (rc) { free(ids.v); free(probe.v); return rc; }
     const int V = md_model_config(m)->vocab_size;
     for (size_t i = 0; i < probe.n; i++)
         if (probe.v[i] >= V) { fprintf(stderr, "--probe-ids: %d is outside the vocabulary (%d)\n", probe.v[i], V); return 2; }
@@ -151,7 +194,7 @@ int cmd_logits(int argc, char **argv)
     for (size_t a = 0; a < ids.n && !rc; a += step) {
         size_t nn = ids.n - a < step ? ids.n - a : step;
         md_segment seg = {.seq = s, .ids = ids.v + a, .n = nn, .logits = lg + a * (size_t)V, .all_logits = 1};
-        if (md_forward(m, &seg, 1, &err)) {
+        if (forward(m, be, &seg, &err)) {
             fprintf(stderr, "logits: %s\n", err.msg);
             rc = 1;
         }
@@ -199,7 +242,7 @@ int cmd_logits(int argc, char **argv)
     free(lg);
     md_seq_free(s);
     md_model_free(m);
-    be_destroy(be);
+    close_backend(be);
     free(ids.v);
     free(probe.v);
     return rc;
@@ -222,6 +265,7 @@ static const char generate_help[] =
     "  --semantics S        official (default) or transformers; see `deepinfer logits --help`\n"
     "  --recompute          check mode: recompute the whole sequence from scratch at every step\n"
     "                       instead of using the decoding state (slow; must give the same tokens)\n"
+    "  --backend B          cpu (default) or cuda (GPU 0; DEEPINFER_CUDA_MATH=bf16x3|bf16|fp32, docs/CUDA.md)\n"
     "  --threads N          CPU threads (default: all)\n";
 
 static uint64_t xorshift(uint64_t *s)
@@ -301,7 +345,7 @@ int cmd_generate(int argc, char **argv)
     be_backend *be;
     md_model *m;
     int rc = open_model(&o, &be, &m);
-    if (rc) return rc;
+    if (rc) { if (tok) rc_tokenizer_free(tok); free(ids.v); return rc; }
     const md_config *c = md_model_config(m);
     const int V = c->vocab_size;
     float *lg = malloc((size_t)V * sizeof(float));
@@ -310,7 +354,7 @@ int cmd_generate(int argc, char **argv)
     rc_ids all = {0};
     for (size_t i = 0; i < ids.n; i++) rc_ids_push(&all, ids.v[i]);
     md_segment seg = {.seq = s, .ids = ids.v, .n = ids.n, .logits = lg};
-    if (md_forward(m, &seg, 1, &err)) { fprintf(stderr, "generate: %s\n", err.msg); rc = 1; }
+    if (forward(m, be, &seg, &err)) { fprintf(stderr, "generate: %s\n", err.msg); rc = 1; }
     for (int k = 0; k < o.max_tokens && !rc; k++) {
         int32_t next = pick(lg, V, o.temperature, &rng);
         rc_ids_push(&outv, next);
@@ -320,10 +364,10 @@ int cmd_generate(int argc, char **argv)
             md_seq_free(s);
             s = md_seq_create(m);
             md_segment full = {.seq = s, .ids = all.v, .n = all.n, .logits = lg};
-            if (md_forward(m, &full, 1, &err)) { fprintf(stderr, "generate: %s\n", err.msg); rc = 1; }
+            if (forward(m, be, &full, &err)) { fprintf(stderr, "generate: %s\n", err.msg); rc = 1; }
         } else {
             md_segment one = {.seq = s, .ids = &next, .n = 1, .logits = lg};
-            if (md_forward(m, &one, 1, &err)) { fprintf(stderr, "generate: %s\n", err.msg); rc = 1; }
+            if (forward(m, be, &one, &err)) { fprintf(stderr, "generate: %s\n", err.msg); rc = 1; }
         }
     }
     if (!rc) {
@@ -345,7 +389,7 @@ int cmd_generate(int argc, char **argv)
     free(lg);
     md_seq_free(s);
     md_model_free(m);
-    be_destroy(be);
+    close_backend(be);
     if (tok) rc_tokenizer_free(tok);
     free(ids.v);
     free(outv.v);

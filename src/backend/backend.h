@@ -47,6 +47,8 @@ typedef struct be_ops {
     /* Per-row RMSNorm over dim; w may be NULL (unweighted).  In place allowed. */
     void (*rmsnorm)(be_backend *be, float *y, const float *x, size_t rows, size_t dim,
                     const float *w, float eps);
+    /* frees the backend (be_destroy dispatches here) */
+    void (*destroy)(be_backend *be);
 } be_ops;
 
 struct be_backend {
@@ -62,5 +64,24 @@ void be_destroy(be_backend *be);
 /* Run fn(arg, i) for i in [0, n) on the backend's threads (CPU only). */
 typedef void (*be_task_fn)(void *arg, size_t i);
 void be_cpu_parallel(be_backend *be, size_t n, be_task_fn fn, void *arg);
+
+/* CUDA backend (src/backend/cuda/, issue 7; compiled only when CMake finds
+ * nvcc, which defines DEEPINFER_HAVE_CUDA for the code that links it).
+ * linear, linear_rows and rmsnorm run on GPU `device` over the same host fp32
+ * rows as the CPU backend (copied in and out per call); weights are uploaded
+ * once, in checkpoint format, at first use.  Every other op of the graph runs
+ * on `threads` host threads: be_cpu_parallel works on this backend too.
+ * Precision of dense bf16 GEMMs: env DEEPINFER_CUDA_MATH = bf16x3 (default:
+ * activations split into three bf16 planes, ~fp32 accuracy on tensor cores),
+ * bf16 (activations rounded to bf16), or fp32 (also DEEPINFER_CUDA_FP32=1:
+ * fp32 weight copies, cublasSgemm, no TF32); docs/CUDA.md has the numbers.
+ * Returns NULL and fills err (no device, no driver, bad index, ...).
+ * Free it with be_destroy (or be_cuda_destroy). */
+be_backend *be_cuda_create(int device, int threads, char *err, size_t errlen);
+void be_cuda_destroy(be_backend *be);
+/* The ops return void, so a CUDA failure is sticky: the failing op and every
+ * later one fill their outputs with NaN, and this returns the first error
+ * message.  NULL while all is well, and for any other backend. */
+const char *be_cuda_error(const be_backend *be);
 
 #endif

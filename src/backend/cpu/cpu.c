@@ -184,11 +184,14 @@ static void cpu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, s
     }
 }
 
+static void cpu_destroy(be_backend *be);
+
 static const be_ops cpu_ops = {
     .name = "cpu",
     .linear = cpu_linear,
     .linear_rows = cpu_linear_rows,
     .rmsnorm = cpu_rmsnorm,
+    .destroy = cpu_destroy,
 };
 
 be_backend *be_cpu_create(int threads)
@@ -209,13 +212,17 @@ fail:
     return NULL;
 }
 
-void be_destroy(be_backend *be)
+static void cpu_destroy(be_backend *be)
 {
-    if (!be) return;
     cpu_impl *c = be->impl;
     if (c) rc_pool_destroy(c->pool);
     free(c);
     free(be);
+}
+
+void be_destroy(be_backend *be)
+{
+    if (be) be->ops->destroy(be);
 }
 
 void be_cpu_parallel(be_backend *be, size_t n, be_task_fn fn, void *arg)

@@ -1,0 +1,273 @@
+/* bench_linear.c - the CUDA backend's be_linear, timed on the GPU, beside the
+ * bandwidth floor (tools/gpu_check.sh runs it; it belongs in bench/ once the
+ * CUDA backend leaves its foundation stage).
+ *
+ * Ceilings first: a device-to-device copy of 1 GiB (bytes read + written per
+ * second) is the bandwidth the floors use.  Then, per case (shape, weight
+ * format, batch T, math mode):
+ *   op us      the whole be_linear on host pointers (copy x in, GEMM, copy y
+ *              out, synchronize): what the graph pays today, wall clock;
+ *   dev us     bcu_linear_dev on device pointers (the kernels alone, timed
+ *              with CUDA events over 20 calls), rotating over enough weight
+ *              copies that they do not sit in the 50 MB L2;
+ *   GB/s       (weight + x + y bytes) / dev time, and % of the copy bandwidth:
+ *              decode GEMMs are bandwidth-bound, so this is the roofline %;
+ *   TFLOP/s    2*rows*cols*T / dev time (bf16x3 does 3x these FLOPs).
+ * Medians of 15 repetitions.  Prints one table. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define REPS 15
+#define INNER 20
+
+static void die_cuda(cudaError_t r, const char *what)
+{
+    if (r != cudaSuccess) {
+        fprintf(stderr, "bench_cuda_linear: %s: %s\n", what, cudaGetErrorString(r));
+        exit(1);
+    }
+}
+#define CK(call) die_cuda((call), #call)
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+
+static double copy_bandwidth(void)
+{
+    const size_t n = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[REPS];
+    for (int r = -2; r < REPS; r++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3;
+    }
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 2.0 * (double)n / median(t, REPS);
+}
+
+typedef struct {
+    const char *label;
+    int64_t rows, cols;
+    be_wfmt fmt;
+} shape;
+
+/* a random weight of the format; copies share the contents, not the address */
+static void make_weight(const shape *s, be_weight *w, void **data, void **scale)
+{
+    size_t n = (size_t)(s->rows * s->cols), bytes = 0, sbytes = 0;
+    memset(w, 0, sizeof *w);
+    w->fmt = s->fmt;
+    w->rows = s->rows;
+    w->cols = s->cols;
+    if (s->fmt == BE_W_DENSE) {
+        w->dtype = MD_BF16;
+        bytes = n * 2;
+    } else if (s->fmt == BE_W_FP8) {
+        w->dtype = MD_F8_E4M3;
+        w->block = 128;
+        w->scale_dtype = MD_F8_E8M0;
+        bytes = n;
+        sbytes = (size_t)(((s->rows + 127) / 128) * ((s->cols + 127) / 128));
+    } else {
+        w->dtype = MD_U8;
+        w->block = 32;
+        w->scale_dtype = MD_F8_E8M0;
+        bytes = n / 2;
+        sbytes = (size_t)(s->rows * (s->cols / 32));
+    }
+    uint8_t *d = malloc(bytes);
+    if (s->fmt == BE_W_DENSE)
+        for (size_t i = 0; i < n; i++) ((uint16_t *)d)[i] = md_f32_to_bf16((float)(rnd() >> 8) / 8388608.0f - 1.0f);
+    else
+        for (size_t i = 0; i < bytes; i++) {
+            uint8_t b = (uint8_t)rnd();
+            if (s->fmt == BE_W_FP8 && (b & 0x7f) == 0x7f) b ^= 1;
+            d[i] = b;
+        }
+    uint8_t *sc = NULL;
+    if (sbytes) {
+        sc = malloc(sbytes);
+        for (size_t i = 0; i < sbytes; i++) sc[i] = (uint8_t)(120 + rnd() % 8);
+    }
+    w->data = d;
+    w->scale = sc;
+    *data = d;
+    *scale = sc;
+}
+
+static size_t wbytes(const be_weight *w)
+{
+    size_t n = (size_t)(w->rows * w->cols);
+    if (w->fmt == BE_W_DENSE) return n * 2;
+    if (w->fmt == BE_W_FP8) return n + (size_t)(((w->rows + 127) / 128) * ((w->cols + 127) / 128));
+    return n / 2 + (size_t)(w->rows * (w->cols / 32));
+}
+
+static void run_case(be_backend *be, const shape *s, size_t T, double bw)
+{
+    be_weight w0;
+    void *d0, *s0;
+    make_weight(s, &w0, &d0, &s0);
+    const size_t wb = wbytes(&w0);
+    /* enough copies to cover 256 MB, so the timed loop streams from HBM */
+    int ncopy = (int)((256u << 20) / wb) + 1;
+    if (ncopy > 64) ncopy = 64;
+    be_weight *ws = calloc((size_t)ncopy, sizeof *ws);
+    void **bufs = calloc((size_t)ncopy * 2, sizeof *bufs);
+    size_t db = s->fmt == BE_W_DENSE ? (size_t)(s->rows * s->cols) * 2
+                                     : s->fmt == BE_W_FP8 ? (size_t)(s->rows * s->cols) : (size_t)(s->rows * s->cols) / 2;
+    size_t sb = wb - db;
+    for (int k = 0; k < ncopy; k++) {
+        ws[k] = w0;
+        bufs[2 * k] = malloc(db);
+        memcpy(bufs[2 * k], d0, db);
+        ws[k].data = bufs[2 * k];
+        if (sb) {
+            bufs[2 * k + 1] = malloc(sb);
+            memcpy(bufs[2 * k + 1], s0, sb);
+            ws[k].scale = bufs[2 * k + 1];
+        }
+    }
+    float *x = malloc(T * (size_t)s->cols * sizeof *x), *y = malloc(T * (size_t)s->rows * sizeof *y);
+    for (size_t i = 0; i < T * (size_t)s->cols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
+    float *dx, *dy;
+    CK(cudaMalloc((void **)&dx, T * (size_t)s->cols * 4));
+    CK(cudaMalloc((void **)&dy, T * (size_t)s->rows * 4));
+    CK(cudaMemcpy(dx, x, T * (size_t)s->cols * 4, cudaMemcpyHostToDevice));
+    /* upload every copy, warm up cuBLAS */
+    for (int k = 0; k < ncopy; k++) be->ops->linear(be, y, x, T, &ws[k]);
+    if (be_cuda_error(be)) {
+        fprintf(stderr, "bench_cuda_linear: %s\n", be_cuda_error(be));
+        exit(1);
+    }
+    double top[REPS], tdev[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < INNER; i++) be->ops->linear(be, y, x, T, &ws[(r * INNER + i) % ncopy]);
+        top[r] = (now_s() - t0) / INNER;
+    }
+    cudaStream_t st = bcu_stream(be);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int r = -1; r < REPS; r++) {
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < INNER; i++)
+            if (bcu_linear_dev(be, dy, dx, T, &ws[((r + 1) * INNER + i) % ncopy])) {
+                fprintf(stderr, "bench_cuda_linear: %s\n", be_cuda_error(be));
+                exit(1);
+            }
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) tdev[r] = ms * 1e-3 / INNER;
+    }
+    double to = median(top, REPS), td = median(tdev, REPS);
+    double bytes = (double)wb + 4.0 * (double)T * (double)(s->rows + s->cols);
+    double gbs = bytes / td / 1e9;
+    double tf = 2.0 * (double)s->rows * (double)s->cols * (double)T / td / 1e12;
+    const char *fmt = s->fmt == BE_W_DENSE ? "bf16" : s->fmt == BE_W_FP8 ? "fp8" : "fp4";
+    printf("| %-14s | %5lldx%-5lld | %-4s | %-6s | %3zu | %9.1f | %9.2f | %7.0f | %5.1f%% | %7.2f |\n", s->label,
+           (long long)s->rows, (long long)s->cols, fmt, s->fmt == BE_W_DENSE ? bcu_math_name(bcu_get_math(be)) : "-", T,
+           to * 1e6, td * 1e6, gbs, 100.0 * bytes / td / bw, tf);
+    fflush(stdout);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    for (int k = 0; k < 2 * ncopy; k++) free(bufs[k]);
+    free(bufs);
+    free(ws);
+    free(x);
+    free(y);
+    free(d0);
+    free(s0);
+}
+
+int main(void)
+{
+    char err[256];
+    be_backend *probe = bcu_create(0, 1, BCU_MATH_BF16X3, err, sizeof err);
+    if (!probe) {
+        printf("SKIPPED: %s\n", err);
+        return 77;
+    }
+    printf("device: %s\n", bcu_device_name(probe));
+    be_cuda_destroy(probe);
+    const double bw = copy_bandwidth();
+    printf("device-to-device copy: %.0f GB/s (read + write, 1 GiB, median of %d)\n\n", bw / 1e9, REPS);
+    printf("| case           | rows x cols | fmt  | math   |   T |     op us |    dev us |    GB/s | %% copy | TFLOP/s |\n");
+    printf("|----------------|-------------|------|--------|-----|-----------|-----------|---------|--------|---------|\n");
+    const shape tiny[] = {{"tiny wq_a", 64, 128, BE_W_DENSE}, {"tiny head", 512, 128, BE_W_DENSE},
+                          {"tiny wq_b fp8", 512, 64, BE_W_FP8}, {"tiny expert fp4", 64, 128, BE_W_FP4}};
+    const shape v4[] = {{"v4 4096x1024", 4096, 1024, BE_W_DENSE}, {"v4 8192x4096", 8192, 4096, BE_W_DENSE}};
+    const shape q[] = {{"v4 fp8", 8192, 4096, BE_W_FP8}, {"v4 expert fp4", 2048, 4096, BE_W_FP4},
+                       {"v4 fp4 big", 8192, 4096, BE_W_FP4}};
+    const bcu_math modes[] = {BCU_MATH_BF16, BCU_MATH_BF16X3, BCU_MATH_FP32};
+    const size_t Ts[] = {1, 64};
+    be_backend *be = bcu_create(0, 1, BCU_MATH_BF16X3, err, sizeof err);
+    for (size_t i = 0; i < sizeof tiny / sizeof tiny[0]; i++)
+        for (int t = 0; t < 2; t++) run_case(be, &tiny[i], Ts[t], bw);
+    be_cuda_destroy(be);
+    for (int m = 0; m < 3; m++) {
+        be = bcu_create(0, 1, modes[m], err, sizeof err);
+        if (!be) {
+            printf("bcu_create: %s\n", err);
+            return 1;
+        }
+        for (size_t i = 0; i < sizeof v4 / sizeof v4[0]; i++)
+            for (int t = 0; t < 2; t++) run_case(be, &v4[i], Ts[t], bw);
+        be_cuda_destroy(be);
+    }
+    be = bcu_create(0, 1, BCU_MATH_BF16X3, err, sizeof err);
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        for (int t = 0; t < 2; t++) run_case(be, &q[i], Ts[t], bw);
+    be_cuda_destroy(be);
+    return 0;
+}

@@ -1,0 +1,606 @@
+/* cuda.cu - the CUDA backend (issue 7, foundation): be_linear, be_linear_rows
+ * and be_rmsnorm on one GPU, over the host fp32 rows the graph works in.
+ *
+ * Each op copies its input rows to the device, computes there, and copies the
+ * result back before it returns; everything else in the graph still runs on
+ * the host (the backend embeds a CPU backend for that, so be_cpu_parallel
+ * works on it unchanged).  Moving the activations and the remaining ops onto
+ * the device is the next step of issue 7; bcu_linear_dev is its entry point.
+ *
+ * Weights: uploaded once, at first use, in their checkpoint format, into a
+ * cache keyed by the be_weight's host data pointer.  The key is checked
+ * against a fingerprint (shape, format, first and last 64 bytes, 16 words
+ * between), so a weight freed and another mmapped at the same address is
+ * uploaded again, not confused with the old one.  The fingerprint is a guard,
+ * not a proof: give each model its own backend, and destroy them together.
+ * Nothing is dequantised into a bf16 copy: FP8 and FP4 matrices are decoded in
+ * registers by bcu_rowdot.  Only FP32 mode keeps fp32 copies of bf16/f16
+ * matrices (it is a debug mode).
+ *
+ * Dense bf16 GEMMs go to cuBLAS, y^T = W . x^T in column-major terms
+ * (W row-major [rows, cols] is cuBLAS's cols x rows, transposed).  How the
+ * fp32 activations meet bf16 weights is the bcu_math mode (cuda_internal.h).
+ *
+ * Activations live in one growing device scratch, so after the first few
+ * calls no op allocates.  One mutex serialises the ops (the graph calls them
+ * from one thread at a time; the lock makes a second caller safe, not fast).
+ *
+ * Errors: the ops return void, so the first CUDA or cuBLAS failure is kept as
+ * a message (be_cuda_error) and every op from then on writes NaN. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+typedef struct {
+    const void *key; /* host pointer: be_weight.data, or an rmsnorm weight; NULL = free slot */
+    uint64_t fp;     /* fingerprint; a mismatch uploads again */
+    void *d;         /* device data: checkpoint bytes, or fp32 (f32 = 1) */
+    void *ds;        /* device scales (FP8 / FP4) */
+    int f32;
+    size_t bytes;
+} wentry;
+
+typedef struct {
+    be_backend base; /* first: the ops get from be back to here */
+    be_backend *host;
+    int device;
+    bcu_math math;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    int have_stream, have_blas;
+    char *scratch;
+    size_t scratch_cap;
+    wentry *tab;
+    size_t cap, used;
+    size_t weight_bytes;
+    pthread_mutex_t lock;
+    int failed;
+    char err[512];
+    char name[384];
+} cuda_be;
+
+
+static cuda_be *get(const be_backend *be) { return (cuda_be *)be; }
+
+static int fail(cuda_be *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(cuda_be *c, const char *fmt, ...)
+{
+    if (!c->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = snprintf(c->err, sizeof c->err, "CUDA backend: ");
+        vsnprintf(c->err + n, sizeof c->err - (size_t)n, fmt, ap);
+        va_end(ap);
+        c->failed = 1;
+    }
+    return -1;
+}
+
+#define CU(call)                                                                                    \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess)                                                                      \
+            return fail(c, "%s failed: %s (%s) at %s:%d", #call, cudaGetErrorName(e_),              \
+                        cudaGetErrorString(e_), __FILE__, __LINE__);                                \
+    } while (0)
+#define BL(call)                                                                                    \
+    do {                                                                                            \
+        cublasStatus_t s_ = (call);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                            \
+            return fail(c, "%s failed: %s at %s:%d", #call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+    } while (0)
+
+const char *bcu_math_name(bcu_math m)
+{
+    switch (m) {
+    case BCU_MATH_BF16X3: return "bf16x3";
+    case BCU_MATH_BF16: return "bf16";
+    case BCU_MATH_FP32: return "fp32";
+    }
+    return "?";
+}
+
+int bcu_math_from_env(void)
+{
+    const char *f = getenv("DEEPINFER_CUDA_FP32");
+    const char *m = getenv("DEEPINFER_CUDA_MATH");
+    if (m && *m) {
+        if (!strcmp(m, "bf16x3")) return BCU_MATH_BF16X3;
+        if (!strcmp(m, "bf16")) return BCU_MATH_BF16;
+        if (!strcmp(m, "fp32")) return BCU_MATH_FP32;
+        return -1;
+    }
+    if (f && *f && strcmp(f, "0")) return BCU_MATH_FP32;
+    return BCU_MATH_BF16X3;
+}
+
+/* ---- weight bookkeeping */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static size_t scale_elem(md_dtype d)
+{
+    return d == MD_F8_E8M0 ? 1 : d == MD_F32 ? 4 : d == MD_BF16 ? 2 : 0;
+}
+
+/* Bytes of W and of its scales; 0 with a message for what we do not take. */
+static size_t weight_bytes(cuda_be *c, const be_weight *w, size_t *sbytes)
+{
+    *sbytes = 0;
+    const size_t R = (size_t)w->rows, C = (size_t)w->cols;
+    if (w->rows <= 0 || w->cols <= 0) {
+        fail(c, "weight with shape [%lld, %lld]", (long long)w->rows, (long long)w->cols);
+        return 0;
+    }
+    switch (w->fmt) {
+    case BE_W_DENSE:
+        if (w->dtype == MD_BF16 || w->dtype == MD_F16) return R * C * 2;
+        if (w->dtype == MD_F32) return R * C * 4;
+        fail(c, "dense weight of dtype %s is not supported", md_dtype_name(w->dtype));
+        return 0;
+    case BE_W_FP8: {
+        size_t es = scale_elem(w->scale_dtype);
+        if (!es || w->block <= 0 || !w->scale) {
+            fail(c, "FP8 weight with scale dtype %s, block %d", md_dtype_name(w->scale_dtype), w->block);
+            return 0;
+        }
+        size_t bs = (size_t)w->block;
+        *sbytes = ((R + bs - 1) / bs) * ((C + bs - 1) / bs) * es;
+        return R * C;
+    }
+    case BE_W_FP4:
+        if (w->scale_dtype != MD_F8_E8M0 || w->block <= 0 || C % 2 || C % (size_t)w->block || !w->scale) {
+            fail(c, "FP4 weight [%zu, %zu] with scale dtype %s, block %d (want E8M0 and cols a multiple of block)",
+                 R, C, md_dtype_name(w->scale_dtype), w->block);
+            return 0;
+        }
+        *sbytes = R * (C / (size_t)w->block);
+        return R * C / 2;
+    }
+    fail(c, "weight format %d is not supported", (int)w->fmt);
+    return 0;
+}
+
+static uint64_t fingerprint(const be_weight *w, size_t bytes, size_t sbytes, int math)
+{
+    uint64_t h = 1469598103934665603ull;
+    int64_t meta[7] = {w->fmt, w->dtype, w->rows, w->cols, w->scale_dtype, w->block, math};
+    h = fnv(h, meta, sizeof meta);
+    h = fnv(h, &w->scale, sizeof w->scale);
+    size_t k = bytes < 64 ? bytes : 64;
+    h = fnv(h, w->data, k);
+    h = fnv(h, (const char *)w->data + bytes - k, k);
+    if (bytes >= 4096) /* and 16 words spread over the middle */
+        for (size_t i = 1; i <= 16; i++) h = fnv(h, (const char *)w->data + (bytes / 17) * i, 8);
+    if (sbytes) h = fnv(h, w->scale, sbytes < 32 ? sbytes : 32);
+    return h;
+}
+
+static size_t slot_of(const cuda_be *c, const void *key)
+{
+    uint64_t h = (uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 17) & (c->cap - 1);
+}
+
+static void entry_free(cuda_be *c, wentry *e)
+{
+    if (e->d) cudaFree(e->d);
+    if (e->ds) cudaFree(e->ds);
+    c->weight_bytes -= e->bytes;
+    e->d = e->ds = NULL;
+    e->bytes = 0;
+}
+
+static int grow_table(cuda_be *c)
+{
+    size_t ncap = c->cap ? c->cap * 2 : 1024;
+    wentry *old = c->tab;
+    size_t ocap = c->cap;
+    wentry *t = (wentry *)calloc(ncap, sizeof *t);
+    if (!t) return fail(c, "out of host memory for the weight table");
+    c->tab = t;
+    c->cap = ncap;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].key) {
+            size_t s = slot_of(c, old[i].key);
+            while (c->tab[s].key) s = (s + 1) & (c->cap - 1);
+            c->tab[s] = old[i];
+        }
+    free(old);
+    return 0;
+}
+
+/* The slot for key: its entry, or an empty one (key set, d NULL). */
+static wentry *slot(cuda_be *c, const void *key)
+{
+    if ((c->used + 1) * 2 > c->cap && grow_table(c)) return NULL;
+    size_t s = slot_of(c, key);
+    while (c->tab[s].key && c->tab[s].key != key) s = (s + 1) & (c->cap - 1);
+    if (!c->tab[s].key) {
+        c->tab[s].key = key;
+        c->used++;
+    }
+    return &c->tab[s];
+}
+
+/* At least n bytes of device scratch.  Grows by doubling, so a steady
+ * workload stops allocating after its first steps. */
+static int scratch(cuda_be *c, size_t n)
+{
+    if (n <= c->scratch_cap) return 0;
+    size_t cap = c->scratch_cap ? c->scratch_cap : (size_t)1 << 20;
+    while (cap < n) cap *= 2;
+    if (c->scratch) {
+        CU(cudaStreamSynchronize(c->st));
+        CU(cudaFree(c->scratch));
+        c->scratch = NULL;
+        c->scratch_cap = 0;
+    }
+    CU(cudaMalloc((void **)&c->scratch, cap));
+    c->scratch_cap = cap;
+    return 0;
+}
+
+static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The device copy of w, uploaded on first use. */
+static const wentry *weight(cuda_be *c, const be_weight *w)
+{
+    size_t sb, b = weight_bytes(c, w, &sb);
+    if (!b) return NULL;
+    const int widen = c->math == BCU_MATH_FP32 && w->fmt == BE_W_DENSE && w->dtype != MD_F32;
+    uint64_t fp = fingerprint(w, b, sb, (int)c->math);
+    wentry *e = slot(c, w->data);
+    if (!e) return NULL;
+    if (e->d && e->fp == fp) return e;
+    if (e->d) entry_free(c, e); /* same address, other contents */
+    e->fp = fp;
+    e->f32 = widen || (w->fmt == BE_W_DENSE && w->dtype == MD_F32);
+    if (widen) {
+        /* stage the 16-bit matrix in scratch, widen into the entry */
+        size_t n = (size_t)w->rows * (size_t)w->cols;
+        if (scratch(c, b)) return NULL;
+        if (cudaMalloc(&e->d, n * 4) != cudaSuccess) {
+            e->d = NULL;
+            fail(c, "cudaMalloc of %zu bytes for a [%lld, %lld] weight failed (device memory full?)", n * 4,
+                 (long long)w->rows, (long long)w->cols);
+            return NULL;
+        }
+        e->bytes = n * 4;
+        c->weight_bytes += e->bytes;
+        if (cudaMemcpyAsync(c->scratch, w->data, b, cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
+            bcu_widen((float *)e->d, (const uint16_t *)c->scratch, n, w->dtype == MD_F16, c->st) != cudaSuccess ||
+            cudaStreamSynchronize(c->st) != cudaSuccess) {
+            fail(c, "uploading a [%lld, %lld] weight: %s", (long long)w->rows, (long long)w->cols,
+                 cudaGetErrorString(cudaGetLastError()));
+            entry_free(c, e);
+            return NULL;
+        }
+        return e;
+    }
+    cudaError_t r = cudaMalloc(&e->d, b);
+    if (r == cudaSuccess && sb) r = cudaMalloc(&e->ds, sb);
+    if (r != cudaSuccess) {
+        fail(c, "cudaMalloc of %zu + %zu bytes for a [%lld, %lld] weight failed: %s (device memory full?)", b, sb,
+             (long long)w->rows, (long long)w->cols, cudaGetErrorString(r));
+        if (e->d) cudaFree(e->d);
+        e->d = NULL;
+        return NULL;
+    }
+    e->bytes = b + sb;
+    c->weight_bytes += e->bytes;
+    /* on our stream: a pageable cudaMemcpy on the legacy stream may return
+     * before its DMA lands, and our non-blocking stream would not wait for it */
+    r = cudaMemcpyAsync(e->d, w->data, b, cudaMemcpyHostToDevice, c->st);
+    if (r == cudaSuccess && sb) r = cudaMemcpyAsync(e->ds, w->scale, sb, cudaMemcpyHostToDevice, c->st);
+    if (r != cudaSuccess) {
+        fail(c, "uploading a [%lld, %lld] weight: %s", (long long)w->rows, (long long)w->cols, cudaGetErrorString(r));
+        entry_free(c, e);
+        return NULL;
+    }
+    return e;
+}
+
+/* An rmsnorm weight vector (host f32) on the device. */
+static const float *norm_weight(cuda_be *c, const float *w, size_t dim)
+{
+    const size_t k = dim < 16 ? dim : 16; /* first and last 16 floats */
+    uint64_t fp = fnv(1469598103934665603ull, &dim, sizeof dim);
+    fp = fnv(fnv(fp, w, k * 4), w + dim - k, k * 4);
+    wentry *e = slot(c, w);
+    if (!e) return NULL;
+    if (e->d && e->fp == fp) return (const float *)e->d;
+    if (e->d) entry_free(c, e);
+    e->fp = fp;
+    e->f32 = 1;
+    if (cudaMalloc(&e->d, dim * 4) != cudaSuccess) {
+        e->d = NULL;
+        fail(c, "cudaMalloc of an rmsnorm weight (%zu floats) failed", dim);
+        return NULL;
+    }
+    e->bytes = dim * 4;
+    c->weight_bytes += e->bytes;
+    if (cudaMemcpyAsync(e->d, w, dim * 4, cudaMemcpyHostToDevice, c->st) != cudaSuccess) {
+        fail(c, "uploading an rmsnorm weight failed");
+        entry_free(c, e);
+        return NULL;
+    }
+    return (const float *)e->d;
+}
+
+/* ---- the GEMM core, on device pointers: dy [T, n] = dx [T, K] . W[r0:r0+n, c0:c0+K]^T.
+ * tmp: scratch for the bf16 planes and the bf16x3 partial products. */
+static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int64_t n, int64_t K)
+{
+    if (w->fmt != BE_W_DENSE || w->dtype != MD_BF16 || c->math == BCU_MATH_FP32) return 0;
+    if (c->math == BCU_MATH_BF16) return up256(T * (size_t)K * 2);
+    return up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
+}
+
+static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, const float *dx, size_t T, int64_t r0,
+                int64_t n, int64_t c0, int64_t K, char *tmp)
+{
+    if (!T || n <= 0) return 0;
+    if (T > 0x7fffffff / 3 || n > 0x7fffffff || K > 0x7fffffff) return fail(c, "GEMM too large for 32-bit cuBLAS sizes");
+    const int ld = (int)w->cols;
+    if (w->fmt == BE_W_DENSE && e->f32) {
+        const float one = 1.0f, zero = 0.0f;
+        BL(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)K, &one,
+                       (const float *)e->d + r0 * w->cols + c0, ld, dx, (int)K, &zero, dy, (int)n));
+        return 0;
+    }
+    if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16) {
+        const int planes = c->math == BCU_MATH_BF16 ? 1 : 3;
+        uint16_t *xb = (uint16_t *)tmp;
+        float *part = planes == 1 ? dy : (float *)(tmp + up256(3 * T * (size_t)K * 2));
+        const float one = 1.0f, zero = 0.0f;
+        CU(bcu_split_bf16(xb, dx, T * (size_t)K, planes, c->st));
+        BL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * planes, (int)K, &one,
+                        (const uint16_t *)e->d + r0 * w->cols + c0, CUDA_R_16BF, ld, xb, CUDA_R_16BF, (int)K, &zero,
+                        part, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (planes == 3) CU(bcu_sum3(dy, part, T * (size_t)n, c->st));
+        return 0;
+    }
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = w->fmt == BE_W_FP8 ? BCU_RW_FP8 : w->fmt == BE_W_FP4 ? BCU_RW_FP4 : BCU_RW_F16;
+    a.w = e->d;
+    a.scale = e->ds;
+    a.sc_dtype = w->scale_dtype == MD_F8_E8M0 ? BCU_SC_E8M0 : w->scale_dtype == MD_F32 ? BCU_SC_F32 : BCU_SC_BF16;
+    a.wrows = w->rows;
+    a.wcols = w->cols;
+    a.block = w->block;
+    a.r0 = r0;
+    a.n = n;
+    a.c0 = c0;
+    a.K = K;
+    a.x = dx;
+    a.T = (int64_t)T;
+    a.y = dy;
+    CU(bcu_rowdot(&a, c->st));
+    return 0;
+}
+
+/* ---- the ops */
+
+static void nan_fill(float *y, size_t ldy, size_t T, size_t n)
+{
+    for (size_t t = 0; t < T; t++)
+        for (size_t i = 0; i < n; i++) y[t * ldy + i] = NAN;
+}
+
+static int linear_rows_locked(cuda_be *c, float *y, size_t ldy, const float *x, size_t ldx, size_t T,
+                              const be_weight *w, int64_t r0, int64_t n, int64_t c0)
+{
+    if (c->failed) return -1;
+    if (r0 < 0 || n < 0 || c0 < 0 || r0 + n > w->rows || c0 >= w->cols)
+        return fail(c, "linear_rows: rows [%lld, +%lld) cols from %lld outside a [%lld, %lld] weight", (long long)r0,
+                    (long long)n, (long long)c0, (long long)w->rows, (long long)w->cols);
+    if (!T || !n) return 0;
+    CU(cudaSetDevice(c->device));
+    const int64_t K = w->cols - c0;
+    const wentry *e = weight(c, w);
+    if (!e) return -1;
+    const size_t xb = up256(T * (size_t)K * 4), yb = up256(T * (size_t)n * 4);
+    if (scratch(c, xb + yb + core_tmp_bytes(c, w, T, n, K))) return -1;
+    float *dx = (float *)c->scratch, *dy = (float *)(c->scratch + xb);
+    CU(cudaMemcpy2DAsync(dx, (size_t)K * 4, x, ldx * 4, (size_t)K * 4, T, cudaMemcpyHostToDevice, c->st));
+    if (core(c, e, w, dy, dx, T, r0, n, c0, K, c->scratch + xb + yb)) return -1;
+    CU(cudaMemcpy2DAsync(y, ldy * 4, dy, (size_t)n * 4, (size_t)n * 4, T, cudaMemcpyDeviceToHost, c->st));
+    CU(cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static void cu_linear_rows(be_backend *be, float *y, size_t ldy, const float *x, size_t ldx, size_t T,
+                           const be_weight *w, int64_t r0, int64_t n, int64_t c0)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    int rc = linear_rows_locked(c, y, ldy, x, ldx, T, w, r0, n, c0);
+    pthread_mutex_unlock(&c->lock);
+    if (rc && n > 0) nan_fill(y, ldy, T, (size_t)n);
+}
+
+static void cu_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
+{
+    cu_linear_rows(be, y, (size_t)w->rows, x, (size_t)w->cols, T, w, 0, w->rows, 0);
+}
+
+static int rmsnorm_locked(cuda_be *c, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps)
+{
+    if (c->failed) return -1;
+    if (!rows || !dim) return 0;
+    CU(cudaSetDevice(c->device));
+    const float *dw = NULL;
+    if (w && !(dw = norm_weight(c, w, dim))) return -1;
+    const size_t bytes = rows * dim * 4;
+    if (scratch(c, bytes)) return -1;
+    float *d = (float *)c->scratch;
+    CU(cudaMemcpyAsync(d, x, bytes, cudaMemcpyHostToDevice, c->st));
+    CU(bcu_rmsnorm(d, d, rows, dim, dw, eps, c->st));
+    CU(cudaMemcpyAsync(y, d, bytes, cudaMemcpyDeviceToHost, c->st));
+    CU(cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static void cu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    int rc = rmsnorm_locked(c, y, x, rows, dim, w, eps);
+    pthread_mutex_unlock(&c->lock);
+    if (rc) nan_fill(y, dim, rows, dim);
+}
+
+extern "C" void be_cuda_destroy(be_backend *be);
+
+static const be_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .linear = */ cu_linear,
+    /* .linear_rows = */ cu_linear_rows,
+    /* .rmsnorm = */ cu_rmsnorm,
+    /* .destroy = */ be_cuda_destroy,
+};
+
+/* ---- device-pointer entry point (benchmark; the future device-resident graph) */
+
+extern "C" int bcu_linear_dev(be_backend *be, float *dy, const float *dx, size_t T, const be_weight *w)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    int rc = -1;
+    if (!c->failed && cudaSetDevice(c->device) == cudaSuccess) {
+        const wentry *e = weight(c, w);
+        if (e && !scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
+            rc = core(c, e, w, dy, dx, T, 0, w->rows, 0, w->cols, c->scratch);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* ---- lifecycle */
+
+static void teardown(cuda_be *c)
+{
+    if (!c) return;
+    cudaSetDevice(c->device);
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->tab[i].key) entry_free(c, &c->tab[i]);
+    free(c->tab);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->have_blas) cublasDestroy(c->blas);
+    if (c->have_stream) cudaStreamDestroy(c->st);
+    if (c->host) be_destroy(c->host);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *err, size_t errlen)
+{
+    char dummy[8];
+    if (!err) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess) {
+        snprintf(err, errlen, "no CUDA device: %s (%s)", cudaGetErrorString(r), cudaGetErrorName(r));
+        return NULL;
+    }
+    if (n <= 0) {
+        snprintf(err, errlen, "no CUDA device (the driver reports none)");
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(err, errlen, "CUDA device %d does not exist (%d present)", device, n);
+        return NULL;
+    }
+    cuda_be *c = (cuda_be *)calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of host memory");
+        return NULL;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    c->device = device;
+    c->math = math;
+    const char *what = "";
+    cudaDeviceProp prop;
+    cublasStatus_t bs;
+    if ((r = cudaSetDevice(device)) != cudaSuccess) { what = "cudaSetDevice"; goto cuda_fail; }
+    if ((r = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) { what = "cudaGetDeviceProperties"; goto cuda_fail; }
+    snprintf(c->name, sizeof c->name, "%.255s, sm_%d%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    if ((r = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking)) != cudaSuccess) {
+        what = "cudaStreamCreate";
+        goto cuda_fail;
+    }
+    c->have_stream = 1;
+    if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cublasCreate failed: %s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    c->have_blas = 1;
+    /* FP32 mode: no TF32, no reduced-precision reductions */
+    if ((bs = cublasSetStream(c->blas, c->st)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetMathMode(c->blas, math == BCU_MATH_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH)) !=
+            CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cuBLAS setup failed: %s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    c->host = be_cpu_create(threads);
+    if (!c->host) {
+        snprintf(err, errlen, "cannot create the host thread pool");
+        goto fail;
+    }
+    /* the host ops (be_cpu_parallel) see the embedded CPU backend's pool */
+    c->base.ops = &cuda_ops;
+    c->base.threads = c->host->threads;
+    c->base.impl = c->host->impl;
+    return &c->base;
+cuda_fail:
+    snprintf(err, errlen, "%s(%d) failed: %s (%s)", what, device, cudaGetErrorString(r), cudaGetErrorName(r));
+fail:
+    teardown(c);
+    return NULL;
+}
+
+extern "C" be_backend *be_cuda_create(int device, int threads, char *err, size_t errlen)
+{
+    int m = bcu_math_from_env();
+    if (m < 0) {
+        if (err) snprintf(err, errlen, "DEEPINFER_CUDA_MATH must be bf16x3, bf16 or fp32, not '%s'", getenv("DEEPINFER_CUDA_MATH"));
+        return NULL;
+    }
+    return bcu_create(device, threads, (bcu_math)m, err, errlen);
+}
+
+extern "C" void be_cuda_destroy(be_backend *be)
+{
+    if (!be) return;
+    teardown(get(be));
+}
+
+extern "C" const char *be_cuda_error(const be_backend *be)
+{
+    if (!be || be->ops != &cuda_ops) return NULL;
+    const cuda_be *c = get(be);
+    return c->failed ? c->err : NULL;
+}
+
+extern "C" bcu_math bcu_get_math(const be_backend *be) { return get(be)->math; }
+extern "C" cudaStream_t bcu_stream(const be_backend *be) { return get(be)->st; }
+extern "C" const char *bcu_device_name(const be_backend *be) { return get(be)->name; }
+extern "C" size_t bcu_weight_bytes(const be_backend *be) { return get(be)->weight_bytes; }

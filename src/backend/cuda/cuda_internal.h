@@ -1,0 +1,84 @@
+/* cuda_internal.h - what the CUDA backend's files share with each other, with
+ * its test and with its benchmark; not part of the backend API (backend.h).
+ *
+ * The kernels (kernels.cu) take device pointers and a stream and return a
+ * cudaError_t; the backend (cuda.cu) owns the weight cache, the scratch and
+ * the sticky error.  bcu_linear_dev is the device-resident form of be_linear
+ * that the later all-on-device graph will call; the benchmark times it. */
+#ifndef BACKEND_CUDA_INTERNAL_H
+#define BACKEND_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend/backend.h"
+
+/* How dense bf16 weights meet fp32 activations (FP8/FP4/f16/f32 weights always
+ * use fp32 activations and fp32 accumulation, whatever the mode). */
+typedef enum {
+    BCU_MATH_BF16X3 = 0, /* x = hi + mid + lo, three bf16 planes in one cuBLAS GEMM (N = 3T) */
+    BCU_MATH_BF16 = 1,   /* x rounded to bf16, one cuBLAS GEMM */
+    BCU_MATH_FP32 = 2,   /* fp32 weight copy, cublasSgemm, pedantic math (no TF32) */
+} bcu_math;
+
+const char *bcu_math_name(bcu_math m);
+/* DEEPINFER_CUDA_MATH / DEEPINFER_CUDA_FP32 from the environment; -1 if unparsable */
+int bcu_math_from_env(void);
+
+be_backend *bcu_create(int device, int threads, bcu_math math, char *err, size_t errlen);
+bcu_math bcu_get_math(const be_backend *be);
+cudaStream_t bcu_stream(const be_backend *be);
+/* "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" */
+const char *bcu_device_name(const be_backend *be);
+size_t bcu_weight_bytes(const be_backend *be); /* device bytes held by the weight cache */
+
+/* y[t, 0:rows] = x[t, 0:cols] . W^T with x, y device pointers, dense rows,
+ * asynchronous on bcu_stream.  0 or -1 (then be_cuda_error says why). */
+int bcu_linear_dev(be_backend *be, float *dy, const float *dx, size_t T, const be_weight *w);
+
+/* ---- kernels.cu */
+
+/* scale dtype codes the kernels understand */
+enum { BCU_SC_E8M0 = 0, BCU_SC_F32 = 1, BCU_SC_BF16 = 2 };
+/* weight formats of the row kernel */
+enum { BCU_RW_BF16 = 0, BCU_RW_F16 = 1, BCU_RW_F32 = 2, BCU_RW_FP8 = 3, BCU_RW_FP4 = 4 };
+
+/* One warp per output feature, fp32 accumulation, the weight dequantised in
+ * registers.  Output o in [0, n) is row r0+o of W [wrows, wcols]; it reads
+ * columns [c0, c0+K) of W and x[t, 0:K] (x dense, ld K); y dense [T, n].
+ * scale: FP8 [ceil(wrows/bs), ceil(wcols/bs)] of sc_dtype; FP4 [wrows, wcols/bs] E8M0. */
+typedef struct {
+    int fmt;
+    const void *w;
+    const void *scale;
+    int sc_dtype;
+    int64_t wrows, wcols;
+    int block;
+    int64_t r0, n, c0, K;
+    const float *x;
+    int64_t T;
+    float *y;
+} bcu_rowdot_args;
+cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
+
+/* y[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)); w may be NULL; in place allowed */
+cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t dim, const float *w, float eps,
+                        cudaStream_t st);
+/* planes = 1: dst[i] = bf16(x[i]); planes = 3: dst[p*n + i] = the p-th bf16 term of x[i] */
+cudaError_t bcu_split_bf16(uint16_t *dst, const float *x, size_t n, int planes, cudaStream_t st);
+/* y[i] = p[i] + (p[n+i] + p[2n+i]) for the three partial products of bf16x3 */
+cudaError_t bcu_sum3(float *y, const float *p, size_t n, cudaStream_t st);
+/* fp32 copies of bf16 / f16 weights (FP32 mode) */
+cudaError_t bcu_widen(float *dst, const uint16_t *src, size_t n, int is_f16, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# gpu_check.sh - the whole GPU check of the CUDA backend (issue 7) in one call.
+#
+#   tools/gpu_check.sh pack       here, on the build machine (no GPU needed):
+#                                 build test_cuda, bench_cuda_linear and deepinfer
+#                                 with the local nvcc (sm_90) into $BUILD_DIR
+#                                 (default /tmp/cub), and copy them, the Debian
+#                                 shared libraries the GPU machine lacks (jansson,
+#                                 cmocka, http-parser, cudart) and the headers a
+#                                 rebuild there would need into .carry/ (ignored
+#                                 through .git/info/exclude)
+#   tools/gpu_check.sh [OUTDIR]   on the GPU machine, from the repo root, with
+#                                 .carry/ carried: unit_cuda, the CLI on the
+#                                 fixtures (--backend cuda vs cpu), the linear
+#                                 benchmark and compute-sanitizer; everything
+#                                 goes to OUTDIR (default $OUT), the summary to
+#                                 OUTDIR/gpu_check.txt.
+#
+# The GPU machine has its own CUDA 13.0 (libcublas is too big to carry); the
+# script finds it.  If the carried binaries cannot start there (another glibc),
+# it rebuilds test_cuda and the benchmark from source with that machine's gcc
+# and nvcc against the carried headers and libraries.
+# The device tool invocation used for docs/CUDA.md:
+#   run(command="bash tools/gpu_check.sh", carry=[".carry"], timeout_s=540)
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+pack() {
+    set -e
+    local b=${BUILD_DIR:-/tmp/cub}
+    cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+    ninja -C "$b" test_cuda bench_cuda_linear deepinfer
+    rm -rf .carry
+    mkdir -p .carry/bin .carry/lib .carry/include
+    cp "$b/test_cuda" "$b/bench_cuda_linear" "$b/deepinfer" .carry/bin/
+    ldd .carry/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
+        case $(basename "$lib") in
+        libjansson.so*|libcmocka.so*|libhttp_parser.so*|libcudart.so*) cp -L "$lib" .carry/lib/ ;;
+        esac
+    done
+    for h in jansson.h jansson_config.h cmocka.h http_parser.h; do
+        cp "/usr/include/$h" .carry/include/ 2>/dev/null || cp "/usr/include/x86_64-linux-gnu/$h" .carry/include/
+    done
+    # the cuda target cannot see .git there: record what was built
+    { echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests tools CMakeLists.txt || echo '+local changes')";
+      echo "built $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release; echo "$PRETTY_NAME"), $(nvcc --version | tail -1)"; } > .carry/BUILD_INFO
+    grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
+    du -sh .carry
+    ls -l .carry/bin .carry/lib
+}
+
+if [ "${1:-}" = pack ]; then pack; exit $?; fi
+
+OUTDIR=${1:-${OUT:-/tmp/gpu_check_out}}
+mkdir -p "$OUTDIR"
+SUM=$OUTDIR/gpu_check.txt
+: > "$SUM"
+say() { echo "$*" | tee -a "$SUM"; }
+section() { say ""; say "== $*"; }
+
+say "# tools/gpu_check.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+[ -f .carry/BUILD_INFO ] && sed 's/^/# /' .carry/BUILD_INFO | tee -a "$SUM"
+say "# $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -1)"
+say "# $(nvcc --version 2>/dev/null | tail -1), $(uname -r)"
+
+# libcublas from the machine's CUDA; the carried libraries first
+CUBLAS_DIR=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13.0/lib64 /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/libcublas.so.13" ] && { CUBLAS_DIR=$d; break; }
+done
+if [ -z "$CUBLAS_DIR" ]; then
+    f=$(find / -xdev -name 'libcublas.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)
+    [ -n "$f" ] && CUBLAS_DIR=$(dirname "$f")
+fi
+say "# libcublas.so.13 from: ${CUBLAS_DIR:-NOT FOUND}"
+export LD_LIBRARY_PATH="$ROOT/.carry/lib${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MODEL_FIXTURE_DIR=$ROOT/tests/fixtures/model
+BIN=$ROOT/.carry/bin
+
+rebuild() {
+    section "rebuilding from source on this machine (the carried binaries did not start)"
+    local b=/tmp/gpu_check_build cuda=${CUDA_HOME:-/usr/local/cuda}
+    mkdir -p "$b"
+    local cf="-O2 -g -std=gnu11 -I$ROOT/src -I$ROOT/.carry/include -DNDEBUG"
+    local objs=()
+    for s in src/base/err.c src/base/pool.c src/base/scratch.c src/model/dtype.c src/model/safetensors.c \
+             src/model/config.c src/model/v4.c src/model/v4_load.c src/backend/cpu/cpu.c; do
+        gcc $cf -O3 -c "$s" -o "$b/$(basename "$s").o" || return 1
+        objs+=("$b/$(basename "$s").o")
+    done
+    for s in src/backend/cuda/cuda.cu src/backend/cuda/kernels.cu; do
+        nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c "$s" -o "$b/$(basename "$s").o" || return 1
+        objs+=("$b/$(basename "$s").o")
+    done
+    local libs=(-L"$ROOT/.carry/lib" -l:libjansson.so.4 -L"$cuda/lib64" ${CUBLAS_DIR:+-L$CUBLAS_DIR} -lcudart -lcublas -lstdc++ -lm -lpthread)
+    gcc $cf -DMODEL_FIXTURE_DIR="\"$MODEL_FIXTURE_DIR\"" tests/unit/test_cuda.c "${objs[@]}" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda" || return 1
+    gcc $cf src/backend/cuda/bench_linear.c "${objs[@]}" "${libs[@]}" -o "$b/bench_cuda_linear" || return 1
+    BIN=$b
+    say "rebuilt test_cuda and bench_cuda_linear in $b (no deepinfer CLI in this mode)"
+}
+
+# a missing library or a glibc symbol version this machine lacks shows as "not found"
+if [ -n "${FORCE_REBUILD:-}" ] || [ ! -x "$BIN/test_cuda" ] || ! ldd "$BIN/test_cuda" >/dev/null 2>&1 || ldd "$BIN/test_cuda" 2>&1 | grep -q "not found"; then
+    ldd "$BIN/test_cuda" 2>&1 | grep "not found" | tee -a "$SUM"
+    rebuild || say "REBUILD FAILED"
+fi
+
+section "unit_cuda (test_cuda)"
+timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda.txt" 2>&1
+rc=$?
+grep -E "^\s+\[|bad device|unsupported weight|PASSED|FAILED|OK \]|ERROR|Failure|SKIPPED|rel error|differs|agreement" "$OUTDIR/unit_cuda.txt" | tee -a "$SUM"
+say "test_cuda exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+
+if [ -x "$BIN/deepinfer" ]; then
+    section "deepinfer CLI: --backend cuda vs cpu (tiny-mixed, transformers semantics, 48 tokens)"
+    ids=$(python3 -c 'import random; r=random.Random(5); print(",".join(str(r.randrange(512)) for _ in range(48)))')
+    prompt=$(echo "$ids" | cut -d, -f1-40)
+    for fx in tiny-mixed tiny-mixed-fp8fp4; do
+        m=$MODEL_FIXTURE_DIR/$fx
+        rm -f "$OUTDIR/cpu.f32" "$OUTDIR/cuda.f32"
+        "$BIN/deepinfer" logits --model "$m" --semantics transformers --input-ids "$ids" --out-f32 "$OUTDIR/cpu.f32" >/dev/null 2>>"$OUTDIR/cli_err.txt"
+        a=$?
+        timeout 120 "$BIN/deepinfer" logits --backend cuda --model "$m" --semantics transformers --input-ids "$ids" --out-f32 "$OUTDIR/cuda.f32" >/dev/null 2>>"$OUTDIR/cli_err.txt"
+        b=$?
+        [ $b = 0 ] || { say "$fx: deepinfer logits --backend cuda failed (exit $b)"; continue; }
+        cmp=$(python3 - "$OUTDIR/cpu.f32" "$OUTDIR/cuda.f32" <<'PY' 2>&1
+import array, sys
+a = array.array('f'); a.frombytes(open(sys.argv[1], 'rb').read())
+b = array.array('f'); b.frombytes(open(sys.argv[2], 'rb').read())
+V = 512; worst = 0.0
+for p in range(len(a) // V):
+    ra, rb = a[p*V:(p+1)*V], b[p*V:(p+1)*V]
+    worst = max(worst, max(abs(x - y) for x, y in zip(ra, rb)) / max(abs(x) for x in ra))
+print(f"max rel error per position {worst:.2e} over {len(a)//V} positions")
+PY
+)
+        g1=$("$BIN/deepinfer" generate --json --model "$m" --semantics transformers --input-ids "$prompt" --max-tokens 16 2>>"$OUTDIR/cli_err.txt")
+        g2=$(timeout 120 "$BIN/deepinfer" generate --json --backend cuda --model "$m" --semantics transformers --input-ids "$prompt" --max-tokens 16 2>>"$OUTDIR/cli_err.txt")
+        say "$fx: logits exit cpu=$a cuda=$b; $cmp; generate 16: $([ -n "$g1" ] && [ "$g1" = "$g2" ] && echo identical || echo "DIFFERS: cpu=$g1 cuda=$g2")"
+    done
+    rm -f "$OUTDIR/cpu.f32" "$OUTDIR/cuda.f32"
+    DEEPINFER_CUDA_MATH=nonsense "$BIN/deepinfer" logits --backend cuda --model "$MODEL_FIXTURE_DIR/tiny-mixed" --input-ids 1,2 >/dev/null 2>"$OUTDIR/cli_bad.txt"
+    say "bad DEEPINFER_CUDA_MATH: exit $? -- $(head -1 "$OUTDIR/cli_bad.txt")"
+    [ -s "$OUTDIR/cli_err.txt" ] && { say "CLI stderr:"; head -5 "$OUTDIR/cli_err.txt" | tee -a "$SUM"; }
+fi
+
+section "bench_cuda_linear"
+timeout 200 "$BIN/bench_cuda_linear" 2>&1 | tee "$OUTDIR/bench.txt" | tee -a "$SUM"
+say "bench exit status: $?"
+
+section "compute-sanitizer memcheck on test_cuda (ops tests; the model tests are skipped here)"
+if command -v compute-sanitizer >/dev/null; then
+    TEST_CUDA_SKIP='test_model_*' timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN/test_cuda" > "$OUTDIR/sanitizer.txt" 2>&1
+    src=$?
+    grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUTDIR/sanitizer.txt" | head -8 | tee -a "$SUM"
+    say "compute-sanitizer exit status: $src"
+else
+    say "compute-sanitizer not found"
+fi
+say ""
+say "summary in $SUM"
