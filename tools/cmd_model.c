@@ -5,6 +5,7 @@
  * Output shapes are a contract (scripts parse them):
  *   logits   --json  {"input_ids":[...],"positions":[{"pos":0,"top":[[id,logit]x5],"probe":[...]},...]}
  *   generate --json  {"input_ids":[...],"output_ids":[...]} */
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -82,16 +83,34 @@ static int common_flag(opts *o, int argc, char **argv, int *i)
     return 0;
 }
 
-static void close_backend(be_backend *be)
+/* The CUDA backend is a module (libdeepinfer_cuda.so beside the binary),
+ * loaded only when asked for: linking cuBLAS into the CLI would slow every
+ * process start. */
+static const char *(*cuda_error_fn)(const be_backend *);
+
+static be_backend *load_cuda(int threads, char *msg, size_t cap)
 {
-#ifdef DEEPINFER_HAVE_CUDA
-    if (be && !strcmp(be->ops->name, "cuda")) {
-        be_cuda_destroy(be);
-        return;
-    }
+#ifdef DEEPINFER_CUDA_MODULE
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
+    if (n <= 0) { snprintf(msg, cap, "cannot locate the deepinfer binary"); return NULL; }
+    path[n] = 0;
+    char *slash = strrchr(path, '/');
+    strcpy(slash ? slash + 1 : path, DEEPINFER_CUDA_MODULE);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { snprintf(msg, cap, "cannot load %.300s: %.180s", path, dlerror()); return NULL; }
+    be_backend *(*create)(int, int, char *, size_t) = (be_backend * (*)(int, int, char *, size_t)) dlsym(h, "be_cuda_create");
+    cuda_error_fn = (const char *(*)(const be_backend *))dlsym(h, "be_cuda_error");
+    if (!create || !cuda_error_fn) { snprintf(msg, cap, "%.400s lacks be_cuda_create", path); return NULL; }
+    return create(0, threads, msg, cap);
+#else
+    (void)threads;
+    snprintf(msg, cap, "this build has no CUDA backend (CMake found no nvcc)");
+    return NULL;
 #endif
-    be_destroy(be);
 }
+
+static void close_backend(be_backend *be) { be_destroy(be); }
 
 static int open_model(const opts *o, be_backend **be, md_model **m)
 {
@@ -101,16 +120,11 @@ static int open_model(const opts *o, be_backend **be, md_model **m)
     }
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o->cuda) {
-#ifdef DEEPINFER_HAVE_CUDA
         char msg[512] = "";
-        if (!(*be = be_cuda_create(0, threads, msg, sizeof msg))) {
+        if (!(*be = load_cuda(threads, msg, sizeof msg))) {
             fprintf(stderr, "deepinfer: --backend cuda: %s\n", msg);
             return 1;
         }
-#else
-        fprintf(stderr, "deepinfer: --backend cuda: this build has no CUDA backend (CMake found no nvcc)\n");
-        return 1;
-#endif
     } else {
         *be = be_cpu_create(threads);
     }
@@ -127,10 +141,7 @@ static int open_model(const opts *o, be_backend **be, md_model **m)
 static int forward(md_model *m, be_backend *be, md_segment *seg, rc_err *err)
 {
     if (md_forward(m, seg, 1, err)) return -1;
-#ifdef DEEPINFER_HAVE_CUDA
-    if (be_cuda_error(be)) return rc_errf(err, RC_EIO, "%s", be_cuda_error(be));
-#endif
-    (void)be;
+    if (cuda_error_fn && cuda_error_fn(be)) return rc_errf(err, RC_EIO, "%s", cuda_error_fn(be));
     return 0;
 }
 

@@ -30,10 +30,10 @@ pack() {
     set -e
     local b=${BUILD_DIR:-/tmp/cub}
     cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-    ninja -C "$b" test_cuda bench_cuda_linear deepinfer
+    ninja -C "$b" test_cuda bench_cuda_linear deepinfer deepinfer_cuda
     rm -rf .carry
     mkdir -p .carry/bin .carry/lib .carry/include
-    cp "$b/test_cuda" "$b/bench_cuda_linear" "$b/deepinfer" .carry/bin/
+    cp "$b/test_cuda" "$b/bench_cuda_linear" "$b/deepinfer" "$b/libdeepinfer_cuda.so" .carry/bin/
     ldd .carry/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
         case $(basename "$lib") in
         libjansson.so*|libcmocka.so*|libhttp_parser.so*|libcudart.so*) cp -L "$lib" .carry/lib/ ;;
