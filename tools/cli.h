@@ -11,6 +11,13 @@ int cli_read_all(FILE *f, rc_bytes *out, const char *what);
 /* the tokenizer used when --tokenizer is not given */
 const char *cli_default_tokenizer(void);
 
+/* the CUDA backend, loaded as a module on demand (cmd_model.c); NULL + msg
+ * when this build or machine has none */
+struct be_backend;
+struct be_backend *cli_load_cuda(int threads, char *msg, size_t cap);
+/* its sticky error (NULL if none, or for other backends) */
+const char *cli_cuda_error(const struct be_backend *be);
+
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_recipe(int argc, char **argv);

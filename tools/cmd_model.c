@@ -88,7 +88,7 @@ static int common_flag(opts *o, int argc, char **argv, int *i)
  * process start. */
 static const char *(*cuda_error_fn)(const be_backend *);
 
-static be_backend *load_cuda(int threads, char *msg, size_t cap)
+be_backend *cli_load_cuda(int threads, char *msg, size_t cap)
 {
 #ifdef DEEPINFER_CUDA_MODULE
     char path[4096];
@@ -110,6 +110,8 @@ static be_backend *load_cuda(int threads, char *msg, size_t cap)
 #endif
 }
 
+const char *cli_cuda_error(const be_backend *be) { return cuda_error_fn && be ? cuda_error_fn(be) : NULL; }
+
 static void close_backend(be_backend *be) { be_destroy(be); }
 
 static int open_model(const opts *o, be_backend **be, md_model **m)
@@ -121,7 +123,7 @@ static int open_model(const opts *o, be_backend **be, md_model **m)
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o->cuda) {
         char msg[512] = "";
-        if (!(*be = load_cuda(threads, msg, sizeof msg))) {
+        if (!(*be = cli_load_cuda(threads, msg, sizeof msg))) {
             fprintf(stderr, "deepinfer: --backend cuda: %s\n", msg);
             return 1;
         }
@@ -141,7 +143,7 @@ static int open_model(const opts *o, be_backend **be, md_model **m)
 static int forward(md_model *m, be_backend *be, md_segment *seg, rc_err *err)
 {
     if (md_forward(m, seg, 1, err)) return -1;
-    if (cuda_error_fn && cuda_error_fn(be)) return rc_errf(err, RC_EIO, "%s", cuda_error_fn(be));
+    if (cli_cuda_error(be)) return rc_errf(err, RC_EIO, "%s", cli_cuda_error(be));
     return 0;
 }
 

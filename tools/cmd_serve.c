@@ -27,8 +27,9 @@ static const char help[] =
     "model\n"
     "  --model DIR             checkpoint directory (config.json + *.safetensors [+ tokenizer.json])\n"
     "  --model-name NAME       id reported by /v1/models and in responses (default: the directory name)\n"
-    "  --backend cpu|scripted  cpu (default) runs the model; scripted is a TEST backend that replays\n"
-    "                          canned output chosen by [[script:NAME]] in the prompt (no model needed)\n"
+    "  --backend B             cpu (default) runs the model on the CPU; cuda runs its matrix products on\n"
+    "                          GPU 0 (builds with nvcc; docs/CUDA.md); scripted is a TEST backend that\n"
+    "                          replays canned output chosen by [[script:NAME]] in the prompt (no model)\n"
     "  --scripts FILE          JSON {name: text} for --backend scripted, merged over the built-ins\n"
     "  --scripted-step-ms MS   --backend scripted: sleep MS per step (tests that act mid-stream)\n"
     "  --semantics S           official (default) or transformers: see `deepinfer logits --help`\n"
@@ -55,6 +56,18 @@ static const char help[] =
     "`make run` serves a tiny random model made by `deepinfer make-tiny-model`: its answers are noise.\n";
 
 static srv_http *g_http;
+
+/* --backend cuda: the wrapped forward, and the backend whose error it checks */
+static int (*g_fwd)(void *, void **, const int32_t **, const size_t *, float **, size_t, rc_err *);
+static be_backend *g_be;
+
+static int checked_forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                           size_t count, rc_err *err)
+{
+    int rc = g_fwd(impl, seqs, ids, n, logits, count, err);
+    if (!rc && cli_cuda_error(g_be)) rc = rc_errf(err, RC_EIO, "%s", cli_cuda_error(g_be));
+    return rc;
+}
 
 static void on_signal(int sig)
 {
@@ -120,8 +133,8 @@ int cmd_serve(int argc, char **argv)
         else { fprintf(stderr, "serve: unknown option '%s' (see --help)\n", a); return 2; }
         if (bad) return 2;
     }
-    int scripted_be = !strcmp(backend, "scripted");
-    if (!scripted_be && strcmp(backend, "cpu")) { fprintf(stderr, "serve: --backend cpu|scripted\n"); return 2; }
+    int scripted_be = !strcmp(backend, "scripted"), cuda_be = !strcmp(backend, "cuda");
+    if (!scripted_be && !cuda_be && strcmp(backend, "cpu")) { fprintf(stderr, "serve: --backend cpu|cuda|scripted\n"); return 2; }
     if (!scripted_be && !model_dir) { fprintf(stderr, "serve: --model DIR is required (see --help)\n"); return 2; }
 
     char tpath[4096];
@@ -141,7 +154,16 @@ int cmd_serve(int argc, char **argv)
         if (eng_scripted_backend(tok, scripts, &eb, &err)) { fprintf(stderr, "serve: %s\n", err.msg); return 1; }
         eng_scripted_set_step_ms(&eb, (int)step_ms);
     } else {
-        be = be_cpu_create(threads > 0 ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+        int nt = threads > 0 ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (cuda_be) {
+            char msg[512] = "";
+            if (!(be = cli_load_cuda(nt, msg, sizeof msg))) {
+                fprintf(stderr, "serve: --backend cuda: %s\n", msg);
+                return 1;
+            }
+        } else {
+            be = be_cpu_create(nt);
+        }
         if (!be || md_model_load(model_dir, be, sem, NULL, NULL, &m, &err)) {
             fprintf(stderr, "serve: cannot load model from %s: %s\n", model_dir, err.msg);
             return 1;
@@ -150,6 +172,11 @@ int cmd_serve(int argc, char **argv)
             fprintf(stderr, "serve: warning: the model's vocabulary (%d) is smaller than the tokenizer's (%d)\n",
                     md_model_config(m)->vocab_size, rc_tokenizer_n_ids(tok));
         eb = eng_model_backend(m);
+        if (cuda_be) { /* a CUDA failure is sticky in the backend: make it a forward error */
+            g_fwd = eb.forward;
+            g_be = be;
+            eb.forward = checked_forward;
+        }
     }
     if (eb.max_context > ctx || eb.max_context <= 0) eb.max_context = (int)ctx;
     else ctx = eb.max_context;
@@ -193,8 +220,8 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "deepinfer: serving the SCRIPTED TEST BACKEND (no model) on http://%s:%d\n", hc.host,
                 srv_http_port(h));
     else
-        fprintf(stderr, "deepinfer: serving %s (%.1fM params, %s semantics, cpu x%ld) on http://%s:%d\n", model_name,
-                (double)md_model_param_count(m) / 1e6, md_semantics_name(sem),
+        fprintf(stderr, "deepinfer: serving %s (%.1fM params, %s semantics, %s, %ld host threads) on http://%s:%d\n",
+                model_name, (double)md_model_param_count(m) / 1e6, md_semantics_name(sem), cuda_be ? "cuda" : "cpu",
                 threads > 0 ? threads : sysconf(_SC_NPROCESSORS_ONLN), hc.host, srv_http_port(h));
     fflush(stderr);
     int rc = srv_http_run(h);

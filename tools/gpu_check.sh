@@ -145,6 +145,38 @@ PY
     [ -s "$OUTDIR/cli_err.txt" ] && { say "CLI stderr:"; head -5 "$OUTDIR/cli_err.txt" | tee -a "$SUM"; }
 fi
 
+if [ -x "$BIN/deepinfer" ]; then
+    section "deepinfer serve --backend cuda vs cpu (e2e-v4vocab, transformers semantics, greedy chat, 16 tokens)"
+    export DEEPINFER_TOKENIZER=$ROOT/assets/tokenizers/deepseek-v4/tokenizer.json
+    for be in cpu cuda; do
+        "$BIN/deepinfer" serve --backend $be --model "$MODEL_FIXTURE_DIR/e2e-v4vocab" --semantics transformers \
+            --port 0 2>"$OUTDIR/serve_$be.log" &
+        pid=$!
+        python3 - "$OUTDIR/serve_$be.log" > "$OUTDIR/serve_$be.json" 2>>"$OUTDIR/serve_err.txt" <<'PY'
+import json, re, sys, time, urllib.request
+port = None
+for _ in range(300):
+    m = re.search(r"on http://[\d.]+:(\d+)", open(sys.argv[1]).read())
+    if m:
+        port = m.group(1); break
+    time.sleep(0.1)
+body = {"model": "e2e-v4vocab", "messages": [{"role": "user", "content": "Hello from the GPU check"}],
+        "max_tokens": 16, "temperature": 0, "thinking": {"type": "disabled"}}
+rq = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                            headers={"Content-Type": "application/json"})
+r = json.loads(urllib.request.urlopen(rq, timeout=120).read())
+print(json.dumps({"content": r["choices"][0]["message"]["content"], "usage": r["usage"]}))
+PY
+        kill $pid 2>/dev/null; wait $pid 2>/dev/null
+    done
+    if [ -s "$OUTDIR/serve_cpu.json" ] && cmp -s "$OUTDIR/serve_cpu.json" "$OUTDIR/serve_cuda.json"; then
+        say "serve: cpu and cuda answers identical: $(head -c 200 "$OUTDIR/serve_cuda.json")"
+    else
+        say "serve: DIFFER or failed: cpu=$(head -c 200 "$OUTDIR/serve_cpu.json" 2>/dev/null) cuda=$(head -c 200 "$OUTDIR/serve_cuda.json" 2>/dev/null)"
+        head -3 "$OUTDIR/serve_cuda.log" "$OUTDIR/serve_err.txt" 2>/dev/null | tee -a "$SUM"
+    fi
+fi
+
 section "bench_cuda_linear"
 timeout 200 "$BIN/bench_cuda_linear" 2>&1 | tee "$OUTDIR/bench.txt" | tee -a "$SUM"
 say "bench exit status: $?"
