@@ -8,6 +8,8 @@
 
 /* read all of a stream; returns 0 or prints an error and returns 1 */
 int cli_read_all(FILE *f, rc_bytes *out, const char *what);
+/* an integer flag value in [lo, hi]; 0, or prints "<flag> expects ..." and returns -1 */
+int cli_int(const char *flag, const char *v, long lo, long hi, long *out);
 /* the tokenizer used when --tokenizer is not given */
 const char *cli_default_tokenizer(void);
 

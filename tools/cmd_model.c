@@ -62,7 +62,13 @@ static int common_flag(opts *o, int argc, char **argv, int *i)
     if (!strcmp(a, "--model")) { if (!(o->model = NEXT())) return -1; return 1; }
     if (!strcmp(a, "--input-ids")) { if (!(o->input_ids = NEXT())) return -1; return 1; }
     if (!strcmp(a, "--json")) { o->json = 1; return 1; }
-    if (!strcmp(a, "--threads")) { const char *v = NEXT(); if (!v) return -1; o->threads = atoi(v); return 1; }
+    if (!strcmp(a, "--threads")) {
+        const char *v = NEXT();
+        long t;
+        if (!v || cli_int(a, v, 1, 1024, &t)) return -1;
+        o->threads = (int)t;
+        return 1;
+    }
     if (!strcmp(a, "--backend")) {
         const char *v = NEXT();
         if (!v) return -1;
@@ -181,7 +187,11 @@ int cmd_logits(int argc, char **argv)
         if (r) continue;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(logits_help, stdout); return 0; }
         if (!strcmp(argv[i], "--probe-ids") && i + 1 < argc) o.probe_ids = argv[++i];
-        else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) o.chunk = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
+            long v;
+            if (cli_int("--chunk", argv[++i], 0, 1L << 30, &v)) return 2;
+            o.chunk = (int)v;
+        }
         else if (!strcmp(argv[i], "--out-f32") && i + 1 < argc) o.out_f32 = argv[++i];
         else {
             fprintf(stderr, "logits: unknown or incomplete option '%s'\n\n%s", argv[i], logits_help);
@@ -316,7 +326,11 @@ int cmd_generate(int argc, char **argv)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(generate_help, stdout); return 0; }
         if (!strcmp(argv[i], "--prompt") && i + 1 < argc) o.prompt = argv[++i];
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) o.tokenizer = argv[++i];
-        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) o.max_tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) {
+            long v;
+            if (cli_int("--max-tokens", argv[++i], 0, 1L << 24, &v)) return 2;
+            o.max_tokens = (int)v;
+        }
         else if (!strcmp(argv[i], "--temperature") && i + 1 < argc) o.temperature = atof(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) o.seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--recompute")) o.recompute = 1;

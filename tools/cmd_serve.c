@@ -75,18 +75,6 @@ static void on_signal(int sig)
     if (g_http) srv_http_stop(g_http);
 }
 
-static int intarg(const char *flag, const char *v, long lo, long hi, long *out)
-{
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi) {
-        fprintf(stderr, "serve: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 int cmd_serve(int argc, char **argv)
 {
     const char *model_dir = NULL, *model_name = NULL, *backend = "cpu", *scripts = NULL, *tok_path = NULL;
@@ -116,20 +104,20 @@ int cmd_serve(int argc, char **argv)
             else if (!strcmp(v, "v4.1")) enc = RC_ENC_V41;
             else { fprintf(stderr, "serve: --encoding v4|v4.1\n"); bad = -1; }
         }
-        else if (!strcmp(a, "--threads")) bad = intarg(a, v, 1, 1024, &threads);
-        else if (!strcmp(a, "--port")) bad = intarg(a, v, 0, 65535, &port);
-        else if (!strcmp(a, "--max-batch-tokens")) bad = intarg(a, v, 1, 1 << 20, &max_batch);
-        else if (!strcmp(a, "--max-running")) bad = intarg(a, v, 1, 1 << 16, &max_running);
-        else if (!strcmp(a, "--max-waiting")) bad = intarg(a, v, 0, 1 << 20, &max_waiting);
-        else if (!strcmp(a, "--context-length")) bad = intarg(a, v, 2, 1 << 24, &ctx);
-        else if (!strcmp(a, "--max-tokens-default")) bad = intarg(a, v, 1, 1 << 24, &mt_def);
-        else if (!strcmp(a, "--max-tokens-limit")) bad = intarg(a, v, 1, 1 << 24, &mt_lim);
-        else if (!strcmp(a, "--max-body")) bad = intarg(a, v, 1024, 1L << 32, &max_body);
-        else if (!strcmp(a, "--max-header")) bad = intarg(a, v, 512, 1 << 24, &max_header);
-        else if (!strcmp(a, "--max-connections")) bad = intarg(a, v, 1, 1 << 20, &max_conn);
-        else if (!strcmp(a, "--header-timeout")) bad = intarg(a, v, 10, 1 << 30, &header_to);
-        else if (!strcmp(a, "--keepalive-ms")) bad = intarg(a, v, 10, 1 << 30, &ka);
-        else if (!strcmp(a, "--scripted-step-ms")) bad = intarg(a, v, 0, 60000, &step_ms);
+        else if (!strcmp(a, "--threads")) bad = cli_int(a, v, 1, 1024, &threads);
+        else if (!strcmp(a, "--port")) bad = cli_int(a, v, 0, 65535, &port);
+        else if (!strcmp(a, "--max-batch-tokens")) bad = cli_int(a, v, 1, 1 << 20, &max_batch);
+        else if (!strcmp(a, "--max-running")) bad = cli_int(a, v, 1, 1 << 16, &max_running);
+        else if (!strcmp(a, "--max-waiting")) bad = cli_int(a, v, 0, 1 << 20, &max_waiting);
+        else if (!strcmp(a, "--context-length")) bad = cli_int(a, v, 2, 1 << 24, &ctx);
+        else if (!strcmp(a, "--max-tokens-default")) bad = cli_int(a, v, 1, 1 << 24, &mt_def);
+        else if (!strcmp(a, "--max-tokens-limit")) bad = cli_int(a, v, 1, 1 << 24, &mt_lim);
+        else if (!strcmp(a, "--max-body")) bad = cli_int(a, v, 1024, 1L << 32, &max_body);
+        else if (!strcmp(a, "--max-header")) bad = cli_int(a, v, 512, 1 << 24, &max_header);
+        else if (!strcmp(a, "--max-connections")) bad = cli_int(a, v, 1, 1 << 20, &max_conn);
+        else if (!strcmp(a, "--header-timeout")) bad = cli_int(a, v, 10, 1 << 30, &header_to);
+        else if (!strcmp(a, "--keepalive-ms")) bad = cli_int(a, v, 10, 1 << 30, &ka);
+        else if (!strcmp(a, "--scripted-step-ms")) bad = cli_int(a, v, 0, 60000, &step_ms);
         else { fprintf(stderr, "serve: unknown option '%s' (see --help)\n", a); return 2; }
         if (bad) return 2;
     }

@@ -4,6 +4,7 @@
  * exact output shapes documented in --help, so change them with care. */
 #include <getopt.h>
 #include <jansson.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,18 @@
 const char *cli_default_tokenizer(void) {
     const char *env = getenv("DEEPINFER_TOKENIZER");
     return env && *env ? env : DEEPINFER_ASSET_DIR "/tokenizers/deepseek-v4/tokenizer.json";
+}
+
+int cli_int(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "deepinfer: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
 }
 
 int cli_read_all(FILE *f, rc_bytes *out, const char *what) {

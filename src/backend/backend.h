@@ -61,6 +61,12 @@ struct be_backend {
 be_backend *be_cpu_create(int threads);
 void be_destroy(be_backend *be);
 
+/* Host fp32 helpers shared by the CPU backend and the graph's host-side ops,
+ * so that one summation order serves everywhere: an 8-lane dot product, and
+ * row-wise RMSNorm (w may be NULL; statistics in double; in place allowed). */
+float be_dot_f32(const float *a, const float *b, size_t n);
+void be_rmsnorm_rows(float *y, const float *x, size_t rows, size_t dim, const float *w, float eps);
+
 /* Run fn(arg, i) for i in [0, n) on the backend's threads (CPU only). */
 typedef void (*be_task_fn)(void *arg, size_t i);
 void be_cpu_parallel(be_backend *be, size_t n, be_task_fn fn, void *arg);

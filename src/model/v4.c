@@ -283,26 +283,7 @@ static int ent_push(float **v, size_t *n, size_t *cap, size_t dim, const float *
 
 /* ------------------------------------------------------------ small math */
 
-static inline float dotf(const float *a, const float *b, size_t n)
-{
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
-}
-
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-static void rmsnorm_row(float *x, size_t n, const float *w, float eps)
-{
-    double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (size_t i = 0; i < n; i++) x[i] = (w ? w[i] : 1.0f) * (x[i] * inv);
-}
 
 /* Interleaved RoPE on x[0:rd) (pairs 2i, 2i+1) at position pos; inverse
  * rotates by -pos. */
@@ -386,7 +367,7 @@ static void hc_pre_task(void *arg, size_t t)
     for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
     float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->c->rms_eps);
     float mixes[(2 + 16) * 16];
-    for (int k = 0; k < mix; k++) mixes[k] = dotf(j->fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
+    for (int k = 0; k < mix; k++) mixes[k] = be_dot_f32(j->fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
     float pre[16];
     float *post = j->post + t * n, *C = j->comb + t * n * n;
     for (int i = 0; i < n; i++) {
@@ -453,7 +434,7 @@ static void hc_head_task(void *arg, size_t t)
     float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->c->rms_eps);
     float pre[16];
     for (int i = 0; i < n; i++)
-        pre[i] = sigmoidf(dotf(j->fn + (size_t)i * n * D, x, (size_t)n * D) * rs * j->scale[0] + j->base[i]) +
+        pre[i] = sigmoidf(be_dot_f32(j->fn + (size_t)i * n * D, x, (size_t)n * D) * rs * j->scale[0] + j->base[i]) +
                  j->c->hc_eps;
     float *y = j->coll + t * (size_t)D;
     for (int d = 0; d < D; d++) {
@@ -516,7 +497,7 @@ static int comp_push(const md_model *m, const comp_ref *cr, int is_indexer, cons
             memcpy(cr->ovkv + (size_t)s * hd, cr->kv + (size_t)s * cd, (size_t)hd * sizeof(float));
             memcpy(cr->ovg + (size_t)s * hd, cr->gate + (size_t)s * cd, (size_t)hd * sizeof(float));
         }
-    rmsnorm_row(out, (size_t)hd, cr->norm, c->rms_eps);
+    be_rmsnorm_rows(out, out, 1, (size_t)hd, cr->norm, c->rms_eps);
     rope(out + hd - c->rope_dim, c->rope_dim, m->inv_freq_comp, b * r, 0);
     if (m->sem == MD_SEM_OFFICIAL) {
         if (is_indexer) {
@@ -592,7 +573,7 @@ static void indexer_task(void *arg, size_t i)
         const float *k = j->sl->i_ent + b * (size_t)ID;
         float s = 0;
         for (int h = 0; h < IH; h++) {
-            float dp = dotf(q + (size_t)h * ID, k, (size_t)ID);
+            float dp = be_dot_f32(q + (size_t)h * ID, k, (size_t)ID);
             if (dp > 0) s += dp * w[h];
         }
         sc[b].s = s;
@@ -633,12 +614,12 @@ static void attn_task(void *arg, size_t t)
     float *s = tl_scores(nw + nc);
     float mx = j->ly->attn_sink[h];
     for (size_t k = 0; k < nw; k++) {
-        s[k] = dotf(q, j->kbuf + (size_t)(w0 - j->kstart + (int64_t)k) * d, (size_t)d) * scale;
+        s[k] = be_dot_f32(q, j->kbuf + (size_t)(w0 - j->kstart + (int64_t)k) * d, (size_t)d) * scale;
         mx = fmaxf(mx, s[k]);
     }
     for (size_t k = 0; k < nc; k++) {
         size_t b = sel ? (size_t)sel[k] : k;
-        s[nw + k] = dotf(q, j->sl->c_ent + b * (size_t)d, (size_t)d) * scale;
+        s[nw + k] = be_dot_f32(q, j->sl->c_ent + b * (size_t)d, (size_t)d) * scale;
         mx = fmaxf(mx, s[nw + k]);
     }
     float den = expf(j->ly->attn_sink[h] - mx);

@@ -32,6 +32,8 @@
 
 #include <cmocka.h>
 
+#include "model_util.h"
+
 #include "backend/cuda/cuda_internal.h"
 #include "model/v4.h"
 
@@ -319,15 +321,6 @@ static void test_errors_are_sticky_and_readable(void **st)
 #define N_PROMPT 32
 #define N_GEN 16
 
-static int32_t *make_ids(size_t n, int vocab, uint64_t seed)
-{
-    int32_t *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
-    }
-    return v;
-}
 
 static md_model *load(const char *dir, be_backend *be)
 {

@@ -21,6 +21,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "model_util.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -374,15 +376,6 @@ static int all_done(job *js, size_t n)
     return 1;
 }
 
-static int32_t *make_ids(size_t n, int vocab, uint64_t seed)
-{
-    int32_t *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
-    }
-    return v;
-}
 
 /* ================================================================ fake backend */
 

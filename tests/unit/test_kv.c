@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "model_util.h"
+
 #include "kv/blockkey.h"
 #include "kv/sha256.h"
 #include "model/v4.h"
@@ -255,25 +257,7 @@ static void test_model_fingerprint(void **st)
 
 /* -------------------------------------------------------------- snapshots */
 
-static int32_t *make_ids(size_t n, int vocab, uint64_t seed)
-{
-    int32_t *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
-    }
-    return v;
-}
 
-static md_model *load(const char *dir, be_backend *be, md_semantics sem)
-{
-    md_model *m = NULL;
-    rc_err err = {0};
-    int rc = md_model_load(dir, be, sem, NULL, NULL, &m, &err);
-    if (rc) fprintf(stderr, "%s: %s\n", dir, err.msg);
-    assert_int_equal(rc, 0);
-    return m;
-}
 
 /* feed ids[0..n) in chunks of the given sizes (cycled); all logits into lg if not NULL */
 static void feed(md_model *m, md_seq *s, const int32_t *ids, size_t n, const size_t *chunks, size_t nchunks,
@@ -302,7 +286,7 @@ static uint8_t *snapshot(const md_seq *s, size_t *len)
 static void snapshot_is_exact(md_semantics sem)
 {
     be_backend *be = be_cpu_create(2);
-    md_model *m = load(FIX("tiny-mixed"), be, sem);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, sem);
     const md_config *c = md_model_config(m);
     const size_t V = (size_t)c->vocab_size, N = 402;
     int32_t *ids = make_ids(N, c->vocab_size, 23);
@@ -427,9 +411,9 @@ static void test_snapshot_refuses_bad_input(void **st)
 {
     (void)st;
     be_backend *be = be_cpu_create(2);
-    md_model *m = load(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
-    md_model *mt = load(FIX("tiny-mixed"), be, MD_SEM_TRANSFORMERS);
-    md_model *h = load(FIX("tiny-hca16"), be, MD_SEM_OFFICIAL);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
+    md_model *mt = load_fixture_model(FIX("tiny-mixed"), be, MD_SEM_TRANSFORMERS);
+    md_model *h = load_fixture_model(FIX("tiny-hca16"), be, MD_SEM_OFFICIAL);
     const md_config *c = md_model_config(m);
     int32_t *ids = make_ids(300, c->vocab_size, 5);
     const size_t one[] = {(size_t)-1};

@@ -17,29 +17,13 @@
 
 #include <cmocka.h>
 
+#include "model_util.h"
+
 #include "model/v4.h"
 
 #define FIX(name) MODEL_FIXTURE_DIR "/" name
 
-static int32_t *make_ids(size_t n, int vocab, uint64_t seed)
-{
-    int32_t *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
-    }
-    return v;
-}
 
-static md_model *load(const char *dir, be_backend *be, md_semantics sem)
-{
-    md_model *m = NULL;
-    rc_err err = {0};
-    int rc = md_model_load(dir, be, sem, NULL, NULL, &m, &err);
-    if (rc) fprintf(stderr, "%s: %s\n", dir, err.msg);
-    assert_int_equal(rc, 0);
-    return m;
-}
 
 /* logits of all n tokens fed in chunks of `chunk` (0 = one call) */
 static float *run_chunked(md_model *m, const int32_t *ids, size_t n, size_t chunk)
@@ -62,7 +46,7 @@ static float *run_chunked(md_model *m, const int32_t *ids, size_t n, size_t chun
 static void chunking_is_invisible(md_semantics sem)
 {
     be_backend *be = be_cpu_create(2);
-    md_model *m = load(FIX("tiny-mixed"), be, sem);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, sem);
     const int V = md_model_config(m)->vocab_size;
     const size_t n = 300; /* wraps the 16-token window, 75 CSA entries for top-8, 2 HCA entries */
     int32_t *ids = make_ids(n, V, 7);
@@ -89,7 +73,7 @@ static void test_batching_is_invisible(void **st)
 {
     (void)st;
     be_backend *be = be_cpu_create(2);
-    md_model *m = load(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
     const int V = md_model_config(m)->vocab_size;
     int32_t *ids = make_ids(400, V, 11);
     rc_err err = {0};
@@ -141,8 +125,8 @@ static void test_quantized_equals_twin(void **st)
 {
     (void)st;
     be_backend *be = be_cpu_create(2);
-    md_model *q = load(FIX("tiny-mixed-fp8fp4"), be, MD_SEM_OFFICIAL);
-    md_model *t = load(FIX("tiny-mixed-fp8fp4-twin"), be, MD_SEM_OFFICIAL);
+    md_model *q = load_fixture_model(FIX("tiny-mixed-fp8fp4"), be, MD_SEM_OFFICIAL);
+    md_model *t = load_fixture_model(FIX("tiny-mixed-fp8fp4-twin"), be, MD_SEM_OFFICIAL);
     const int V = md_model_config(q)->vocab_size;
     int32_t *ids = make_ids(150, V, 3);
     float *a = run_chunked(q, ids, 150, 0), *b = run_chunked(t, ids, 150, 0);
@@ -159,7 +143,7 @@ static void test_state_size(void **st)
 {
     (void)st;
     be_backend *be = be_cpu_create(1);
-    md_model *m = load(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
     const md_config *c = md_model_config(m);
     md_seq *s = md_seq_create(m);
     assert_int_equal(md_seq_bytes(s), md_seq_fixed_bytes(m));

@@ -170,10 +170,10 @@ static void cpu_linear_rows(be_backend *be, float *y, size_t ldy, const float *x
     run_linear(be, &j);
 }
 
-static void cpu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, size_t dim,
-                        const float *w, float eps)
+float be_dot_f32(const float *a, const float *b, size_t n) { return dot(a, b, n); }
+
+void be_rmsnorm_rows(float *y, const float *x, size_t rows, size_t dim, const float *w, float eps)
 {
-    (void)be;
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = y + r * dim;
@@ -182,6 +182,13 @@ static void cpu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, s
         float inv = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
         for (size_t i = 0; i < dim; i++) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * inv);
     }
+}
+
+static void cpu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, size_t dim,
+                        const float *w, float eps)
+{
+    (void)be;
+    be_rmsnorm_rows(y, x, rows, dim, w, eps);
 }
 
 static void cpu_destroy(be_backend *be);
