@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/crc32c.h"
 #include "base/scratch.h"
 #include "model/v4_internal.h"
 
@@ -1028,35 +1029,6 @@ out:
 #define SNAP_LAYER_HEAD 24u /* per-layer header bytes */
 #define SNAP_MAX_LEN ((int64_t)1 << 40)
 
-/* CRC32C (Castagnoli, reflected polynomial 0x82F63B78, init and final xor
- * ~0), slicing by 8; "123456789" -> 0xE3069283. */
-static uint32_t crc_tab[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_tab[0][i] = c;
-    }
-    for (int t = 1; t < 8; t++)
-        for (int i = 0; i < 256; i++) crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 255];
-}
-
-static uint32_t crc32c(const uint8_t *p, size_t n)
-{
-    pthread_once(&crc_once, crc_init);
-    uint32_t c = 0xFFFFFFFFu;
-    for (; n >= 8; p += 8, n -= 8) {
-        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        c = crc_tab[7][lo & 255] ^ crc_tab[6][(lo >> 8) & 255] ^ crc_tab[5][(lo >> 16) & 255] ^ crc_tab[4][lo >> 24] ^
-            crc_tab[3][p[4]] ^ crc_tab[2][p[5]] ^ crc_tab[1][p[6]] ^ crc_tab[0][p[7]];
-    }
-    for (; n; p++, n--) c = (c >> 8) ^ crc_tab[0][(c ^ *p) & 255];
-    return c ^ 0xFFFFFFFFu;
-}
-
 static void wr_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -1190,7 +1162,7 @@ int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
             p += f[k] * 4;
         }
     }
-    wr_u32(p, crc32c(buf, (size_t)(p - buf)));
+    wr_u32(p, rc_crc32c(buf, (size_t)(p - buf)));
     assert((size_t)(p + 4 - buf) == total);
     return 0;
 }
@@ -1212,7 +1184,7 @@ int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
     if (total != len)
         return rc_errf(err, RC_EINVAL, "state snapshot is %zu bytes but its header says %llu (truncated or padded)", len,
                        (unsigned long long)total);
-    const uint32_t want = rd_u32(buf + len - 4), got = crc32c(buf, len - 4);
+    const uint32_t want = rd_u32(buf + len - 4), got = rc_crc32c(buf, len - 4);
     if (want != got)
         return rc_errf(err, RC_EINVAL, "state snapshot corrupted: CRC32C %08x, stored %08x", got, want);
 
