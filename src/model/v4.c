@@ -84,6 +84,8 @@ typedef struct {
     void *arg;
 } touch_arg;
 
+static int blk_geometry(md_model *m, rc_err *err);
+
 static void touch_cb(void *arg, uint64_t done, uint64_t total)
 {
     touch_arg *t = arg;
@@ -110,6 +112,7 @@ int md_model_load(const char *dir, be_backend *be, md_semantics sem, md_progress
         md_ckpt_touch(m->ck, touch_cb, &ta);
     }
     if ((rc = md_load_weights(m, progress, progress_arg, err))) goto fail;
+    if ((rc = blk_geometry(m, err))) goto fail;
     const md_config *c = &m->cfg;
     if (sem == MD_SEM_OFFICIAL && !is_pow2((size_t)c->index_head_dim)) {
         for (int l = 0; l < c->n_layers; l++)
@@ -136,6 +139,8 @@ void md_model_free(md_model *m)
 {
     if (!m) return;
     md_free_weights(m);
+    free(m->blk_off);
+    free(m->blk_epb);
     free(m->inv_freq_main);
     free(m->inv_freq_comp);
     if (m->ck) md_ckpt_close(m->ck);
@@ -153,24 +158,131 @@ uint64_t md_model_param_count(const md_model *m) { return m->n_params; }
  *   win          [W, d]       window ring; slot = pos % W holds position pos
  *   c_kv, c_gate [r, c*d]     compressor partial block; slot = pos % r
  *   c_ovkv/ovg   [r, d]       half A of the last complete block (CSA only)
- *   c_ent        [n, d]       compressed entries; entry b pools block b
  *   i_*                       the same for the indexer's compressor (CSA only)
- * A partial block's slots are valid for positions r*floor(len/r) .. len-1. */
+ * A partial block's slots are valid for positions r*floor(len/r) .. len-1.
+ * The entries (c_n compressed entries of d floats, i_n indexer keys of ID
+ * floats) live in the sequence's KV blocks (v4.h), reached through ent_row. */
 typedef struct {
     float *win;
     float *c_kv, *c_gate, *c_ovkv, *c_ovg;
-    float *c_ent;
-    size_t c_n, c_cap;
+    size_t c_n;
     float *i_kv, *i_gate, *i_ovkv, *i_ovg;
-    float *i_ent;
-    size_t i_n, i_cap;
+    size_t i_n;
 } seq_layer;
 
 struct md_seq {
     const md_model *m;
     int64_t len;
+    int64_t win_lo;     /* the window never reaches below this position (bounded replay) */
     seq_layer *L;
+    md_block **blk;     /* block table; full blocks are shared, the last may be partial */
+    size_t nblk, blk_cap;
 };
+
+/* row b of layer l's entries (which = 0) or indexer keys (which = 1) */
+static inline float *ent_row(const md_seq *s, int l, int which, size_t b)
+{
+    const md_model *m = s->m;
+    const size_t epb = (size_t)m->blk_epb[l];
+    const size_t dim = (size_t)(which ? m->cfg.index_head_dim : m->cfg.head_dim);
+    return s->blk[b / epb]->data + m->blk_off[2 * l + which] + (b % epb) * dim;
+}
+
+/* ------------------------------------------------------------- KV blocks */
+
+size_t md_block_floats(const md_model *m) { return m->blk_floats; }
+
+md_block *md_block_malloc(const md_model *m)
+{
+    md_block *b = malloc(sizeof *b);
+    float *d = malloc((m->blk_floats ? m->blk_floats : 1) * sizeof(float));
+    if (!b || !d) { free(b); free(d); return NULL; }
+    *b = (md_block){.refs = 1, .data = d};
+    return b;
+}
+
+void md_block_free(md_block *b)
+{
+    if (!b) return;
+    free(b->data);
+    free(b);
+}
+
+static md_block *def_alloc(void *ctx) { return md_block_malloc(ctx); }
+static void def_release(void *ctx, md_block *b) { (void)ctx; md_block_free(b); }
+
+void md_model_set_block_alloc(md_model *m, const md_block_alloc *a)
+{
+    if (a) m->balloc = *a;
+    else m->balloc = (md_block_alloc){.ctx = m, .alloc = def_alloc, .release = def_release};
+}
+
+md_block *md_block_new(const md_model *m) { return m->balloc.alloc(m->balloc.ctx); }
+void md_block_ref(md_block *b) { b->refs++; }
+void md_block_unref(const md_model *m, md_block *b)
+{
+    if (b && --b->refs == 0) m->balloc.release(m->balloc.ctx, b);
+}
+
+/* block geometry; every compress ratio must divide MD_BLOCK_TOKENS */
+static int blk_geometry(md_model *m, rc_err *err)
+{
+    const md_config *c = &m->cfg;
+    m->blk_off = calloc(2 * (size_t)c->n_layers, sizeof *m->blk_off);
+    m->blk_epb = calloc((size_t)c->n_layers, sizeof *m->blk_epb);
+    if (!m->blk_off || !m->blk_epb) return rc_errf(err, RC_ENOMEM, "out of memory");
+    size_t off = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const int r = c->ratio[l];
+        if (!r) continue;
+        if (MD_BLOCK_TOKENS % r)
+            return rc_errf(err, RC_EUNSUP, "layer %d compresses by %d, which does not divide the %d-token KV block", l,
+                           r, MD_BLOCK_TOKENS);
+        m->blk_epb[l] = MD_BLOCK_TOKENS / r;
+        m->blk_off[2 * l] = off;
+        off += (size_t)m->blk_epb[l] * (size_t)c->head_dim;
+        if (r == c->csa_ratio) {
+            m->blk_off[2 * l + 1] = off;
+            off += (size_t)m->blk_epb[l] * (size_t)c->index_head_dim;
+        }
+    }
+    m->blk_floats = off;
+    md_model_set_block_alloc(m, NULL);
+    return 0;
+}
+
+/* the block holding row b of layer l, allocated when the sequence reaches it */
+static int ent_slot(md_seq *s, int l, size_t b)
+{
+    const size_t k = b / (size_t)s->m->blk_epb[l];
+    while (s->nblk <= k) {
+        if (s->nblk == s->blk_cap) {
+            size_t nc = s->blk_cap ? 2 * s->blk_cap : 16;
+            md_block **nb = realloc(s->blk, nc * sizeof *nb);
+            if (!nb) return RC_ENOMEM;
+            s->blk = nb;
+            s->blk_cap = nc;
+        }
+        md_block *nbk = md_block_new(s->m);
+        if (!nbk) return RC_ENOMEM;
+        s->blk[s->nblk++] = nbk;
+    }
+    return 0;
+}
+
+size_t md_seq_full_blocks(const md_seq *s)
+{
+    size_t n = (size_t)(s->len / MD_BLOCK_TOKENS);
+    return n < s->nblk ? n : s->nblk;
+}
+
+md_block *md_seq_block(const md_seq *s, size_t k) { return k < s->nblk ? s->blk[k] : NULL; }
+
+static void seq_drop_blocks(md_seq *s)
+{
+    for (size_t k = 0; k < s->nblk; k++) md_block_unref(s->m, s->blk[k]);
+    s->nblk = 0;
+}
 
 static size_t layer_fixed_floats(const md_config *c, int l)
 {
@@ -250,9 +362,11 @@ void md_seq_free(md_seq *s)
         for (int l = 0; l < s->m->cfg.n_layers; l++) {
             seq_layer *L = &s->L[l];
             free(L->win);
-            free(L->c_kv); free(L->c_gate); free(L->c_ovkv); free(L->c_ovg); free(L->c_ent);
-            free(L->i_kv); free(L->i_gate); free(L->i_ovkv); free(L->i_ovg); free(L->i_ent);
+            free(L->c_kv); free(L->c_gate); free(L->c_ovkv); free(L->c_ovg);
+            free(L->i_kv); free(L->i_gate); free(L->i_ovkv); free(L->i_ovg);
         }
+    seq_drop_blocks(s);
+    free(s->blk);
     free(s->L);
     free(s);
 }
@@ -266,20 +380,6 @@ size_t md_seq_bytes(const md_seq *s)
     for (int l = 0; l < c->n_layers; l++)
         b += (s->L[l].c_n * (size_t)c->head_dim + s->L[l].i_n * (size_t)c->index_head_dim) * sizeof(float);
     return b;
-}
-
-static int ent_push(float **v, size_t *n, size_t *cap, size_t dim, const float *e)
-{
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        float *p = realloc(*v, nc * dim * sizeof(float));
-        if (!p) return -1;
-        *v = p;
-        *cap = nc;
-    }
-    memcpy(*v + *n * dim, e, dim * sizeof(float));
-    (*n)++;
-    return 0;
 }
 
 /* ------------------------------------------------------------ small math */
@@ -454,8 +554,9 @@ static void hc_head_task(void *arg, size_t t)
 typedef struct {
     int ratio, overlap, hd;     /* hd = entry width (head_dim or index_head_dim) */
     float *kv, *gate, *ovkv, *ovg;
-    float **ent;
-    size_t *n, *cap;
+    md_seq *s;                  /* entries go to s's blocks, layer l */
+    int l;
+    size_t *n;                  /* entries held */
     const float *ape, *norm;
 } comp_ref;
 
@@ -508,9 +609,18 @@ static int comp_push(const md_model *m, const comp_ref *cr, int is_indexer, cons
             fq_fp8(out, (size_t)(hd - c->rope_dim), 64);
         }
     }
-    int rc = ent_push(cr->ent, cr->n, cr->cap, (size_t)hd, out);
+    /* b < n: a bounded replay over entries its blocks already hold (kept) */
+    int rc = 0;
+    if ((size_t)b >= *cr->n) {
+        assert((size_t)b == *cr->n);
+        rc = ent_slot(cr->s, cr->l, (size_t)b);
+        if (!rc) {
+            memcpy(ent_row(cr->s, cr->l, is_indexer, (size_t)b), out, (size_t)hd * sizeof(float));
+            *cr->n = (size_t)b + 1;
+        }
+    }
     if (out != e) free(out);
-    return rc ? RC_ENOMEM : 0;
+    return rc;
 }
 
 /* -------------------------------------------------------------- attention */
@@ -519,7 +629,8 @@ static int comp_push(const md_model *m, const comp_ref *cr, int is_indexer, cons
 typedef struct {
     const md_model *m;
     const md_layer *ly;
-    seq_layer *sl;
+    const md_seq *sq;
+    int l;
     int64_t p0;          /* position of the segment's first token */
     size_t n;            /* tokens in the segment */
     const float *q;      /* [n, H*d] roped queries */
@@ -571,7 +682,7 @@ static void indexer_task(void *arg, size_t i)
     scored *sc = malloc(nv * sizeof *sc);
     const float *q = j->iq + i * (size_t)IH * ID, *w = j->iw + i * (size_t)IH;
     for (size_t b = 0; b < nv; b++) {
-        const float *k = j->sl->i_ent + b * (size_t)ID;
+        const float *k = ent_row(j->sq, j->l, 1, b);
         float s = 0;
         for (int h = 0; h < IH; h++) {
             float dp = be_dot_f32(q + (size_t)h * ID, k, (size_t)ID);
@@ -600,7 +711,7 @@ static void attn_task(void *arg, size_t t)
     const float scale = 1.0f / sqrtf((float)d);
 
     int64_t w0 = pos - c->window + 1;
-    if (w0 < 0) w0 = 0;
+    if (w0 < j->kstart) w0 = j->kstart; /* kstart = max(first position in the ring window, win_lo) */
     const size_t nw = (size_t)(pos - w0 + 1);
     size_t nc = 0;
     const int32_t *sel = NULL;
@@ -620,7 +731,7 @@ static void attn_task(void *arg, size_t t)
     }
     for (size_t k = 0; k < nc; k++) {
         size_t b = sel ? (size_t)sel[k] : k;
-        s[nw + k] = be_dot_f32(q, j->sl->c_ent + b * (size_t)d, (size_t)d) * scale;
+        s[nw + k] = be_dot_f32(q, ent_row(j->sq, j->l, 0, b), (size_t)d) * scale;
         mx = fmaxf(mx, s[nw + k]);
     }
     float den = expf(j->ly->attn_sink[h] - mx);
@@ -629,7 +740,7 @@ static void attn_task(void *arg, size_t t)
     for (int x = 0; x < d; x++) o[x] = 0;
     for (size_t k = 0; k < nw + nc; k++) {
         const float *v = k < nw ? j->kbuf + (size_t)(w0 - j->kstart + (int64_t)k) * d
-                                : j->sl->c_ent + (sel ? (size_t)sel[k - nw] : k - nw) * (size_t)d;
+                                : ent_row(j->sq, j->l, 0, sel ? (size_t)sel[k - nw] : k - nw);
         const float p = s[k] / den;
         for (int x = 0; x < d; x++) o[x] += p * v[x];
     }
@@ -727,7 +838,7 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
         const int W = c->window;
         /* window keys: the ring's positions before the segment, then its own */
         int64_t kstart = p0 - W + 1;
-        if (kstart < 0) kstart = 0;
+        if (kstart < sq->win_lo) kstart = sq->win_lo;
         const size_t nold = (size_t)(p0 - kstart);
         float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
         if (!kbuf) { rc = RC_ENOMEM; break; }
@@ -738,18 +849,18 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
         /* compressors first: a block completed by token t is visible to t */
         if (ly->ratio) {
             comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
-                           .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .ent = &sl->c_ent, .n = &sl->c_n,
-                           .cap = &sl->c_cap, .ape = ly->c_ape, .norm = ly->c_norm};
+                           .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
+                           .ape = ly->c_ape, .norm = ly->c_norm};
             comp_ref ci = {.ratio = ly->ratio, .overlap = 1, .hd = ID, .kv = sl->i_kv, .gate = sl->i_gate,
-                           .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .ent = &sl->i_ent, .n = &sl->i_n,
-                           .cap = &sl->i_cap, .ape = ly->i_ape, .norm = ly->i_norm};
+                           .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
+                           .ape = ly->i_ape, .norm = ly->i_norm};
             for (size_t i = 0; i < n && !rc; i++) {
                 rc = comp_push(m, &cr, 0, ckv + (r0 + i) * cd, cg + (r0 + i) * cd, p0 + (int64_t)i);
                 if (!rc && ly->overlap)
                     rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
             }
         }
-        attn_job aj = {.m = m, .ly = ly, .sl = sl, .p0 = p0, .n = n, .q = q + r0 * (size_t)H * d,
+        attn_job aj = {.m = m, .ly = ly, .sq = sq, .l = l, .p0 = p0, .n = n, .q = q + r0 * (size_t)H * d,
                        .kbuf = kbuf, .kstart = kstart, .o = o + r0 * (size_t)H * d, .topk = c->index_topk};
         if (!rc && ly->overlap) {
             aj.iq = iq + r0 * (size_t)IH * ID;
@@ -1074,32 +1185,33 @@ static void rd_f32s(float *x, const uint8_t *p, size_t n)
 }
 
 /* A layer's fields in snapshot order (docs/MODEL-STATE.md); the entry fields
- * (F_C_ENT, F_I_ENT) are the ones that grow with length. */
+ * (F_C_ENT, F_I_ENT) are the ones that grow with length and live in blocks. */
 enum { F_WIN, F_C_KV, F_C_GATE, F_C_OVKV, F_C_OVG, F_C_ENT, F_I_KV, F_I_GATE, F_I_OVKV, F_I_OVG, F_I_ENT, F_COUNT };
 
-static float **field_ptr(seq_layer *L, int f)
+#define SNAP_FLAG_NO_ENTRIES 1u /* a boundary state: the entries are in blocks */
+
+static float *field_ptr(seq_layer *L, int f)
 {
     switch (f) {
-    case F_WIN: return &L->win;
-    case F_C_KV: return &L->c_kv;
-    case F_C_GATE: return &L->c_gate;
-    case F_C_OVKV: return &L->c_ovkv;
-    case F_C_OVG: return &L->c_ovg;
-    case F_C_ENT: return &L->c_ent;
-    case F_I_KV: return &L->i_kv;
-    case F_I_GATE: return &L->i_gate;
-    case F_I_OVKV: return &L->i_ovkv;
-    case F_I_OVG: return &L->i_ovg;
-    default: return &L->i_ent;
+    case F_WIN: return L->win;
+    case F_C_KV: return L->c_kv;
+    case F_C_GATE: return L->c_gate;
+    case F_C_OVKV: return L->c_ovkv;
+    case F_C_OVG: return L->c_ovg;
+    case F_I_KV: return L->i_kv;
+    case F_I_GATE: return L->i_gate;
+    case F_I_OVKV: return L->i_ovkv;
+    case F_I_OVG: return L->i_ovg;
+    default: return NULL; /* entries: through ent_row */
     }
 }
 
 /* floats of each field of layer l at length len (0 = absent); len <= SNAP_MAX_LEN keeps every product in range */
-static void field_sizes(const md_config *c, int l, int64_t len, uint64_t out[F_COUNT])
+static void field_sizes(const md_config *c, int l, int64_t len, int no_entries, uint64_t out[F_COUNT])
 {
     const uint64_t d = (uint64_t)c->head_dim, r = (uint64_t)c->ratio[l], id = (uint64_t)c->index_head_dim;
     const int ov = r && c->ratio[l] == c->csa_ratio;
-    const uint64_t cd = (ov ? 2 : 1) * d, nent = r ? (uint64_t)len / r : 0;
+    const uint64_t cd = (ov ? 2 : 1) * d, nent = r && !no_entries ? (uint64_t)len / r : 0;
     memset(out, 0, F_COUNT * sizeof *out);
     out[F_WIN] = (uint64_t)c->window * d;
     if (r) {
@@ -1114,25 +1226,32 @@ static void field_sizes(const md_config *c, int l, int64_t len, uint64_t out[F_C
     }
 }
 
-static uint64_t snap_size(const md_config *c, int64_t len)
+static uint64_t snap_size(const md_config *c, int64_t len, int no_entries)
 {
     uint64_t b = SNAP_HEAD + (uint64_t)SNAP_LAYER_HEAD * (uint64_t)c->n_layers + 4;
     for (int l = 0; l < c->n_layers; l++) {
         uint64_t f[F_COUNT];
-        field_sizes(c, l, len, f);
+        field_sizes(c, l, len, no_entries, f);
         for (int k = 0; k < F_COUNT; k++) b += f[k] * 4;
     }
     return b;
 }
 
-size_t md_seq_snapshot_size(const md_seq *s) { return (size_t)snap_size(&s->m->cfg, s->len); }
+size_t md_seq_snapshot_size(const md_seq *s) { return (size_t)snap_size(&s->m->cfg, s->len, 0); }
+size_t md_seq_boundary_size(const md_model *m) { return (size_t)snap_size(&m->cfg, 0, 1); }
 
-int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
+/* the window reaching below win_lo would need what a replay never computed */
+static int mid_replay(const md_seq *s) { return s->win_lo > 0 && s->win_lo > s->len - s->m->cfg.window + 1; }
+
+static int snap_write(const md_seq *s, uint8_t *buf, size_t cap, int no_entries, rc_err *err)
 {
     const md_config *c = &s->m->cfg;
-    const size_t total = md_seq_snapshot_size(s);
+    const size_t total = (size_t)snap_size(c, s->len, no_entries);
     if (!buf || cap < total)
         return rc_errf(err, RC_EINVAL, "snapshot needs %zu bytes, the buffer has %zu", total, buf ? cap : 0);
+    if (mid_replay(s))
+        return rc_errf(err, RC_EINVAL, "the state is inside a bounded replay (its window starts at %lld); feed %lld "
+                       "more tokens first", (long long)s->win_lo, (long long)(s->win_lo + c->window - 1 - s->len));
     memcpy(buf, SNAP_MAGIC, 8);
     wr_u32(buf + 8, SNAP_VERSION);
     wr_u32(buf + 12, SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers);
@@ -1145,7 +1264,7 @@ int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
     wr_u32(buf + 48, (uint32_t)c->index_head_dim);
     wr_u32(buf + 52, (uint32_t)c->csa_ratio);
     wr_u32(buf + 56, (uint32_t)c->hca_ratio);
-    wr_u32(buf + 60, 0);
+    wr_u32(buf + 60, no_entries ? SNAP_FLAG_NO_ENTRIES : 0);
     uint8_t *p = buf + SNAP_HEAD;
     for (int l = 0; l < c->n_layers; l++, p += SNAP_LAYER_HEAD) {
         wr_u32(p, (uint32_t)c->ratio[l]);
@@ -1155,10 +1274,16 @@ int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
     }
     for (int l = 0; l < c->n_layers; l++) {
         uint64_t f[F_COUNT];
-        field_sizes(c, l, s->len, f);
-        assert(f[F_C_ENT] == s->L[l].c_n * (size_t)c->head_dim && f[F_I_ENT] == s->L[l].i_n * (size_t)c->index_head_dim);
+        field_sizes(c, l, s->len, no_entries, f);
         for (int k = 0; k < F_COUNT; k++) {
-            wr_f32s(p, *field_ptr(&s->L[l], k), (size_t)f[k]);
+            if (k == F_C_ENT || k == F_I_ENT) {
+                const size_t ne = k == F_C_ENT ? s->L[l].c_n : s->L[l].i_n;
+                const size_t dim = (size_t)(k == F_C_ENT ? c->head_dim : c->index_head_dim);
+                assert(no_entries || f[k] == ne * dim);
+                for (size_t b = 0; f[k] && b < ne; b++, p += dim * 4) wr_f32s(p, ent_row(s, l, k == F_I_ENT, b), dim);
+                continue;
+            }
+            wr_f32s(p, field_ptr(&s->L[l], k), (size_t)f[k]);
             p += f[k] * 4;
         }
     }
@@ -1167,10 +1292,21 @@ int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
     return 0;
 }
 
-int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
+int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err) { return snap_write(s, buf, cap, 0, err); }
+
+int md_seq_boundary_save(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err)
+{
+    if (s->len <= 0 || s->len % MD_BLOCK_TOKENS)
+        return rc_errf(err, RC_EINVAL, "a boundary state needs a length that is a positive multiple of %d, not %lld",
+                       MD_BLOCK_TOKENS, (long long)s->len);
+    return snap_write(s, buf, cap, 1, err);
+}
+
+/* Check a snapshot (or boundary state) against the model; on success *n_out
+ * is its length and *no_entries its kind.  Touches nothing. */
+static int snap_check(const md_seq *s, const uint8_t *buf, size_t len, int64_t *n_out, int *no_entries, rc_err *err)
 {
     const md_config *c = &s->m->cfg;
-    if (s->len != 0) return rc_errf(err, RC_EINVAL, "restore needs a fresh state; this one holds %lld tokens", (long long)s->len);
     if (!buf || len < 16)
         return rc_errf(err, RC_EINVAL, "state snapshot truncated: %zu bytes, the header alone is %u", buf ? len : 0,
                        SNAP_HEAD);
@@ -1203,8 +1339,10 @@ int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
             return rc_errf(err, RC_EINVAL, "state snapshot is of another model: %s %u, this model has %d", names[i], v,
                            mine[i]);
     }
-    if (rd_u32(buf + 12) != SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers || rd_u32(buf + 60) != 0)
+    const uint32_t flags = rd_u32(buf + 60);
+    if (rd_u32(buf + 12) != SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers || (flags & ~SNAP_FLAG_NO_ENTRIES))
         return rc_errf(err, RC_EINVAL, "state snapshot header is malformed");
+    const int noe = (flags & SNAP_FLAG_NO_ENTRIES) != 0;
     const uint64_t slen = rd_u64(buf + 24);
     if (slen > (uint64_t)SNAP_MAX_LEN)
         return rc_errf(err, RC_EINVAL, "state snapshot length %llu is out of range", (unsigned long long)slen);
@@ -1219,43 +1357,123 @@ int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
         if (rd_u32(lh + 4) != (uint32_t)(r && r == c->csa_ratio) || rd_u64(lh + 8) != ne || rd_u64(lh + 16) != ni)
             return rc_errf(err, RC_EINVAL, "state snapshot layer %d header does not match %lld tokens", l, (long long)n);
     }
-    if (snap_size(c, n) != total)
+    if (snap_size(c, n, noe) != total)
         return rc_errf(err, RC_EINVAL, "state snapshot of %lld tokens should be %llu bytes, not %llu", (long long)n,
-                       (unsigned long long)snap_size(c, n), (unsigned long long)total);
+                       (unsigned long long)snap_size(c, n, noe), (unsigned long long)total);
+    *n_out = n;
+    *no_entries = noe;
+    return 0;
+}
 
-    /* everything checked: allocate the entries, then fill (nothing fails after this) */
-    float **ce = calloc((size_t)c->n_layers * 2, sizeof *ce);
-    if (!ce) return rc_errf(err, RC_ENOMEM, "out of memory");
-    for (int l = 0; l < c->n_layers; l++) {
-        uint64_t f[F_COUNT];
-        field_sizes(c, l, n, f);
-        for (int k = 0; k < 2; k++) {
-            uint64_t nf = f[k ? F_I_ENT : F_C_ENT];
-            if (nf && !(ce[2 * l + k] = malloc((size_t)nf * sizeof(float)))) {
-                for (int i = 0; i < 2 * c->n_layers; i++) free(ce[i]);
-                free(ce);
-                return rc_errf(err, RC_ENOMEM, "out of memory for a state of %lld tokens", (long long)n);
-            }
-        }
-    }
-    const uint8_t *p = lh;
+/* fill s (fresh, blocks in place for the entries) from a checked buffer */
+static void snap_fill(md_seq *s, const uint8_t *buf, int64_t n, int noe)
+{
+    const md_config *c = &s->m->cfg;
+    const uint8_t *p = buf + SNAP_HEAD + SNAP_LAYER_HEAD * (size_t)c->n_layers;
     for (int l = 0; l < c->n_layers; l++) {
         seq_layer *L = &s->L[l];
+        const int r = c->ratio[l];
+        L->c_n = r ? (size_t)(n / r) : 0;
+        L->i_n = r && r == c->csa_ratio ? L->c_n : 0;
         uint64_t f[F_COUNT];
-        field_sizes(c, l, n, f);
-        free(L->c_ent);
-        free(L->i_ent);
-        L->c_ent = ce[2 * l];
-        L->i_ent = ce[2 * l + 1];
-        L->c_n = L->c_cap = (size_t)(f[F_C_ENT] / (uint64_t)c->head_dim);
-        L->i_n = L->i_cap = (size_t)(f[F_I_ENT] / (uint64_t)c->index_head_dim);
+        field_sizes(c, l, n, noe, f);
         for (int k = 0; k < F_COUNT; k++) {
-            rd_f32s(*field_ptr(L, k), p, (size_t)f[k]);
+            if (k == F_C_ENT || k == F_I_ENT) {
+                const size_t dim = (size_t)(k == F_C_ENT ? c->head_dim : c->index_head_dim);
+                for (size_t b = 0; b < f[k] / dim; b++, p += dim * 4) rd_f32s(ent_row(s, l, k == F_I_ENT, b), p, dim);
+                continue;
+            }
+            rd_f32s(field_ptr(L, k), p, (size_t)f[k]);
             p += f[k] * 4;
         }
     }
-    free(ce);
     s->len = n;
+    s->win_lo = 0;
+}
+
+/* a fresh table of nb blocks (new ones; shared ones come through attach) */
+static int seq_alloc_blocks(md_seq *s, size_t nb)
+{
+    md_block **t = malloc((nb ? nb : 1) * sizeof *t);
+    if (!t) return RC_ENOMEM;
+    for (size_t k = 0; k < nb; k++)
+        if (!(t[k] = md_block_new(s->m))) {
+            while (k) md_block_unref(s->m, t[--k]);
+            free(t);
+            return RC_ENOMEM;
+        }
+    free(s->blk);
+    s->blk = t;
+    s->nblk = s->blk_cap = nb;
+    if (!nb) s->blk_cap = 1;
+    return 0;
+}
+
+static size_t blocks_for(int64_t len) { return (size_t)((len + MD_BLOCK_TOKENS - 1) / MD_BLOCK_TOKENS); }
+
+int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
+{
+    if (s->len != 0 || s->nblk)
+        return rc_errf(err, RC_EINVAL, "restore needs a fresh state; this one holds %lld tokens", (long long)s->len);
+    int64_t n;
+    int noe;
+    int rc = snap_check(s, buf, len, &n, &noe, err);
+    if (rc) return rc;
+    if (noe) return rc_errf(err, RC_EINVAL, "this is a boundary state (no entries); attach it with its blocks");
+    /* everything checked: allocate the blocks, then fill (nothing fails after this) */
+    if (s->m->blk_floats && seq_alloc_blocks(s, blocks_for(n)))
+        return rc_errf(err, RC_ENOMEM, "out of memory for a state of %lld tokens", (long long)n);
+    snap_fill(s, buf, n, 0);
+    return 0;
+}
+
+int md_seq_attach(md_seq *s, md_block *const *blocks, size_t n, const uint8_t *bnd, size_t bnd_len, int64_t replay,
+                  rc_err *err)
+{
+    const md_config *c = &s->m->cfg;
+    if (s->len != 0 || s->nblk)
+        return rc_errf(err, RC_EINVAL, "attach needs a fresh state; this one holds %lld tokens", (long long)s->len);
+    if (!n) return rc_errf(err, RC_EINVAL, "attach needs at least one block");
+    const int64_t end = (int64_t)n * MD_BLOCK_TOKENS;
+    int64_t start = end;
+    if (bnd) {
+        int64_t bl;
+        int noe, rc = snap_check(s, bnd, bnd_len, &bl, &noe, err);
+        if (rc) return rc;
+        if (!noe) return rc_errf(err, RC_EINVAL, "not a boundary state (it carries its own entries)");
+        if (bl != end)
+            return rc_errf(err, RC_EINVAL, "the boundary state is at %lld tokens, the blocks end at %lld", (long long)bl,
+                           (long long)end);
+    } else {
+        if (replay < c->window || replay > end)
+            return rc_errf(err, RC_EINVAL, "a replay of %lld tokens over %lld: it must cover the window (%d) and fit",
+                           (long long)replay, (long long)end, c->window);
+        start = end - replay;
+    }
+    if (s->blk_cap < n) {
+        md_block **t = realloc(s->blk, n * sizeof *t);
+        if (!t) return rc_errf(err, RC_ENOMEM, "out of memory");
+        s->blk = t;
+        s->blk_cap = n;
+    }
+    for (size_t k = 0; k < n; k++) {
+        md_block_ref(blocks[k]);
+        s->blk[k] = blocks[k];
+    }
+    s->nblk = n;
+    if (bnd) {
+        snap_fill(s, bnd, end, 1);
+        return 0;
+    }
+    /* bounded replay: the entries up to `end` are present; rings, partial
+     * blocks and half-A slices start empty at `start` */
+    for (int l = 0; l < c->n_layers; l++) {
+        const int r = c->ratio[l];
+        s->L[l].c_n = r ? (size_t)(end / r) : 0;
+        s->L[l].i_n = r && r == c->csa_ratio ? s->L[l].c_n : 0;
+    }
+    s->len = start;
+    s->win_lo = start;
     return 0;
 }
 
@@ -1264,18 +1482,32 @@ md_seq *md_seq_clone(const md_seq *src)
     const md_config *c = &src->m->cfg;
     md_seq *s = md_seq_create(src->m);
     if (!s) return NULL;
+    /* full blocks are immutable: share them; copy the partial one */
+    const size_t full = md_seq_full_blocks(src);
+    s->blk = malloc((src->nblk ? src->nblk : 1) * sizeof *s->blk);
+    if (!s->blk) goto fail;
+    s->blk_cap = src->nblk ? src->nblk : 1;
+    for (size_t k = 0; k < src->nblk; k++) {
+        if (k < full) {
+            md_block_ref(src->blk[k]);
+            s->blk[k] = src->blk[k];
+        } else {
+            if (!(s->blk[k] = md_block_new(s->m))) goto fail;
+            memcpy(s->blk[k]->data, src->blk[k]->data, src->m->blk_floats * sizeof(float));
+        }
+        s->nblk = k + 1;
+    }
     for (int l = 0; l < c->n_layers; l++) {
         seq_layer *L = &s->L[l], *F = &src->L[l];
         uint64_t f[F_COUNT];
-        field_sizes(c, l, src->len, f);
-        if (f[F_C_ENT] && !(L->c_ent = malloc((size_t)f[F_C_ENT] * sizeof(float)))) goto fail;
-        if (f[F_I_ENT] && !(L->i_ent = malloc((size_t)f[F_I_ENT] * sizeof(float)))) goto fail;
-        L->c_n = L->c_cap = F->c_n;
-        L->i_n = L->i_cap = F->i_n;
+        field_sizes(c, l, src->len, 1, f);
+        L->c_n = F->c_n;
+        L->i_n = F->i_n;
         for (int k = 0; k < F_COUNT; k++)
-            if (f[k]) memcpy(*field_ptr(L, k), *field_ptr(F, k), (size_t)f[k] * sizeof(float));
+            if (f[k]) memcpy(field_ptr(L, k), field_ptr(F, k), (size_t)f[k] * sizeof(float));
     }
     s->len = src->len;
+    s->win_lo = src->win_lo;
     return s;
 fail:
     md_seq_free(s);

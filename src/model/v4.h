@@ -68,6 +68,68 @@ int md_seq_snapshot(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err);
 int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err);
 md_seq *md_seq_clone(const md_seq *s);
 
+/* ------------------------------------------------------------ KV blocks
+ *
+ * The compressed entries and indexer keys of a sequence live in blocks of
+ * MD_BLOCK_TOKENS tokens: block k holds, for every compressed layer l (ratio
+ * r), the entries of positions [128k, 128k+128), i.e. 128/r rows of head_dim
+ * floats, then (CSA) 128/r indexer rows of index_head_dim floats; layers in
+ * order.  A sequence holds a table of blocks.  A block whose 128 tokens the
+ * sequence has absorbed is FULL: nothing ever writes it again, so sequences
+ * (and the KV cache) share full blocks by reference count.  The partial last
+ * block is the sequence's own.
+ *
+ * Blocks come from an allocator (md_model_set_block_alloc; default malloc):
+ * the KV cache (src/kv/cache.h) pools them.  refs counts holders; the last
+ * md_block_unref hands the block to the allocator's release.  All block calls
+ * happen on the thread that runs md_forward (no locking). */
+#define MD_BLOCK_TOKENS 128
+
+typedef struct md_block {
+    int32_t refs;
+    uint32_t tag;     /* for the allocator */
+    void *owner;      /* for the allocator */
+    float *data;      /* md_block_floats(m) floats */
+} md_block;
+
+typedef struct {
+    void *ctx;
+    md_block *(*alloc)(void *ctx);              /* refs = 1 on return, or NULL */
+    void (*release)(void *ctx, md_block *b);    /* refs reached 0 */
+} md_block_alloc;
+
+size_t md_block_floats(const md_model *m);
+void md_model_set_block_alloc(md_model *m, const md_block_alloc *a);  /* NULL: malloc/free */
+md_block *md_block_new(const md_model *m);      /* from the allocator, refs = 1 */
+void md_block_ref(md_block *b);
+void md_block_unref(const md_model *m, md_block *b);
+/* the malloc allocator's own pair, for allocators that wrap it */
+md_block *md_block_malloc(const md_model *m);
+void md_block_free(md_block *b);
+
+/* full blocks of s: n = len / 128; md_seq_block(s, k) for k < n (not referenced for the caller) */
+size_t md_seq_full_blocks(const md_seq *s);
+md_block *md_seq_block(const md_seq *s, size_t k);
+
+/* Boundary state: everything of a state at a block boundary except its
+ * blocks -- window rings, compressor half-A slices (partial blocks are
+ * empty there).  The snapshot format with flag "no entries" (docs/KV.md).
+ * md_seq_boundary_save needs len % 128 == 0 and len > 0. */
+size_t md_seq_boundary_size(const md_model *m);
+int md_seq_boundary_save(const md_seq *s, uint8_t *buf, size_t cap, rc_err *err);
+
+/* Attach n full blocks (references taken) to a fresh state.
+ *  bnd != NULL: the boundary state saved at n*128 tokens; the state becomes
+ *      exactly the one that saved it (len = n*128).
+ *  bnd == NULL: bounded replay: len = n*128 - replay and the window starts
+ *      there (attention never looks before it); the caller must feed tokens
+ *      [len, n*128) next.  Entries those tokens complete are already in the
+ *      blocks and are kept, not overwritten.  replay must be at least the
+ *      window and at most n*128.
+ * Errors (RC_EINVAL) leave s fresh. */
+int md_seq_attach(md_seq *s, md_block *const *blocks, size_t n, const uint8_t *bnd, size_t bnd_len, int64_t replay,
+                  rc_err *err);
+
 /* One segment of a batched forward: n new tokens appended to seq. */
 typedef struct md_segment {
     md_seq *seq;

@@ -51,6 +51,13 @@ struct md_model {
     void **owned;
     size_t n_owned, cap_owned;
     uint64_t n_params;
+    /* KV block geometry (MD_BLOCK_TOKENS tokens of every layer's entries):
+     * blk_off[2l] / blk_off[2l+1] = float offset of layer l's compressed
+     * entries / indexer keys inside a block, blk_epb[l] = entries per block */
+    size_t blk_floats;
+    size_t *blk_off;
+    int *blk_epb;
+    md_block_alloc balloc;
 };
 
 int md_load_weights(md_model *m, md_progress_fn progress, void *progress_arg, rc_err *err);

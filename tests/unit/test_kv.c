@@ -531,6 +531,117 @@ static void test_snapshot_refuses_bad_input(void **st)
     be_destroy(be);
 }
 
+/* --------------------------------------------------------- blocks, attach */
+
+/* Exact attach: a state that absorbed 256 tokens gives its 2 full blocks and
+ * its boundary state; a fresh state attached to them continues bit for bit
+ * like the original (and both like a one-shot prefill), while the original
+ * keeps running on the same shared blocks.  Bounded replay: attached without
+ * the boundary state, replaying R tokens; with R at least the dependency cone
+ * W + (L-1)(W-1) the result is bit-identical too (tiny-mixed: 16 + 4*15 = 76);
+ * with R = W it must differ somewhere (the replay is an approximation). */
+static void attach_is_exact(md_semantics sem)
+{
+    be_backend *be = be_cpu_create(2);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, sem);
+    const md_config *c = md_model_config(m);
+    const size_t V = (size_t)c->vocab_size, N = 300, CUT = 256;
+    int32_t *ids = make_ids(N, c->vocab_size, 77);
+    float *ref = malloc(N * V * sizeof(float)), *got = malloc(N * V * sizeof(float));
+    rc_err err = {0};
+
+    md_seq *one = md_seq_create(m);
+    const size_t all[] = {N};
+    feed(m, one, ids, N, all, 1, ref);
+    md_seq_free(one);
+
+    md_seq *a = md_seq_create(m);
+    const size_t ch[] = {100, 56};
+    feed(m, a, ids, CUT, ch, 2, NULL);
+    assert_int_equal(md_seq_full_blocks(a), 2);
+    size_t bl = md_seq_boundary_size(m);
+    uint8_t *bnd = malloc(bl);
+    assert_int_equal(md_seq_boundary_save(a, bnd, bl, &err), 0);
+    md_block *blk[2] = {md_seq_block(a, 0), md_seq_block(a, 1)};
+    assert_int_equal(blk[0]->refs, 1);
+
+    md_seq *b = md_seq_create(m);
+    assert_int_equal(md_seq_attach(b, blk, 2, bnd, bl, 0, &err), 0);
+    assert_int_equal(md_seq_len(b), (int64_t)CUT);
+    assert_int_equal(blk[0]->refs, 2);
+    const size_t c7[] = {7};
+    feed(m, b, ids + CUT, N - CUT, c7, 1, got + CUT * V);
+    assert_memory_equal(got + CUT * V, ref + CUT * V, (N - CUT) * V * sizeof(float));
+    /* the original continues on the shared blocks, unchanged */
+    feed(m, a, ids + CUT, N - CUT, c7, 1, got + CUT * V);
+    assert_memory_equal(got + CUT * V, ref + CUT * V, (N - CUT) * V * sizeof(float));
+
+    /* replay covering the cone: exact; replay of one window: not */
+    const int64_t cone = c->window + (int64_t)(c->n_layers - 1) * (c->window - 1);
+    const int64_t reps[] = {128, cone, c->window};
+    for (size_t k = 0; k < 3; k++) {
+        md_seq *r = md_seq_create(m);
+        assert_int_equal(md_seq_attach(r, blk, 2, NULL, 0, reps[k], &err), 0);
+        assert_int_equal(md_seq_len(r), (int64_t)CUT - reps[k]);
+        /* inside the replay a snapshot is refused (the window reaches below it) */
+        size_t sl = md_seq_snapshot_size(r);
+        uint8_t *sb = malloc(sl);
+        assert_int_equal(md_seq_snapshot(r, sb, sl, &err), RC_EINVAL);
+        free(sb);
+        feed(m, r, ids + CUT - reps[k], (size_t)reps[k], c7, 1, NULL);
+        /* the replay kept the blocks' entries: nothing was written into them */
+        assert_int_equal(blk[1]->refs, 3); /* a, b, r */
+        feed(m, r, ids + CUT, N - CUT, c7, 1, got + CUT * V);
+        int same = !memcmp(got + CUT * V, ref + CUT * V, (N - CUT) * V * sizeof(float));
+        if (k < 2) assert_true(same);
+        else assert_false(same);
+        md_seq_free(r);
+        assert_int_equal(blk[1]->refs, 2);
+    }
+
+    /* refusals, each leaving the state fresh */
+    md_seq *f = md_seq_create(m);
+    assert_int_equal(md_seq_attach(f, blk, 1, bnd, bl, 0, &err), RC_EINVAL);  /* boundary at 256, blocks end at 128 */
+    assert_non_null(strstr(err.msg, "256"));
+    bnd[bl / 2] ^= 1;
+    assert_int_equal(md_seq_attach(f, blk, 2, bnd, bl, 0, &err), RC_EINVAL);  /* damaged */
+    bnd[bl / 2] ^= 1;
+    assert_int_equal(md_seq_attach(f, blk, 2, NULL, 0, c->window - 1, &err), RC_EINVAL); /* replay < window */
+    assert_int_equal(md_seq_attach(f, blk, 2, NULL, 0, 257, &err), RC_EINVAL);          /* replay > blocks */
+    assert_int_equal(md_seq_len(f), 0);
+    assert_int_equal(blk[0]->refs, 2);
+    /* a boundary state is not a snapshot, and a snapshot is not a boundary state */
+    assert_int_equal(md_seq_restore(f, bnd, bl, &err), RC_EINVAL);
+    size_t sl = md_seq_snapshot_size(b);
+    uint8_t *snap = malloc(sl);
+    md_seq *b2 = md_seq_create(m);
+    md_seq *at = md_seq_create(m);
+    feed(m, b2, ids, CUT, all, 1, NULL);
+    sl = md_seq_snapshot_size(b2);
+    snap = realloc(snap, sl);
+    assert_int_equal(md_seq_snapshot(b2, snap, sl, &err), 0);
+    assert_int_equal(md_seq_attach(at, blk, 2, snap, sl, 0, &err), RC_EINVAL);
+    /* boundary saves need a block boundary */
+    assert_int_equal(md_seq_boundary_save(b, bnd, bl, &err), RC_EINVAL); /* b is at 300 */
+
+    md_seq_free(at);
+    md_seq_free(b2);
+    md_seq_free(f);
+    md_seq_free(b);
+    assert_int_equal(blk[0]->refs, 1);
+    md_seq_free(a);
+    free(snap);
+    free(bnd);
+    free(ids);
+    free(ref);
+    free(got);
+    md_model_free(m);
+    be_destroy(be);
+}
+
+static void test_attach_official(void **st) { (void)st; attach_is_exact(MD_SEM_OFFICIAL); }
+static void test_attach_transformers(void **st) { (void)st; attach_is_exact(MD_SEM_TRANSFORMERS); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -541,6 +652,8 @@ int main(void)
         cmocka_unit_test(test_snapshot_exact_official),
         cmocka_unit_test(test_snapshot_exact_transformers),
         cmocka_unit_test(test_snapshot_refuses_bad_input),
+        cmocka_unit_test(test_attach_official),
+        cmocka_unit_test(test_attach_transformers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
