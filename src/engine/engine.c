@@ -36,8 +36,12 @@
  * Callbacks run without e->mu held, so they may call eng_submit, eng_cancel
  * and eng_get_stats (not eng_shutdown / eng_destroy, which join this thread).
  *
- * Not here: the model (model_backend.c), sampling math (sampler.c), prefix
- * caching or preemption - a running sequence holds its state to the end. */
+ * Prefix cache: at admission the backend's prefix_attach (optional) may fill
+ * the fresh state with a cached prefix; prefill starts after it.
+ *
+ * Not here: the model (model_backend.c), sampling math (sampler.c), the
+ * cache itself (kv/cache.h) or preemption - a running sequence holds its
+ * state to the end. */
 #include "engine/engine.h"
 
 #include <math.h>
@@ -274,6 +278,10 @@ static void *loop(void *arg)
             if (!s) break;
             s->seq = e->be.seq_new(e->be.impl);
             if (!s->seq) { finish(e, s, ENG_ERROR, "could not allocate a sequence state (out of memory)"); continue; }
+            if (e->be.prefix_attach) {
+                size_t have = e->be.prefix_attach(e->be.impl, s->seq, s->prompt, s->n_prompt, s->req);
+                s->n_fed = have < s->n_prompt ? have : 0;
+            }
             plan_prefill(e, &p, s);
         }
         if (!p.items) { pthread_mutex_lock(&e->mu); continue; }
@@ -455,6 +463,8 @@ int eng_submit(engine *e, eng_request *req, rc_err *err)
     }
     e->n_submitted++;
     req->t_submit = now_s();
+    req->cached_tokens = 0;
+    req->cache_path = 0;
     req->t_first_token = req->t_done = 0;
     s->where = SLOT_WAITING;
     s->lnext = e->live;

@@ -21,6 +21,8 @@
 #include "base/err.h"
 
 /* What the engine runs: the real model, or a test backend. */
+struct eng_request;
+
 typedef struct eng_backend {
     int vocab;
     int eos_id;
@@ -37,6 +39,11 @@ typedef struct eng_backend {
      * (the scripted backend then skips writing them: serving overhead can be
      * measured without a vocabulary-sized softmax per token) */
     int32_t (*forced)(void *impl, void *seq);
+    /* optional prefix cache: called once at admission on the fresh seq;
+     * returns how many prompt tokens the state already holds (< n: the last
+     * prompt token is always computed) and sets req->cached_tokens and
+     * req->cache_path */
+    size_t (*prefix_attach)(void *impl, void *seq, const int32_t *prompt, size_t n, struct eng_request *req);
 } eng_backend;
 
 typedef enum { ENG_STOP_EOS, ENG_STOP_ID, ENG_STOP_LENGTH, ENG_STOP_CONTEXT, ENG_CANCELLED, ENG_ERROR } eng_reason;
@@ -58,10 +65,15 @@ typedef struct eng_request {
     const int32_t *prompt;   /* copied at submit */
     size_t n_prompt;
     eng_sampling sampling;
+    const char *cache_salt;  /* prefix-cache namespace (NULL = shared); valid until on_done */
+    int cache_class;         /* KV_CLASS_* (kv/cache.h): the TTL of what this request publishes */
     void *ctx;
     void (*on_token)(void *ctx, int32_t id);
-    /* prompt_tokens, cached_tokens (0 until the KV system exists), completion_tokens */
     void (*on_done)(void *ctx, eng_reason why, size_t completion_tokens, const char *error);
+    /* filled by the engine at admission (before any on_token): prompt tokens
+     * whose KV came from the prefix cache, and how (kv_path) */
+    size_t cached_tokens;
+    int cache_path;
     /* timing filled by the engine, read in on_done */
     double t_submit, t_first_token, t_done;
 } eng_request;
@@ -95,11 +107,18 @@ void eng_get_stats(engine *e, eng_stats *out);
 /* state bytes of one sequence (for backends that know), else 0 */
 void eng_set_state_bytes_fn(engine *e, size_t (*fn)(void *impl, void *seq));
 
-/* The model backend: wraps md_model (src/model/v4.h).  max_context is 65536;
- * the caller may overwrite it in the returned struct before eng_create.
- * eng_model_seq_bytes (md_seq_bytes) is its fn for eng_set_state_bytes_fn. */
+/* The model backend: wraps md_model (src/model/v4.h), with the prefix KV
+ * cache when kv is not NULL.  impl must outlive the engine.  max_context is
+ * 65536; the caller may overwrite it in the returned struct before
+ * eng_create.  eng_model_seq_bytes (md_seq_bytes) is its fn for
+ * eng_set_state_bytes_fn. */
 struct md_model;
-eng_backend eng_model_backend(struct md_model *m);
+struct kv_cache;
+typedef struct eng_model_impl {
+    struct md_model *m;
+    struct kv_cache *kv;
+} eng_model_impl;
+eng_backend eng_model_backend(eng_model_impl *impl);
 size_t eng_model_seq_bytes(void *impl, void *seq);
 
 #endif

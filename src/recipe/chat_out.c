@@ -284,6 +284,7 @@ static int chat_flush(void *w, rc_bytes *out) { return rc_chat_out_flush(w, out)
 static int chat_finish(void *w, rc_finish r, const char *stop, const rc_out_usage *u, rc_bytes *out) {
     (void)stop; /* Chat reports only finish_reason "stop" */
     ((rc_chat_out *)w)->reasoning_tokens = u->reasoning_tokens;
+    if (u->cached_tokens >= 0) ((rc_chat_out *)w)->o.cached_tokens = u->cached_tokens;
     return rc_chat_out_finish(w, r, u->completion_tokens, out);
 }
 

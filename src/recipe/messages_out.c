@@ -505,6 +505,7 @@ static int w_finish(void *p, rc_finish r, const char *stop, const rc_out_usage *
     long long n = u->completion_tokens;
     set_stop_sequence(p, stop);
     messages_w *w = p;
+    if (u->cached_tokens >= 0) w->o.cached_tokens = u->cached_tokens;
     if (w->o.stream) {
         close_block(w);
         w_flush(w, out);

@@ -17,10 +17,11 @@
 #include "recipe/chat_out.h"
 #include "recipe/stream.h"
 
-/* completion usage known at the end; reasoning_tokens < 0 when unknown
+/* usage known at the end; reasoning_tokens < 0 when unknown
  * (text input: only token-id input says which tokens were reasoning) */
 typedef struct {
     long long completion_tokens, reasoning_tokens;
+    long long cached_tokens;   /* prompt tokens served from the prefix cache; < 0: the value given at create */
 } rc_out_usage;
 
 /* the options every writer gets (the Chat names are historical) */

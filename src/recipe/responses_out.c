@@ -690,6 +690,7 @@ static int w_finish(void *p, rc_finish r, const char *stop, const rc_out_usage *
     long long n = u->completion_tokens;
     (void)stop; /* Responses has no stop sequences */
     rw *w = p;
+    if (u->cached_tokens >= 0) w->o.cached_tokens = u->cached_tokens;
     const char *inc = r == RC_FINISH_LENGTH ? "max_output_tokens" : r == RC_FINISH_CONTENT_FILTER ? "content_filter" : NULL;
     if (!w->o.stream) w->seq = 2; /* start() is not called without --stream */
     close_item(w, inc != NULL);

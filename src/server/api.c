@@ -20,6 +20,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "kv/cache.h"
 #include "recipe/idfeed.h"
 #include "recipe/out.h"
 #include "recipe/protocol.h"
@@ -175,7 +176,8 @@ static void on_done(void *ctx, eng_reason why, size_t completion_tokens, const c
     } else {
         rc_finish backend = (why == ENG_STOP_LENGTH || why == ENG_STOP_CONTEXT) ? RC_FINISH_LENGTH : RC_FINISH_STOP;
         rc_finish fin = rc_stream_finish(g->rs, backend, g->api->event, g->w);
-        rc_out_usage usage = {rc_idfeed_completion_tokens(&g->feed), rc_stream_reasoning_tokens(g->rs)};
+        rc_out_usage usage = {rc_idfeed_completion_tokens(&g->feed), rc_stream_reasoning_tokens(g->rs),
+                              (long long)g->er.cached_tokens};
         g->out.n = 0;
         g->api->finish(g->w, fin, rc_stream_stop_sequence(g->rs), &usage, &g->out);
         if (g->streaming) {
@@ -187,13 +189,14 @@ static void on_done(void *ctx, eng_reason why, size_t completion_tokens, const c
     }
     double t = now_s();
     srv_metrics_request(a->m, g->api_name, status);
-    srv_metrics_tokens(a->m, g->prompt.n, 0, completion_tokens);
+    srv_metrics_tokens(a->m, g->prompt.n, g->er.cached_tokens, completion_tokens);
     srv_metrics_e2e(a->m, t - g->t_arrival);
     if (a->cfg.log_requests) {
         double gen_s = g->t_last > 0 && g->er.t_first_token > 0 ? t - g->er.t_first_token : 0;
         fprintf(stderr,
-                "req %llu %s status=%d prompt=%zu cached=0 completion=%zu ttft=%.1fms tok/s=%.1f end=%s%s\n",
-                (unsigned long long)g->reqid, g->api_name, status, g->prompt.n, completion_tokens,
+                "req %llu %s status=%d prompt=%zu cached=%zu cache=%s completion=%zu ttft=%.1fms tok/s=%.1f end=%s%s\n",
+                (unsigned long long)g->reqid, g->api_name, status, g->prompt.n, g->er.cached_tokens,
+                a->cfg.kv ? kv_path_name((kv_path)g->er.cache_path) : "off", completion_tokens,
                 g->er.t_first_token > 0 ? (g->er.t_first_token - g->t_arrival) * 1e3 : 0.0,
                 gen_s > 0 && completion_tokens > 1 ? (double)(completion_tokens - 1) / gen_s : 0.0, reason_name(why),
                 g->stop_hit ? "+stop_sequence" : "");
@@ -303,6 +306,31 @@ static void generate(srv_app *a, srv_req *r, const char *api_name, const rc_out_
     if (k) {
         s->has_seed = 1;
         s->seed = (uint64_t)json_integer_value(json_object_get(g->body, "seed"));
+    }
+    /* prefix-cache namespace and traffic class (extensions; vLLM names the salt cache_salt) */
+    json_t *salt = json_object_get(g->body, "cache_salt");
+    if (salt && !json_is_null(salt)) {
+        if (!json_is_string(salt) || json_string_length(salt) > 256 || strlen(json_string_value(salt)) != json_string_length(salt)) {
+            respond_error(a, r, api_name, 400, "invalid_request_error",
+                          "cache_salt must be a string of at most 256 bytes without NUL");
+            goto fail_sent;
+        }
+        g->er.cache_salt = json_string_value(salt);
+    }
+    {
+        json_t *cc = json_object_get(g->body, "cache_class");
+        const char *cls = cc && json_is_string(cc) ? json_string_value(cc) : srv_req_header(r, "x-cache-class");
+        if (cc && !json_is_null(cc) && !json_is_string(cc)) cls = "";
+        g->er.cache_class = g->conv.ntools > 0 ? KV_CLASS_AGENT : KV_CLASS_CHAT;
+        if (cls) {
+            if (!strcmp(cls, "agent")) g->er.cache_class = KV_CLASS_AGENT;
+            else if (!strcmp(cls, "chat")) g->er.cache_class = KV_CLASS_CHAT;
+            else {
+                respond_error(a, r, api_name, 400, "invalid_request_error",
+                              "cache_class must be \"agent\" or \"chat\" (body field or X-Cache-Class header)");
+                goto fail_sent;
+            }
+        }
     }
     const long long ctx = a->cfg.context_length, np = (long long)g->prompt.n;
     if (np >= ctx) {
@@ -445,6 +473,22 @@ static void metrics(srv_app *a, srv_req *r)
     g.waiting = es.waiting;
     g.kv_bytes = es.state_bytes;
     g.cancelled = atomic_load(&a->cancelled);
+    kv_cache_stats_view kv;
+    if (a->cfg.kv) {
+        kv_cache_stats ks;
+        kv_cache_get_stats(a->cfg.kv, &ks);
+        kv = (kv_cache_stats_view){
+            .lookups = ks.lookups, .lookup_tokens = ks.lookup_tokens, .hit_tokens = ks.hit_tokens,
+            .replayed_tokens = ks.replayed_tokens, .swa_hits_ram = ks.swa_hits_ram, .swa_hits_disk = ks.swa_hits_disk,
+            .published_blocks = ks.published_blocks, .published_swa = ks.published_swa, .mem_blocks = ks.mem_blocks,
+            .mem_bytes = ks.mem_bytes, .host_bytes = ks.host_bytes, .swa_bytes = ks.swa_bytes,
+            .evicted_mem = ks.evicted_mem, .evicted_host = ks.evicted_host, .evicted_swa = ks.evicted_swa,
+            .disk_files = ks.disk_files, .disk_bytes = ks.disk_bytes, .disk_write_errors = ks.disk_write_errors,
+            .disk_damaged = ks.disk_damaged, .disk_dropped = ks.disk_dropped};
+        memcpy(kv.path, ks.path, sizeof kv.path);
+        memcpy(kv.block_hits, ks.block_hits, sizeof kv.block_hits);
+        g.kv = &kv;
+    }
     if (a->http) {
         srv_http_stats hs;
         srv_http_get_stats(a->http, &hs);

@@ -15,7 +15,10 @@
 #include "server/http.h"
 #include "server/metrics.h"
 
+struct kv_cache;
+
 typedef struct {
+    struct kv_cache *kv;      /* prefix cache (counters for /metrics), or NULL */
     const char *model_name;   /* reported in /v1/models and responses when the request has none */
     rc_encoding encoding;     /* V4 or V4.1 prompt format */
     int default_max_tokens;   /* when the request gives none (capped by the context) */

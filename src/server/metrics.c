@@ -145,5 +145,49 @@ int srv_metrics_render(srv_metrics *m, const srv_gauges *g, rc_bytes *o)
     put(o, "# HELP deepinfer_cancelled_total Requests ended because the client went away.\n"
            "# TYPE deepinfer_cancelled_total counter\ndeepinfer_cancelled_total %llu\n",
         (unsigned long long)g->cancelled);
+    const kv_cache_stats_view *k = g->kv;
+    if (!k) return 0;
+#define KC(name, help, type, v) \
+    put(o, "# HELP deepinfer_kv_" name " " help "\n# TYPE deepinfer_kv_" name " " type "\ndeepinfer_kv_" name " %llu\n", \
+        (unsigned long long)(v))
+    KC("lookups_total", "Prefix-cache lookups (one per admitted request).", "counter", k->lookups);
+    KC("lookup_tokens_total", "Prompt tokens of those lookups.", "counter", k->lookup_tokens);
+    KC("hit_tokens_total", "Prompt tokens whose KV came from the cache (replayed tokens excluded).", "counter",
+       k->hit_tokens);
+    KC("replayed_tokens_total", "Tokens recomputed by bounded replay.", "counter", k->replayed_tokens);
+    static const char *const paths[] = {"miss", "short", "exact", "replay"};
+    put(o, "# HELP deepinfer_kv_lookups_by_path_total Lookups by outcome: miss (no cached block), short (no full "
+           "block before the last prompt token), exact (window state present), replay (bounded replay).\n"
+           "# TYPE deepinfer_kv_lookups_by_path_total counter\n");
+    for (int i = 0; i < 4; i++)
+        put(o, "deepinfer_kv_lookups_by_path_total{path=\"%s\"} %llu\n", paths[i], (unsigned long long)k->path[i]);
+    static const char *const tiers[] = {"memory", "host", "disk"};
+    put(o, "# HELP deepinfer_kv_block_hits_total 128-token blocks found, by tier.\n"
+           "# TYPE deepinfer_kv_block_hits_total counter\n");
+    for (int i = 0; i < 3; i++)
+        put(o, "deepinfer_kv_block_hits_total{tier=\"%s\"} %llu\n", tiers[i], (unsigned long long)k->block_hits[i]);
+    put(o, "# HELP deepinfer_kv_window_hits_total Window states found, by tier.\n"
+           "# TYPE deepinfer_kv_window_hits_total counter\n"
+           "deepinfer_kv_window_hits_total{tier=\"memory\"} %llu\ndeepinfer_kv_window_hits_total{tier=\"disk\"} %llu\n",
+        (unsigned long long)k->swa_hits_ram, (unsigned long long)k->swa_hits_disk);
+    KC("published_blocks_total", "Blocks added to the cache.", "counter", k->published_blocks);
+    KC("published_window_states_total", "Window states added to the cache.", "counter", k->published_swa);
+    KC("memory_blocks", "Blocks in the memory tier.", "gauge", k->mem_blocks);
+    KC("memory_bytes", "Bytes of the memory tier's blocks.", "gauge", k->mem_bytes);
+    KC("host_bytes", "Bytes in the host tier.", "gauge", k->host_bytes);
+    KC("window_bytes", "Bytes of window states in RAM.", "gauge", k->swa_bytes);
+    put(o, "# HELP deepinfer_kv_evicted_total Entries evicted for capacity, by tier.\n"
+           "# TYPE deepinfer_kv_evicted_total counter\n"
+           "deepinfer_kv_evicted_total{tier=\"memory\"} %llu\ndeepinfer_kv_evicted_total{tier=\"host\"} %llu\n"
+           "deepinfer_kv_evicted_total{tier=\"window\"} %llu\n",
+        (unsigned long long)k->evicted_mem, (unsigned long long)k->evicted_host, (unsigned long long)k->evicted_swa);
+    KC("disk_files", "Files in the disk tier.", "gauge", k->disk_files);
+    KC("disk_bytes", "Bytes in the disk tier.", "gauge", k->disk_bytes);
+    KC("disk_write_errors_total", "Disk writes that failed (disk full, directory gone); the block stays uncached.",
+       "counter", k->disk_write_errors);
+    KC("disk_damaged_total", "Damaged, truncated or foreign files read (treated as misses and removed).", "counter",
+       k->disk_damaged);
+    KC("disk_dropped_total", "Disk writes dropped because the write queue was full.", "counter", k->disk_dropped);
+#undef KC
     return 0;
 }

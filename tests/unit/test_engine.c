@@ -814,6 +814,7 @@ static void test_fake_chain_and_shutdown(void **st)
 typedef struct {
     be_backend *be;
     md_model *m;
+    eng_model_impl mi;
 } model_fix;
 
 static int model_setup(void **st)
@@ -840,7 +841,8 @@ static int model_teardown(void **st)
 
 static engine *model_engine(model_fix *fx, int mbt, int mr, int mw)
 {
-    eng_backend be = eng_model_backend(fx->m);
+    fx->mi = (eng_model_impl){.m = fx->m};
+    eng_backend be = eng_model_backend(&fx->mi);
     eng_cfg cfg = {.max_batch_tokens = mbt, .max_running = mr, .max_waiting = mw};
     rc_err err = {0};
     engine *e = eng_create(&be, &cfg, &err);

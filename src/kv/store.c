@@ -1,0 +1,853 @@
+/* store.c - the disk tier of the KV cache (store.h has the API, the layout
+ * and the file format).
+ *
+ * The idea: every blob is one immutable file, written whole to v1/tmp/ and
+ * rename()d into v1/<hh>/<hex>.<kind>.  rename is atomic on POSIX file systems
+ * (NFS included, per server), so a reader in any process opens either a
+ * complete file or none; two writers of the same key race harmlessly (equal
+ * content, last rename wins).  A kill -9 leaves at most a temp file, which a
+ * sweep deletes after 10 minutes.  Nothing else is trusted: every read checks
+ * the whole file (header, lengths, key, CRC32C, zstd length) and treats any
+ * failure as a miss that also unlinks the file.
+ *
+ * Threads.  The caller (the engine thread) only copies a blob into the queue
+ * (s->mu guards the queue, q_bytes, busy, stop and kick); one writer thread
+ * compresses and writes; one sweeper thread walks the tree every
+ * sweep_interval_ms, or sooner when the writer sees bytes above cap.  Sweeps
+ * (background or kv_store_sweep) are serialized by s->sweep_mu.  Counters are
+ * relaxed atomics.  get/contains run in the caller's thread and take no lock.
+ *
+ * Deletes are "unlink this path if it is still the inode we judged": another
+ * process may have renamed a fresh file over a damaged one in between, and a
+ * good file should not pay for a bad one (the window left is a few syscalls,
+ * and losing a cache file is harmless).
+ *
+ * Not here: which blobs to store, their encoding (the engine and
+ * md_seq_snapshot decide), the host-RAM tier, or locking across processes
+ * (none is needed: files are immutable, and each process sweeps alone - two
+ * sweepers deleting the same expired file both get what they want). */
+#define _GNU_SOURCE
+#include "kv/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zstd.h>
+
+#include "base/crc32c.h"
+
+#define STORE_MAGIC "DIKVSTR1"
+#define FLAG_ZSTD 1u
+#define TMP_STALE_S 600 /* a temp file this old was left by a dead writer */
+#define TRAILER 4       /* the CRC32C after the payload */
+
+typedef struct item {
+    struct item *next;
+    uint8_t key[32];
+    uint8_t kind;
+    uint32_t ttl;
+    size_t n;     /* raw bytes, at buf + KV_STORE_HDR_BYTES */
+    uint8_t *buf; /* header room + blob + trailer room, so a raw file is written without a copy */
+} item;
+
+typedef struct {
+    uint8_t kind, flags;
+    uint32_t ttl;
+    uint64_t created, raw, stored;
+} hdr;
+
+/* one file seen by a sweep, kept for capacity eviction */
+typedef struct {
+    int64_t mt_s, mt_ns;
+    uint64_t size;
+    dev_t dev;
+    ino_t ino;
+    uint8_t key[32];
+    uint8_t kind;
+} sweep_ent;
+
+struct kv_store {
+    char root[PATH_MAX]; /* <dir>/v1 */
+    char tmp[PATH_MAX];  /* <dir>/v1/tmp */
+    uint64_t cap;
+    int level, interval_ms, fsync;
+    size_t max_q;
+    uint64_t nonce;
+
+    /* mu guards: head, tail, q_bytes, busy, stop, kick */
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;  /* writer: queue not empty or stop */
+    pthread_cond_t idle_cv;  /* flush: queue empty and writer idle */
+    pthread_cond_t sweep_cv; /* sweeper: stop or kick (CLOCK_MONOTONIC) */
+    item *head, *tail;
+    size_t q_bytes; /* raw bytes queued or being written */
+    int busy, stop, kick;
+    pthread_t writer, sweeper;
+
+    pthread_mutex_t sweep_mu; /* one sweep at a time */
+    atomic_int stopping;      /* read by a sweep in progress, to cut a long walk short at close */
+
+    /* writer thread only */
+    uint64_t tmp_counter;
+    ZSTD_CCtx *cctx;
+    uint8_t *zbuf;
+    size_t zcap;
+
+    atomic_uint_least64_t puts, put_bytes, dropped, write_errors, hits, misses, damaged, expired, evicted, files,
+        bytes, written, existing;
+    atomic_uint_least64_t written_bytes; /* internal: lets a sweep see writes that raced its walk */
+};
+
+/* ------------------------------------------------------------ small helpers */
+
+static void inc(atomic_uint_least64_t *c, uint64_t v) { atomic_fetch_add_explicit(c, v, memory_order_relaxed); }
+
+/* saturating: another process's file we never counted may be deleted by us */
+static void dec(atomic_uint_least64_t *c, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(c, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(c, &cur, cur > v ? cur - v : 0, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+}
+
+static int64_t now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_le64(const uint8_t *p)
+{
+    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
+}
+
+static const char hexd[] = "0123456789abcdef";
+
+static void key_hex(const uint8_t key[32], char out[65])
+{
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hexd[key[i] >> 4];
+        out[2 * i + 1] = hexd[key[i] & 15];
+    }
+    out[64] = 0;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1; /* we write lowercase only; anything else is not ours */
+}
+
+/* "<64 lowercase hex>.<kind 1..255, no leading zero>" -> 0, else -1 */
+static int parse_name(const char *name, uint8_t key[32], uint8_t *kind)
+{
+    for (int i = 0; i < 32; i++) {
+        int hi = hexval(name[2 * i]), lo = hi < 0 ? -1 : hexval(name[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        key[i] = (uint8_t)(hi << 4 | lo);
+    }
+    const char *p = name + 64;
+    if (*p++ != '.' || *p < '1' || *p > '9') return -1;
+    unsigned v = 0;
+    for (int d = 0; *p; p++, d++) {
+        if (d == 3 || *p < '0' || *p > '9') return -1;
+        v = v * 10 + (unsigned)(*p - '0');
+    }
+    if (v > 255) return -1;
+    *kind = (uint8_t)v;
+    return 0;
+}
+
+static int file_path(const kv_store *s, const uint8_t key[32], uint8_t kind, char out[PATH_MAX])
+{
+    char hx[65];
+    key_hex(key, hx);
+    int k = snprintf(out, PATH_MAX, "%s/%c%c/%s.%u", s->root, hx[0], hx[1], hx, (unsigned)kind);
+    return k > 0 && k < PATH_MAX ? 0 : -1;
+}
+
+static void hdr_fill(uint8_t *h, const uint8_t key[32], uint8_t kind, uint8_t flags, uint32_t ttl, uint64_t created,
+                     uint64_t raw, uint64_t stored)
+{
+    memset(h, 0, KV_STORE_HDR_BYTES);
+    memcpy(h, STORE_MAGIC, 8);
+    put_le32(h + 8, KV_STORE_FILE_VERSION);
+    h[12] = kind;
+    h[13] = flags;
+    memcpy(h + 16, key, 32);
+    put_le32(h + 48, ttl);
+    put_le64(h + 56, created);
+    put_le64(h + 64, raw);
+    put_le64(h + 72, stored);
+}
+
+/* Everything the header says that can be checked without the payload:
+ * ours, this version, this (key, kind), sane lengths matching fsize. */
+static int hdr_check(const uint8_t *h, const uint8_t key[32], uint8_t kind, uint64_t fsize, hdr *out)
+{
+    if (memcmp(h, STORE_MAGIC, 8) != 0) return -1;
+    if (get_le32(h + 8) != KV_STORE_FILE_VERSION) return -1;
+    if (h[12] != kind || (h[13] & ~FLAG_ZSTD) != 0) return -1;
+    if (h[14] || h[15] || get_le32(h + 52) != 0) return -1;
+    if (memcmp(h + 16, key, 32) != 0) return -1;
+    hdr d = {.kind = h[12], .flags = h[13], .ttl = get_le32(h + 48), .created = get_le64(h + 56),
+             .raw = get_le64(h + 64), .stored = get_le64(h + 72)};
+    if (d.raw > KV_STORE_MAX_BLOB || d.stored > KV_STORE_MAX_BLOB) return -1;
+    if (!(d.flags & FLAG_ZSTD) && d.raw != d.stored) return -1;
+    if ((d.flags & FLAG_ZSTD) && d.stored == 0) return -1;
+    if (fsize != KV_STORE_HDR_BYTES + d.stored + TRAILER) return -1;
+    if (out) *out = d;
+    return 0;
+}
+
+static bool is_expired(uint32_t ttl, const struct stat *st, int64_t now)
+{
+    return ttl != 0 && (int64_t)st->st_mtim.tv_sec + (int64_t)ttl < now;
+}
+
+/* the old file's TTL is at least the new put's: no rewrite needed */
+static bool ttl_covers(uint32_t old_ttl, uint32_t new_ttl)
+{
+    return old_ttl == 0 || (new_ttl != 0 && old_ttl >= new_ttl);
+}
+
+static int pread_full(int fd, void *buf, size_t n, off_t off)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1; /* error or the file is shorter than it said */
+        p += r, n -= (size_t)r, off += r;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1; /* ENOSPC, EFBIG, EIO, ... */
+        p += r, n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* unlink dirfd/name if it is still the inode `was`; 1 when unlinked */
+static int unlink_same(int dirfd, const char *name, const struct stat *was)
+{
+    struct stat cur;
+    if (fstatat(dirfd, name, &cur, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+    if (cur.st_dev != was->st_dev || cur.st_ino != was->st_ino) return 0;
+    return unlinkat(dirfd, name, 0) == 0;
+}
+
+/* a file of ours left the directory: keep files/bytes in step */
+static void forget(kv_store *s, uint64_t size)
+{
+    dec(&s->files, 1);
+    dec(&s->bytes, size);
+}
+
+static void kick_sweeper(kv_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->kick = 1;
+    pthread_cond_signal(&s->sweep_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- reading */
+
+int kv_store_get(kv_store *s, const uint8_t key[32], uint8_t kind, void **data, size_t *n)
+{
+    if (data) *data = NULL;
+    if (n) *n = 0;
+    if (!s || !key || !kind || !data || !n) return RC_EINVAL;
+    char path[PATH_MAX];
+    if (file_path(s, key, kind, path) != 0) return RC_EINVAL;
+
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) goto miss; /* absent, directory gone, fd limit, ...: a miss, the file (if any) is not blamed */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        goto miss; /* not a file of ours: leave it alone */
+    }
+    uint8_t *buf = NULL, *out = NULL;
+    uint64_t fsize = (uint64_t)st.st_size;
+    hdr h;
+    if (fsize < KV_STORE_HDR_BYTES + TRAILER || fsize > KV_STORE_HDR_BYTES + KV_STORE_MAX_BLOB + TRAILER)
+        goto damaged;
+    buf = malloc(fsize);
+    if (!buf) {
+        close(fd);
+        goto miss;
+    }
+    /* files are immutable once renamed in, so a short read is damage too */
+    if (pread_full(fd, buf, fsize, 0) != 0) goto damaged;
+    if (hdr_check(buf, key, kind, fsize, &h) != 0) goto damaged;
+    size_t body = KV_STORE_HDR_BYTES + (size_t)h.stored;
+    if (rc_crc32c(buf, body) != get_le32(buf + body)) goto damaged;
+    if (h.flags & FLAG_ZSTD) {
+        const uint8_t *z = buf + KV_STORE_HDR_BYTES;
+        if (ZSTD_findFrameCompressedSize(z, h.stored) != h.stored) goto damaged; /* one frame, nothing after */
+        if (ZSTD_getFrameContentSize(z, h.stored) != h.raw) goto damaged;
+        out = malloc(h.raw ? h.raw : 1);
+        if (!out) {
+            free(buf);
+            close(fd);
+            goto miss;
+        }
+        size_t r = ZSTD_decompress(out, h.raw, z, h.stored);
+        if (ZSTD_isError(r) || r != h.raw) goto damaged;
+        free(buf);
+    } else {
+        memmove(buf, buf + KV_STORE_HDR_BYTES, h.raw);
+        out = buf;
+    }
+    buf = NULL;
+    /* expiry is judged on a verified header only, so a damaged TTL field
+     * counts as damage, not as expiry */
+    if (is_expired(h.ttl, &st, now_s())) {
+        free(out);
+        close(fd);
+        if (unlink_same(AT_FDCWD, path, &st)) forget(s, fsize);
+        inc(&s->expired, 1);
+        goto miss;
+    }
+    /* TTL and LRU count from last use; best effort */
+    close(fd);
+    inc(&s->hits, 1);
+    *data = out;
+    *n = h.raw;
+    return 0;
+
+damaged:
+    free(buf);
+    free(out);
+    close(fd);
+    if (unlink_same(AT_FDCWD, path, &st)) forget(s, fsize);
+    inc(&s->damaged, 1);
+miss:
+    inc(&s->misses, 1);
+    return KV_STORE_ENOENT;
+}
+
+int kv_store_contains(kv_store *s, const uint8_t key[32], uint8_t kind)
+{
+    if (!s || !key || !kind) return 0;
+    char path[PATH_MAX];
+    if (file_path(s, key, kind, path) != 0) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    struct stat st;
+    uint8_t h[KV_STORE_HDR_BYTES];
+    hdr d;
+    int yes = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && pread_full(fd, h, sizeof h, 0) == 0 &&
+              hdr_check(h, key, kind, (uint64_t)st.st_size, &d) == 0 && !is_expired(d.ttl, &st, now_s());
+    close(fd);
+    return yes;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+int kv_store_put(kv_store *s, const uint8_t key[32], uint8_t kind, const void *data, size_t n, uint32_t ttl_s)
+{
+    if (!s || !key || !kind || (!data && n) || n > KV_STORE_MAX_BLOB) return RC_EINVAL;
+    /* reserve queue room first, so a refused put costs no copy */
+    pthread_mutex_lock(&s->mu);
+    int full = s->stop || n > s->max_q || s->q_bytes > s->max_q - n;
+    if (!full) s->q_bytes += n;
+    pthread_mutex_unlock(&s->mu);
+    if (full) {
+        inc(&s->dropped, 1);
+        return KV_STORE_EBUSY;
+    }
+    item *it = malloc(sizeof *it + KV_STORE_HDR_BYTES + n + TRAILER);
+    if (!it) {
+        pthread_mutex_lock(&s->mu);
+        s->q_bytes -= n;
+        pthread_mutex_unlock(&s->mu);
+        inc(&s->dropped, 1);
+        return RC_ENOMEM;
+    }
+    it->next = NULL;
+    memcpy(it->key, key, 32);
+    it->kind = kind;
+    it->ttl = ttl_s;
+    it->n = n;
+    it->buf = (uint8_t *)(it + 1);
+    if (n) memcpy(it->buf + KV_STORE_HDR_BYTES, data, n);
+
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = it;
+    else s->head = it;
+    s->tail = it;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    inc(&s->puts, 1);
+    inc(&s->put_bytes, n);
+    return 0;
+}
+
+/* If a good, unexpired file with a TTL covering the new one is already there,
+ * refresh its mtime and return 1.  *old_size is the size of whatever regular
+ * file is there (0 if none), for the byte count after a rewrite. */
+static int already_there(const char *path, const item *it, uint64_t *old_size, int *had)
+{
+    *old_size = 0;
+    *had = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    struct stat st;
+    int yes = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        *had = 1;
+        *old_size = (uint64_t)st.st_size;
+        uint8_t h[KV_STORE_HDR_BYTES];
+        hdr d;
+        if (pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, it->key, it->kind, *old_size, &d) == 0 &&
+            !is_expired(d.ttl, &st, now_s()) && ttl_covers(d.ttl, it->ttl)) {
+            (void)futimens(fd, NULL);
+            yes = 1;
+        }
+    }
+    close(fd);
+    return yes;
+}
+
+/* mkdir the last component of path (its parent must exist: we never
+ * recreate dir/ or dir/v1, see store.h); EEXIST is fine */
+static int mkdir_leaf(const char *path)
+{
+    return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+static void write_item(kv_store *s, item *it)
+{
+    char final[PATH_MAX], tmp[PATH_MAX];
+    if (file_path(s, it->key, it->kind, final) != 0) goto fail;
+    uint64_t old_size;
+    int had;
+    if (already_there(final, it, &old_size, &had)) {
+        inc(&s->existing, 1);
+        return;
+    }
+
+    uint8_t *file = it->buf;
+    size_t stored = it->n;
+    uint8_t flags = 0;
+    if (s->level > 0 && it->n > 0) {
+        size_t bound = ZSTD_compressBound(it->n);
+        size_t need = KV_STORE_HDR_BYTES + bound + TRAILER;
+        if (need > s->zcap) {
+            uint8_t *nb = realloc(s->zbuf, need);
+            if (nb) s->zbuf = nb, s->zcap = need;
+        }
+        if (need <= s->zcap) {
+            size_t r = ZSTD_compressCCtx(s->cctx, s->zbuf + KV_STORE_HDR_BYTES, bound, it->buf + KV_STORE_HDR_BYTES,
+                                         it->n, s->level);
+            if (!ZSTD_isError(r) && r < it->n) file = s->zbuf, stored = r, flags = FLAG_ZSTD;
+        }
+        /* no memory for the buffer or no gain: store raw */
+    }
+    hdr_fill(file, it->key, it->kind, flags, it->ttl, (uint64_t)now_s(), it->n, stored);
+    size_t body = KV_STORE_HDR_BYTES + stored, total = body + TRAILER;
+    put_le32(file + body, rc_crc32c(file, body));
+
+    int k = snprintf(tmp, sizeof tmp, "%s/%ld-%ld-%016llx-%llu.tmp", s->tmp, (long)getpid(), (long)syscall(SYS_gettid),
+                     (unsigned long long)s->nonce, (unsigned long long)++s->tmp_counter);
+    if (k <= 0 || k >= (int)sizeof tmp) goto fail;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT && mkdir_leaf(s->tmp) == 0) fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) goto fail;
+    int bad = write_full(fd, file, total) != 0 || (s->fsync && fsync(fd) != 0);
+    /* close reports deferred write errors on NFS */
+    if (close(fd) != 0) bad = 1;
+    if (!bad && rename(tmp, final) != 0) {
+        bad = 1;
+        if (errno == ENOENT) {
+            /* the fan-out directory v1/<hh> is made on first use */
+            char sub[PATH_MAX];
+            size_t cut = strlen(s->root) + 3;
+            memcpy(sub, final, cut);
+            sub[cut] = 0;
+            if (mkdir_leaf(sub) == 0 && rename(tmp, final) == 0) bad = 0;
+        }
+    }
+    if (bad) {
+        (void)unlink(tmp);
+        goto fail;
+    }
+    inc(&s->written, 1);
+    inc(&s->written_bytes, total);
+    if (had) {
+        if (total >= old_size) inc(&s->bytes, total - old_size);
+        else dec(&s->bytes, old_size - total);
+    } else {
+        inc(&s->files, 1);
+        inc(&s->bytes, total);
+    }
+    if (s->cap && atomic_load_explicit(&s->bytes, memory_order_relaxed) > s->cap) kick_sweeper(s);
+    return;
+fail:
+    inc(&s->write_errors, 1);
+}
+
+static void *writer_main(void *arg)
+{
+    kv_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+        if (!s->head) break; /* stop, and the queue is drained */
+        item *it = s->head;
+        s->head = it->next;
+        if (!s->head) s->tail = NULL;
+        s->busy = 1;
+        pthread_mutex_unlock(&s->mu);
+
+        write_item(s, it);
+
+        pthread_mutex_lock(&s->mu);
+        s->busy = 0;
+        s->q_bytes -= it->n;
+        free(it);
+        if (!s->head) pthread_cond_broadcast(&s->idle_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+void kv_store_flush(kv_store *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    while (s->head || s->busy) pthread_cond_wait(&s->idle_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- sweeping */
+
+static int cmp_mtime(const void *a, const void *b)
+{
+    const sweep_ent *x = a, *y = b;
+    if (x->mt_s != y->mt_s) return x->mt_s < y->mt_s ? -1 : 1;
+    if (x->mt_ns != y->mt_ns) return x->mt_ns < y->mt_ns ? -1 : 1;
+    return 0;
+}
+
+/* temp files of dead writers (kill -9, power loss); anything else in tmp/ is left alone */
+static void sweep_tmp(kv_store *s, int64_t now)
+{
+    DIR *d = opendir(s->tmp);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) && !atomic_load(&s->stopping)) {
+        size_t l = strlen(e->d_name);
+        if (l <= 4 || strcmp(e->d_name + l - 4, ".tmp") != 0) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        if ((int64_t)st.st_mtim.tv_sec + TMP_STALE_S < now) (void)unlink_same(dirfd(d), e->d_name, &st);
+    }
+    closedir(d);
+}
+
+static void sweep_run(kv_store *s)
+{
+    pthread_mutex_lock(&s->sweep_mu);
+    int64_t now = now_s();
+    uint64_t wb0 = atomic_load(&s->written_bytes);
+    sweep_tmp(s, now);
+
+    uint64_t files = 0, bytes = 0;
+    sweep_ent *v = NULL;
+    size_t nv = 0, cv = 0;
+    DIR *r = opendir(s->root);
+    if (r) {
+        struct dirent *e;
+        while ((e = readdir(r)) && !atomic_load(&s->stopping)) {
+            const char *hh = e->d_name;
+            if (hexval(hh[0]) < 0 || hexval(hh[1]) < 0 || hh[2]) continue;
+            int sfd = openat(dirfd(r), hh, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sfd < 0) continue;
+            DIR *sd = fdopendir(sfd);
+            if (!sd) {
+                close(sfd);
+                continue;
+            }
+            struct dirent *f;
+            while ((f = readdir(sd)) && !atomic_load(&s->stopping)) {
+                uint8_t key[32], kind;
+                /* only names of our layout, in the directory their key says */
+                if (parse_name(f->d_name, key, &kind) != 0 || f->d_name[0] != hh[0] || f->d_name[1] != hh[1]) continue;
+                int fd = openat(sfd, f->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+                if (fd < 0) continue; /* gone meanwhile, or a symlink: not ours */
+                struct stat st;
+                if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+                    close(fd);
+                    continue;
+                }
+                uint8_t h[KV_STORE_HDR_BYTES];
+                hdr d;
+                int ok = pread_full(fd, h, sizeof h, 0) == 0 &&
+                         hdr_check(h, key, kind, (uint64_t)st.st_size, &d) == 0;
+                close(fd);
+                if (!ok) {
+                    /* a final file is complete by construction, so a bad
+                     * header is damage (the CRC is left to get) */
+                    if (unlink_same(sfd, f->d_name, &st)) inc(&s->damaged, 1);
+                    continue;
+                }
+                if (is_expired(d.ttl, &st, now)) {
+                    if (unlink_same(sfd, f->d_name, &st)) inc(&s->expired, 1);
+                    continue;
+                }
+                files++;
+                bytes += (uint64_t)st.st_size;
+                if (!s->cap) continue;
+                if (nv == cv) {
+                    size_t nc = cv ? 2 * cv : 1024;
+                    sweep_ent *nvp = realloc(v, nc * sizeof *v);
+                    if (!nvp) continue; /* this file just escapes eviction this round */
+                    v = nvp, cv = nc;
+                }
+                sweep_ent *x = &v[nv++];
+                x->mt_s = st.st_mtim.tv_sec;
+                x->mt_ns = st.st_mtim.tv_nsec;
+                x->size = (uint64_t)st.st_size;
+                x->dev = st.st_dev;
+                x->ino = st.st_ino;
+                memcpy(x->key, key, 32);
+                x->kind = kind;
+            }
+            closedir(sd);
+        }
+        closedir(r);
+    }
+
+    /* capacity: least recently used (oldest mtime) first, down to the low
+     * watermark, so that a store at capacity sweeps once per cap/10 bytes
+     * written, not once per write.  A file whose mtime moved since the walk
+     * was just used (here or by another process): skipped, not deleted. */
+    uint64_t low = s->cap - s->cap / 10;
+    if (s->cap && bytes > s->cap && nv) {
+        qsort(v, nv, sizeof *v, cmp_mtime);
+        for (size_t i = 0; i < nv && bytes > low && !atomic_load(&s->stopping); i++) {
+            char path[PATH_MAX];
+            if (file_path(s, v[i].key, v[i].kind, path) != 0) continue;
+            struct stat cur;
+            if (lstat(path, &cur) != 0) {
+                if (errno == ENOENT) files--, bytes -= v[i].size; /* someone else deleted it */
+                continue;
+            }
+            if (cur.st_dev != v[i].dev || cur.st_ino != v[i].ino || cur.st_mtim.tv_sec != v[i].mt_s ||
+                cur.st_mtim.tv_nsec != v[i].mt_ns)
+                continue;
+            if (unlink(path) == 0) {
+                files--, bytes -= v[i].size;
+                inc(&s->evicted, 1);
+            }
+        }
+    }
+    free(v);
+    atomic_store(&s->files, files);
+    atomic_store(&s->bytes, bytes);
+    /* Our writes during the walk may or may not be in these totals (and the
+     * writer's own kick may have read a total we just replaced): if they
+     * could put us above cap, sweep again rather than wait a whole period. */
+    uint64_t raced = atomic_load(&s->written_bytes) - wb0;
+    pthread_mutex_unlock(&s->sweep_mu);
+    if (s->cap && raced && bytes + raced > s->cap && !atomic_load(&s->stopping)) kick_sweeper(s);
+}
+
+void kv_store_sweep(kv_store *s)
+{
+    if (s) sweep_run(s);
+}
+
+static void *sweeper_main(void *arg)
+{
+    kv_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_sec += s->interval_ms / 1000;
+        dl.tv_nsec += (long)(s->interval_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        while (!s->stop && !s->kick)
+            if (pthread_cond_timedwait(&s->sweep_cv, &s->mu, &dl) == ETIMEDOUT) break;
+        if (s->stop) break;
+        s->kick = 0;
+        pthread_mutex_unlock(&s->mu);
+        sweep_run(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static int mkdir_p(const char *dir)
+{
+    char p[PATH_MAX];
+    size_t l = strlen(dir);
+    if (l == 0 || l >= sizeof p) return -1;
+    memcpy(p, dir, l + 1);
+    for (size_t i = 1; i <= l; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+        p[i] = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+int kv_store_open(const kv_store_cfg *cfg, kv_store **out, rc_err *err)
+{
+    if (out) *out = NULL;
+    if (!cfg || !out || !cfg->dir || !cfg->dir[0]) return rc_errf(err, RC_EINVAL, "kv store: no directory given");
+    if (cfg->compress < 0 || cfg->compress > ZSTD_maxCLevel())
+        return rc_errf(err, RC_EINVAL, "kv store: compression level %d out of range 0..%d", cfg->compress,
+                       ZSTD_maxCLevel());
+    if (cfg->sweep_interval_ms < 0)
+        return rc_errf(err, RC_EINVAL, "kv store: sweep interval %d ms is negative", cfg->sweep_interval_ms);
+    /* room for /v1/<hh>/<64 hex>.<kind> and the temp names */
+    if (strlen(cfg->dir) > PATH_MAX - 160)
+        return rc_errf(err, RC_EINVAL, "kv store: directory path too long (%zu bytes)", strlen(cfg->dir));
+
+    kv_store *s = calloc(1, sizeof *s);
+    if (!s) return rc_errf(err, RC_ENOMEM, "kv store: out of memory");
+    snprintf(s->root, sizeof s->root, "%s/v1", cfg->dir);
+    snprintf(s->tmp, sizeof s->tmp, "%s/v1/tmp", cfg->dir);
+    if (mkdir_p(s->tmp) != 0) {
+        int e = errno;
+        free(s);
+        return rc_errf(err, RC_EIO, "kv store: cannot create %s/v1/tmp: %s", cfg->dir, strerror(e));
+    }
+    s->cap = cfg->cap_bytes;
+    s->level = cfg->compress;
+    s->interval_ms = cfg->sweep_interval_ms ? cfg->sweep_interval_ms : 30000;
+    s->max_q = cfg->max_queue_bytes ? cfg->max_queue_bytes : (size_t)256 << 20;
+    s->fsync = cfg->fsync;
+    if (getrandom(&s->nonce, sizeof s->nonce, GRND_NONBLOCK) != (ssize_t)sizeof s->nonce) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        s->nonce = (uint64_t)t.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)t.tv_sec ^ (uint64_t)(uintptr_t)s ^
+                   (uint64_t)getpid() << 32;
+    }
+    if (s->level > 0 && !(s->cctx = ZSTD_createCCtx())) {
+        free(s);
+        return rc_errf(err, RC_ENOMEM, "kv store: out of memory (zstd context)");
+    }
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->sweep_mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    pthread_cond_init(&s->sweep_cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    sweep_run(s); /* restart recovery: counts, stale temps, expired and damaged files, capacity */
+
+    if (pthread_create(&s->writer, NULL, writer_main, s) != 0) {
+        s->stop = 1;
+        goto fail_threads;
+    }
+    if (pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_broadcast(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->writer, NULL);
+        goto fail_threads;
+    }
+    *out = s;
+    return 0;
+
+fail_threads:
+    pthread_cond_destroy(&s->sweep_cv);
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->sweep_mu);
+    pthread_mutex_destroy(&s->mu);
+    ZSTD_freeCCtx(s->cctx);
+    free(s);
+    return rc_errf(err, RC_EIO, "kv store: cannot start its threads");
+}
+
+void kv_store_close(kv_store *s)
+{
+    if (!s) return;
+    atomic_store(&s->stopping, 1);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->work_cv);
+    pthread_cond_broadcast(&s->sweep_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->writer, NULL); /* returns once the queue is drained */
+    pthread_join(s->sweeper, NULL);
+    pthread_cond_destroy(&s->sweep_cv);
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->sweep_mu);
+    pthread_mutex_destroy(&s->mu);
+    ZSTD_freeCCtx(s->cctx);
+    free(s->zbuf);
+    free(s);
+}
+
+void kv_store_get_stats(kv_store *s, kv_store_stats *o)
+{
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    if (!s) return;
+#define LD(f) o->f = atomic_load_explicit(&s->f, memory_order_relaxed)
+    LD(puts); LD(put_bytes); LD(dropped); LD(write_errors); LD(hits); LD(misses); LD(damaged); LD(expired);
+    LD(evicted); LD(files); LD(bytes); LD(written); LD(existing);
+#undef LD
+}
