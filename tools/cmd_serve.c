@@ -71,6 +71,9 @@ static const char help[] =
     "                          truncated to them; approximate unless N covers W + (L-1)(W-1)); 0 = exact\n"
     "                          hits only (default 128)\n"
     "  --kv-replay-publish     also cache what sequences compute after an approximate replay\n"
+    "  --kv-window-every N     keep window states every N blocks of a prefill (and at each chunk's last block\n"
+    "                          boundary, and every boundary while decoding); a hit up to N blocks past one is\n"
+    "                          exact, the rest of it recomputed (default 4)\n"
     "  --kv-revision STR       weights revision mixed into the model fingerprint of every block key\n\n"
     "Each request logs one line on stderr: id, API, status, prompt/cached/completion tokens, TTFT, tok/s.\n"
     "`make run` serves a tiny random model made by `deepinfer make-tiny-model`: its answers are noise.\n";
@@ -107,7 +110,7 @@ int cmd_serve(int argc, char **argv)
          header_to = 10000, ka = 15000, step_ms = 0;
     int quiet = 0, kv_on = 1;
     long kv_mem = 1024, kv_host = 1024, kv_disk = 0, kv_comp = 0, kv_ttl_a = 72, kv_ttl_c = 168, kv_swa_ttl = 180,
-         kv_swa_mb = 1024, kv_replay = 128;
+         kv_swa_mb = 1024, kv_replay = 128, kv_every = 4;
     const char *kv_dir = NULL, *kv_rev = NULL;
     int kv_replay_pub = 0;
     srv_http_cfg hc = {.host = "127.0.0.1"};
@@ -161,6 +164,7 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--kv-swa-ttl")) bad = cli_int(a, v, 0, 1L << 30, &kv_swa_ttl);
         else if (!strcmp(a, "--kv-swa-mb")) bad = cli_int(a, v, 0, 1L << 30, &kv_swa_mb);
         else if (!strcmp(a, "--kv-replay")) bad = cli_int(a, v, 0, 1 << 20, &kv_replay);
+        else if (!strcmp(a, "--kv-window-every")) bad = cli_int(a, v, 1, 1 << 20, &kv_every);
         else { fprintf(stderr, "serve: unknown option '%s' (see --help)\n", a); return 2; }
         if (bad) return 2;
     }
@@ -217,6 +221,7 @@ int cmd_serve(int argc, char **argv)
             kc.swa_bytes = (uint64_t)kv_swa_mb << 20;
             kc.replay = (int)kv_replay;
             kc.publish_replayed = kv_replay_pub;
+            kc.window_every = (int)kv_every;
             uint8_t fp[KV_KEY_BYTES];
             if (kv_model_fingerprint_dir(model_dir, kv_rev, fp, &err) || kv_cache_create(m, &kc, fp, &g_mi.kv, &err)) {
                 fprintf(stderr, "serve: prefix cache: %s\n", err.msg);
@@ -275,6 +280,11 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "deepinfer: serving %s (%.1fM params, %s semantics, %s, %ld host threads) on http://%s:%d\n",
                 model_name, (double)md_model_param_count(m) / 1e6, md_semantics_name(sem), cuda_be ? "cuda" : "cpu",
                 threads > 0 ? threads : sysconf(_SC_NPROCESSORS_ONLN), hc.host, srv_http_port(h));
+    if (g_mi.kv)
+        fprintf(stderr, "deepinfer: prefix cache: memory %ld MiB, host %ld MiB, disk %s, window states %ld s, replay %ld tokens\n",
+                kv_mem, kv_host, kv_dir ? kv_dir : "off", kv_swa_ttl, kv_replay);
+    else if (!scripted_be)
+        fprintf(stderr, "deepinfer: prefix cache off\n");
     fflush(stderr);
     int rc = srv_http_run(h);
     fprintf(stderr, "deepinfer: shutting down\n");

@@ -3,11 +3,12 @@
  *
  * A step's items become one md_forward with one md_segment each; a segment
  * asks for logits of its last token only, and only when the engine does.
- * With a cache, a segment that crosses a block boundary before its end is
- * split there and the step runs as two forwards, so that the state exists
- * at that boundary and its window state can be published (every row is
- * computed independently, so the split changes no value).  After each
- * forward the tracker publishes the blocks each sequence completed. */
+ * With a cache, a segment is cut at its last block boundary and at every
+ * kv_cache_window_every-th one, and the step runs as one batched forward per
+ * piece index, so that the state exists at those boundaries and their window
+ * states can be published (every row is computed independently, so cutting
+ * changes no value).  After each forward the tracker publishes the blocks
+ * each sequence completed. */
 #include <stdlib.h>
 
 #include "engine/engine.h"
@@ -57,48 +58,63 @@ static size_t mb_prefix_attach(void *impl, void *seq, const int32_t *prompt, siz
     return r.state_tokens;
 }
 
-static int run(md_model *m, md_segment *seg, size_t count, rc_err *err)
+/* Where a tracked segment is cut so that the state exists at block
+ * boundaries worth a window state: every `every`-th boundary inside it, and
+ * its last boundary (the end of a prompt lies in its last chunk).  Returns
+ * the number of pieces; cut[i] = end offset of piece i. */
+static size_t cuts(int64_t p0, size_t n, int every, size_t *cut, size_t cap)
 {
     size_t k = 0;
-    for (size_t i = 0; i < count; i++)
-        if (seg[i].n) seg[k++] = seg[i];
-    return k ? md_forward(m, seg, k, err) : 0;
+    const int64_t end = p0 + (int64_t)n, last = end / MD_BLOCK_TOKENS * MD_BLOCK_TOKENS;
+    for (int64_t b = (p0 / MD_BLOCK_TOKENS + 1) * MD_BLOCK_TOKENS; b < end && k + 1 < cap; b += MD_BLOCK_TOKENS)
+        if (b == last || (b / MD_BLOCK_TOKENS) % every == 0) cut[k++] = (size_t)(b - p0);
+    cut[k++] = n;
+    return k;
 }
+
+enum { MAX_PIECES = 64 };
 
 static int mb_forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
                       rc_err *err)
 {
     eng_model_impl *mi = impl;
-    md_segment *seg = calloc(count ? 2 * count : 1, sizeof *seg);
-    if (!seg) return rc_errf(err, RC_ENOMEM, "out of memory for a batch of %zu sequences", count);
-    md_segment *tail = seg + count;
-    size_t ntail = 0;
+    md_segment *seg = calloc(count ? count : 1, sizeof *seg);
+    size_t *cut = calloc(count ? count * MAX_PIECES : 1, sizeof *cut), *npc = calloc(count ? count : 1, sizeof *npc);
+    int rc = 0;
+    if (!seg || !cut || !npc) { rc = rc_errf(err, RC_ENOMEM, "out of memory for a batch of %zu sequences", count); goto out; }
+    size_t rounds = 1;
+    const int every = mi->kv ? kv_cache_window_every(mi->kv) : 0;
     for (size_t i = 0; i < count; i++) {
         mb_seq *q = seqs[i];
-        size_t first = n[i];
         if (q->t) {
-            /* the last block boundary strictly inside the segment */
-            const int64_t p0 = md_seq_len(q->s);
-            const int64_t b = (p0 + (int64_t)n[i]) / MD_BLOCK_TOKENS * MD_BLOCK_TOKENS;
-            if (b > p0 && b < p0 + (int64_t)n[i]) first = (size_t)(b - p0);
-            if (kv_track_tokens(q->t, ids[i], n[i])) {
-                free(seg);
-                return rc_errf(err, RC_ENOMEM, "out of memory");
-            }
+            npc[i] = cuts(md_seq_len(q->s), n[i], every, cut + i * MAX_PIECES, MAX_PIECES);
+            if (kv_track_tokens(q->t, ids[i], n[i])) { rc = rc_errf(err, RC_ENOMEM, "out of memory"); goto out; }
+        } else {
+            npc[i] = 1;
+            cut[i * MAX_PIECES] = n[i];
         }
-        seg[i] = (md_segment){.seq = q->s, .ids = ids[i], .n = first, .logits = first == n[i] ? logits[i] : NULL};
-        tail[i] = (md_segment){.seq = q->s, .ids = ids[i] + first, .n = n[i] - first, .logits = logits[i]};
-        ntail += first < n[i];
+        if (npc[i] > rounds) rounds = npc[i];
     }
-    int rc = run(mi->m, seg, count, err);
-    for (size_t i = 0; !rc && mi->kv && i < count; i++)
-        if (((mb_seq *)seqs[i])->t) kv_track_commit(((mb_seq *)seqs[i])->t, ((mb_seq *)seqs[i])->s);
-    if (!rc && ntail) {
-        rc = run(mi->m, tail, count, err);
-        for (size_t i = 0; !rc && i < count; i++)
-            if (tail[i].n && ((mb_seq *)seqs[i])->t) kv_track_commit(((mb_seq *)seqs[i])->t, ((mb_seq *)seqs[i])->s);
+    /* round k runs piece k of every sequence that has one, in one batch */
+    for (size_t k = 0; k < rounds && !rc; k++) {
+        size_t ns = 0;
+        for (size_t i = 0; i < count; i++) {
+            if (k >= npc[i]) continue;
+            const size_t a = k ? cut[i * MAX_PIECES + k - 1] : 0, e = cut[i * MAX_PIECES + k];
+            mb_seq *q = seqs[i];
+            seg[ns++] = (md_segment){.seq = q->s, .ids = ids[i] + a, .n = e - a,
+                                     .logits = k + 1 == npc[i] ? logits[i] : NULL};
+        }
+        rc = md_forward(mi->m, seg, ns, err);
+        for (size_t i = 0; !rc && i < count; i++) {
+            mb_seq *q = seqs[i];
+            if (k < npc[i] && q->t) kv_track_commit(q->t, q->s);
+        }
     }
+out:
     free(seg);
+    free(cut);
+    free(npc);
     return rc;
 }
 

@@ -163,7 +163,10 @@ void kv_cache_cfg_defaults(kv_cache_cfg *c)
     c->swa_ttl_s = 180;
     c->swa_bytes = 1ull << 30;
     c->replay = 128;
+    c->window_every = 4;
 }
+
+int kv_cache_window_every(const kv_cache *c) { return c->cfg.window_every > 0 ? c->cfg.window_every : 4; }
 
 const char *kv_path_name(kv_path p)
 {
@@ -504,6 +507,7 @@ void kv_track_commit(kv_track *t, md_seq *s)
 void kv_cache_attach(kv_cache *c, kv_track *t, md_seq *s, const int32_t *prompt, size_t n, kv_attach_result *res)
 {
     memset(res, 0, sizeof *res);
+    mem_evict(c);   /* sequences that ended since the last publish left blocks to evict */
     STAT(c, lookups, 1);
     STAT(c, lookup_tokens, n);
     const size_t nmax = n ? (n - 1) / KV_BLOCK_TOKENS : 0;  /* the last prompt token is always computed */
@@ -531,8 +535,9 @@ void kv_cache_attach(kv_cache *c, kv_track *t, md_seq *s, const int32_t *prompt,
     size_t bl = 0;
     int64_t replay = 0;
     if (h) {
-        size_t lo = h > 1 ? h - 1 : 1;
-        if (!c->cfg.replay) lo = h > 64 ? h - 64 : 1;
+        /* window states exist at least every window_every blocks of a prefill */
+        const size_t back = c->cfg.replay ? (size_t)kv_cache_window_every(c) : 64;
+        size_t lo = h > back ? h - back : 1;
         for (size_t j = h; j >= lo && !bnd; j--) {
             bnd = swa_get(c, &t->keys[j - 1], &bl, &owned);
             if (bnd) at = j;

@@ -16,8 +16,9 @@
  * kv_cache_attach runs when a request is admitted: it walks the prompt's
  * block keys from the first block to the first miss (never the block holding
  * the last prompt token: its logits are needed), then attaches the hit blocks
- * to the fresh state either exactly (window state present at the hit point,
- * or one block earlier) or by bounded replay (the last `replay` tokens before
+ * to the fresh state either exactly (a window state at the hit point or up to
+ * window_every blocks before it: the tokens after it are then recomputed,
+ * exactly) or by bounded replay (the last `replay` tokens before
  * the hit point are recomputed with the window truncated to them).  Replayed
  * tokens are not hits.  A sequence tracked by kv_track publishes each block
  * it completes and the window state at each block boundary it reaches.
@@ -50,6 +51,8 @@ typedef struct {
     uint32_t swa_ttl_s;        /* window states; default 180 s */
     uint64_t swa_bytes;        /* RAM for window states; default 1 GiB */
     int replay;                /* bounded replay tokens; 0 = exact hits only; default 128 */
+    int window_every;          /* publish window states every N blocks inside prefill chunks (and at each
+                                * chunk's last boundary, and every boundary while decoding); default 4 */
     int publish_replayed;      /* publish blocks of sequences that took an approximate replay */
 } kv_cache_cfg;
 
@@ -62,6 +65,7 @@ int kv_cache_create(md_model *m, const kv_cache_cfg *cfg, const uint8_t fingerpr
                     rc_err *err);
 void kv_cache_destroy(kv_cache *c);   /* finishes disk writes */
 void kv_cache_flush(kv_cache *c);     /* waits for queued disk writes (tests) */
+int kv_cache_window_every(const kv_cache *c);
 
 typedef enum {
     KV_PATH_MISS = 0,   /* no block of the prompt was cached */
