@@ -89,7 +89,9 @@ bench: build
 	@[ -f build/bench-models/tiny/model.safetensors ] || ./build/deepinfer make-tiny-model build/bench-models/tiny
 	@[ -f build/bench-models/100m/model.safetensors ] || ./build/deepinfer make-tiny-model build/bench-models/100m --preset 100m
 	./build/bench_model_cpu --prefill 512 --decode 64 tests/fixtures/model/tiny-mixed build/bench-models/tiny build/bench-models/100m
+	./build/bench_kv_replay --prefix 1024 --cost 1024,32768 --cost-model build/bench-models/tiny tests/fixtures/model/tiny-mixed build/bench-models/tiny build/bench-models/100m
 	$(PYTHON) bench/serve.py
+	$(PYTHON) bench/kv_multiturn.py --model build/bench-models/tiny
 
 clean:
 	rm -rf build build-asan build-fuzz tests/fuzz/corpus-run

@@ -20,13 +20,13 @@ Per configuration (the server's cache flags) it prints:
     TTFT grows with the conversation; the reference is the same workload with
     --kv-cache off measured in the same run (ratio);
   - where hits came from (memory / host / disk blocks, exact vs replay);
-  - re-render agreement: how many prompt tokens of turn k+1 equal turn k's
-    prompt + answer (the cache cannot hit beyond the first difference).
+  - answer reuse: in how many turns k+1 the hit reaches past the last block
+    boundary of turn k's prompt, i.e. into turn k's re-rendered answer.
 
 Notes: the answers of a random-weight model are arbitrary tokens; detokenized
 and re-tokenized they are not always the same ids, so the part of turn k+1
 that re-renders turn k's answer often misses.  That is measured, not hidden
-(column "answer reused").
+(line "answer reuse").
 """
 import argparse
 import concurrent.futures as cf
@@ -161,6 +161,9 @@ def summarize(name, rows, m, ref_ttft=None):
     paths = {k.split('"')[1]: int(v) for k, v in m.items() if k.startswith("deepinfer_kv_lookups_by_path_total")}
     tiers = {k.split('"')[1]: int(v) for k, v in m.items() if k.startswith("deepinfer_kv_block_hits_total")}
     wins = {k.split('"')[1]: int(v) for k, v in m.items() if k.startswith("deepinfer_kv_window_hits_total")}
+    prev = {(r[0], r[1]): r[2] for r in rows}
+    past = [r for r in later if r[3] > (prev[(r[0], r[1] - 1)] // 128) * 128]
+    print(f"answer reuse: {len(past)} of {len(later)} turns hit past the previous prompt's last block boundary")
     print(f"lookups by path: {paths}; block hits by tier: {tiers}; window-state hits: {wins}; "
           f"replayed tokens: {int(m.get('deepinfer_kv_replayed_tokens_total', 0))}")
     turns = sorted({r[1] for r in rows})

@@ -347,7 +347,7 @@ int kv_store_get(kv_store *s, const uint8_t key[32], uint8_t kind, void **data, 
         inc(&s->expired, 1);
         goto miss;
     }
-    /* TTL and LRU count from last use; best effort */
+    (void)futimens(fd, NULL); /* TTL and LRU count from last use; best effort */
     close(fd);
     inc(&s->hits, 1);
     *data = out;
