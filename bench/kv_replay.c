@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "model/v4.h"
@@ -92,12 +93,20 @@ static double kl(const float *a, const float *b, size_t n)
 
 enum { CONT = 64 };
 
-static void divergence(const char *dir, size_t P)
+static md_model *load(const char *dir, be_backend **be)
 {
-    be_backend *be = be_cpu_create(0);
     md_model *m = NULL;
     rc_err err = {0};
-    if (md_model_load(dir, be, MD_SEM_OFFICIAL, NULL, NULL, &m, &err)) die(dir, &err);
+    *be = be_cpu_create((int)sysconf(_SC_NPROCESSORS_ONLN));
+    if (md_model_load(dir, *be, MD_SEM_OFFICIAL, NULL, NULL, &m, &err)) die(dir, &err);
+    return m;
+}
+
+static void divergence(const char *dir, size_t P)
+{
+    be_backend *be;
+    md_model *m = load(dir, &be);
+    rc_err err = {0};
     const md_config *c = md_model_config(m);
     const size_t V = (size_t)c->vocab_size;
     const int cone = c->window + (c->n_layers - 1) * (c->window - 1);
@@ -156,10 +165,9 @@ static void divergence(const char *dir, size_t P)
 
 static void cost(const char *dir, const size_t *plist, size_t np)
 {
-    be_backend *be = be_cpu_create(0);
-    md_model *m = NULL;
+    be_backend *be;
+    md_model *m = load(dir, &be);
     rc_err err = {0};
-    if (md_model_load(dir, be, MD_SEM_OFFICIAL, NULL, NULL, &m, &err)) die(dir, &err);
     const md_config *c = md_model_config(m);
     const size_t V = (size_t)c->vocab_size;
     float *lg = malloc(V * sizeof(float));

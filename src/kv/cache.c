@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/vec.h"
 #include "kv/store.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -145,8 +146,7 @@ struct kv_track {
     kv_cache *c;
     char *salt;
     int cls;
-    int32_t *tok;
-    size_t ntok, cap;
+    rc_ids tok;           /* every token the state absorbed */
     kv_key *keys;         /* keys[i] of block i, for i < nkeys */
     size_t nkeys, kcap;
     size_t published;     /* blocks published (or found in the cache) */
@@ -422,23 +422,16 @@ void kv_track_free(kv_track *t)
 {
     if (!t) return;
     free(t->salt);
-    free(t->tok);
+    free(t->tok.v);
     free(t->keys);
     free(t);
 }
 
 int kv_track_tokens(kv_track *t, const int32_t *ids, size_t n)
 {
-    if (t->ntok + n > t->cap) {
-        size_t nc = t->cap ? t->cap : 256;
-        while (nc < t->ntok + n) nc *= 2;
-        int32_t *p = realloc(t->tok, nc * sizeof *p);
-        if (!p) return RC_ENOMEM;
-        t->tok = p;
-        t->cap = nc;
-    }
-    memcpy(t->tok + t->ntok, ids, n * sizeof *ids);
-    t->ntok += n;
+    if (rc_ids_reserve(&t->tok, n)) return RC_ENOMEM;
+    memcpy(t->tok.v + t->tok.n, ids, n * sizeof *ids);
+    t->tok.n += n;
     return 0;
 }
 
@@ -473,7 +466,7 @@ void kv_track_commit(kv_track *t, md_seq *s)
     if (t->quiet) return;
     const size_t full = md_seq_full_blocks(s);
     if (full > t->published) {
-        if (t->ntok < full * KV_BLOCK_TOKENS || track_keys(t, t->tok, full)) return;
+        if (t->tok.n < full * KV_BLOCK_TOKENS || track_keys(t, t->tok.v, full)) return;
         for (size_t i = t->published; i < full; i++) {
             md_block *b = md_seq_block(s, i);
             ent *e = map_find(&c->mem, &t->keys[i]);

@@ -49,6 +49,7 @@
 #include <zstd.h>
 
 #include "base/crc32c.h"
+#include "base/le.h"
 
 #define STORE_MAGIC "DIKVSTR1"
 #define FLAG_ZSTD 1u
@@ -132,22 +133,6 @@ static int64_t now_s(void)
     return (int64_t)t.tv_sec;
 }
 
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_le64(const uint8_t *p)
-{
-    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
 
 static const char hexd[] = "0123456789abcdef";
 
@@ -200,14 +185,14 @@ static void hdr_fill(uint8_t *h, const uint8_t key[32], uint8_t kind, uint8_t fl
 {
     memset(h, 0, KV_STORE_HDR_BYTES);
     memcpy(h, STORE_MAGIC, 8);
-    put_le32(h + 8, KV_STORE_FILE_VERSION);
+    rc_put_le32(h + 8, KV_STORE_FILE_VERSION);
     h[12] = kind;
     h[13] = flags;
     memcpy(h + 16, key, 32);
-    put_le32(h + 48, ttl);
-    put_le64(h + 56, created);
-    put_le64(h + 64, raw);
-    put_le64(h + 72, stored);
+    rc_put_le32(h + 48, ttl);
+    rc_put_le64(h + 56, created);
+    rc_put_le64(h + 64, raw);
+    rc_put_le64(h + 72, stored);
 }
 
 /* Everything the header says that can be checked without the payload:
@@ -215,12 +200,12 @@ static void hdr_fill(uint8_t *h, const uint8_t key[32], uint8_t kind, uint8_t fl
 static int hdr_check(const uint8_t *h, const uint8_t key[32], uint8_t kind, uint64_t fsize, hdr *out)
 {
     if (memcmp(h, STORE_MAGIC, 8) != 0) return -1;
-    if (get_le32(h + 8) != KV_STORE_FILE_VERSION) return -1;
+    if (rc_get_le32(h + 8) != KV_STORE_FILE_VERSION) return -1;
     if (h[12] != kind || (h[13] & ~FLAG_ZSTD) != 0) return -1;
-    if (h[14] || h[15] || get_le32(h + 52) != 0) return -1;
+    if (h[14] || h[15] || rc_get_le32(h + 52) != 0) return -1;
     if (memcmp(h + 16, key, 32) != 0) return -1;
-    hdr d = {.kind = h[12], .flags = h[13], .ttl = get_le32(h + 48), .created = get_le64(h + 56),
-             .raw = get_le64(h + 64), .stored = get_le64(h + 72)};
+    hdr d = {.kind = h[12], .flags = h[13], .ttl = rc_get_le32(h + 48), .created = rc_get_le64(h + 56),
+             .raw = rc_get_le64(h + 64), .stored = rc_get_le64(h + 72)};
     if (d.raw > KV_STORE_MAX_BLOB || d.stored > KV_STORE_MAX_BLOB) return -1;
     if (!(d.flags & FLAG_ZSTD) && d.raw != d.stored) return -1;
     if ((d.flags & FLAG_ZSTD) && d.stored == 0) return -1;
@@ -319,7 +304,7 @@ int kv_store_get(kv_store *s, const uint8_t key[32], uint8_t kind, void **data, 
     if (pread_full(fd, buf, fsize, 0) != 0) goto damaged;
     if (hdr_check(buf, key, kind, fsize, &h) != 0) goto damaged;
     size_t body = KV_STORE_HDR_BYTES + (size_t)h.stored;
-    if (rc_crc32c(buf, body) != get_le32(buf + body)) goto damaged;
+    if (rc_crc32c(buf, body) != rc_get_le32(buf + body)) goto damaged;
     if (h.flags & FLAG_ZSTD) {
         const uint8_t *z = buf + KV_STORE_HDR_BYTES;
         if (ZSTD_findFrameCompressedSize(z, h.stored) != h.stored) goto damaged; /* one frame, nothing after */
@@ -485,7 +470,7 @@ static void write_item(kv_store *s, item *it)
     }
     hdr_fill(file, it->key, it->kind, flags, it->ttl, (uint64_t)now_s(), it->n, stored);
     size_t body = KV_STORE_HDR_BYTES + stored, total = body + TRAILER;
-    put_le32(file + body, rc_crc32c(file, body));
+    rc_put_le32(file + body, rc_crc32c(file, body));
 
     int k = snprintf(tmp, sizeof tmp, "%s/%ld-%ld-%016llx-%llu.tmp", s->tmp, (long)getpid(), (long)syscall(SYS_gettid),
                      (unsigned long long)s->nonce, (unsigned long long)++s->tmp_counter);

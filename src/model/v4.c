@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "base/crc32c.h"
+#include "base/le.h"
 #include "base/scratch.h"
 #include "model/v4_internal.h"
 
@@ -1140,24 +1141,6 @@ out:
 #define SNAP_LAYER_HEAD 24u /* per-layer header bytes */
 #define SNAP_MAX_LEN ((int64_t)1 << 40)
 
-static void wr_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void wr_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t rd_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t rd_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 
 /* n floats to/from little-endian bytes */
 static void wr_f32s(uint8_t *p, const float *x, size_t n)
@@ -1166,7 +1149,7 @@ static void wr_f32s(uint8_t *p, const float *x, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, x + i, 4);
-        wr_u32(p + 4 * i, u);
+        rc_put_le32(p + 4 * i, u);
     }
 #else
     if (n) memcpy(p, x, n * sizeof(float));
@@ -1176,7 +1159,7 @@ static void rd_f32s(float *x, const uint8_t *p, size_t n)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     for (size_t i = 0; i < n; i++) {
-        uint32_t u = rd_u32(p + 4 * i);
+        uint32_t u = rc_get_le32(p + 4 * i);
         memcpy(x + i, &u, 4);
     }
 #else
@@ -1253,24 +1236,24 @@ static int snap_write(const md_seq *s, uint8_t *buf, size_t cap, int no_entries,
         return rc_errf(err, RC_EINVAL, "the state is inside a bounded replay (its window starts at %lld); feed %lld "
                        "more tokens first", (long long)s->win_lo, (long long)(s->win_lo + c->window - 1 - s->len));
     memcpy(buf, SNAP_MAGIC, 8);
-    wr_u32(buf + 8, SNAP_VERSION);
-    wr_u32(buf + 12, SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers);
-    wr_u64(buf + 16, total);
-    wr_u64(buf + 24, (uint64_t)s->len);
-    wr_u32(buf + 32, (uint32_t)s->m->sem);
-    wr_u32(buf + 36, (uint32_t)c->n_layers);
-    wr_u32(buf + 40, (uint32_t)c->head_dim);
-    wr_u32(buf + 44, (uint32_t)c->window);
-    wr_u32(buf + 48, (uint32_t)c->index_head_dim);
-    wr_u32(buf + 52, (uint32_t)c->csa_ratio);
-    wr_u32(buf + 56, (uint32_t)c->hca_ratio);
-    wr_u32(buf + 60, no_entries ? SNAP_FLAG_NO_ENTRIES : 0);
+    rc_put_le32(buf + 8, SNAP_VERSION);
+    rc_put_le32(buf + 12, SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers);
+    rc_put_le64(buf + 16, total);
+    rc_put_le64(buf + 24, (uint64_t)s->len);
+    rc_put_le32(buf + 32, (uint32_t)s->m->sem);
+    rc_put_le32(buf + 36, (uint32_t)c->n_layers);
+    rc_put_le32(buf + 40, (uint32_t)c->head_dim);
+    rc_put_le32(buf + 44, (uint32_t)c->window);
+    rc_put_le32(buf + 48, (uint32_t)c->index_head_dim);
+    rc_put_le32(buf + 52, (uint32_t)c->csa_ratio);
+    rc_put_le32(buf + 56, (uint32_t)c->hca_ratio);
+    rc_put_le32(buf + 60, no_entries ? SNAP_FLAG_NO_ENTRIES : 0);
     uint8_t *p = buf + SNAP_HEAD;
     for (int l = 0; l < c->n_layers; l++, p += SNAP_LAYER_HEAD) {
-        wr_u32(p, (uint32_t)c->ratio[l]);
-        wr_u32(p + 4, c->ratio[l] && c->ratio[l] == c->csa_ratio);
-        wr_u64(p + 8, s->L[l].c_n);
-        wr_u64(p + 16, s->L[l].i_n);
+        rc_put_le32(p, (uint32_t)c->ratio[l]);
+        rc_put_le32(p + 4, c->ratio[l] && c->ratio[l] == c->csa_ratio);
+        rc_put_le64(p + 8, s->L[l].c_n);
+        rc_put_le64(p + 16, s->L[l].i_n);
     }
     for (int l = 0; l < c->n_layers; l++) {
         uint64_t f[F_COUNT];
@@ -1287,7 +1270,7 @@ static int snap_write(const md_seq *s, uint8_t *buf, size_t cap, int no_entries,
             p += f[k] * 4;
         }
     }
-    wr_u32(p, rc_crc32c(buf, (size_t)(p - buf)));
+    rc_put_le32(p, rc_crc32c(buf, (size_t)(p - buf)));
     assert((size_t)(p + 4 - buf) == total);
     return 0;
 }
@@ -1311,21 +1294,21 @@ static int snap_check(const md_seq *s, const uint8_t *buf, size_t len, int64_t *
         return rc_errf(err, RC_EINVAL, "state snapshot truncated: %zu bytes, the header alone is %u", buf ? len : 0,
                        SNAP_HEAD);
     if (memcmp(buf, SNAP_MAGIC, 8)) return rc_errf(err, RC_EINVAL, "not a state snapshot (bad magic)");
-    const uint32_t ver = rd_u32(buf + 8);
+    const uint32_t ver = rc_get_le32(buf + 8);
     if (ver != SNAP_VERSION)
         return rc_errf(err, RC_EINVAL, "state snapshot format version %u; this build reads version %u", ver, SNAP_VERSION);
     if (len < SNAP_HEAD + 4)
         return rc_errf(err, RC_EINVAL, "state snapshot truncated: %zu bytes, the header alone is %u", len, SNAP_HEAD);
-    const uint64_t total = rd_u64(buf + 16);
+    const uint64_t total = rc_get_le64(buf + 16);
     if (total != len)
         return rc_errf(err, RC_EINVAL, "state snapshot is %zu bytes but its header says %llu (truncated or padded)", len,
                        (unsigned long long)total);
-    const uint32_t want = rd_u32(buf + len - 4), got = rc_crc32c(buf, len - 4);
+    const uint32_t want = rc_get_le32(buf + len - 4), got = rc_crc32c(buf, len - 4);
     if (want != got)
         return rc_errf(err, RC_EINVAL, "state snapshot corrupted: CRC32C %08x, stored %08x", got, want);
 
     /* the model it was taken with */
-    const uint32_t sem = rd_u32(buf + 32);
+    const uint32_t sem = rc_get_le32(buf + 32);
     if (sem != (uint32_t)s->m->sem)
         return rc_errf(err, RC_EINVAL, "state snapshot was taken with semantics %s; this model runs %s",
                        sem == MD_SEM_OFFICIAL ? "official" : sem == MD_SEM_TRANSFORMERS ? "transformers" : "unknown",
@@ -1334,16 +1317,16 @@ static int snap_check(const md_seq *s, const uint8_t *buf, size_t len, int64_t *
                                         "hca_ratio"};
     const int mine[] = {c->n_layers, c->head_dim, c->window, c->index_head_dim, c->csa_ratio, c->hca_ratio};
     for (int i = 0; i < 6; i++) {
-        uint32_t v = rd_u32(buf + 36 + 4 * i);
+        uint32_t v = rc_get_le32(buf + 36 + 4 * i);
         if (v != (uint32_t)mine[i])
             return rc_errf(err, RC_EINVAL, "state snapshot is of another model: %s %u, this model has %d", names[i], v,
                            mine[i]);
     }
-    const uint32_t flags = rd_u32(buf + 60);
-    if (rd_u32(buf + 12) != SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers || (flags & ~SNAP_FLAG_NO_ENTRIES))
+    const uint32_t flags = rc_get_le32(buf + 60);
+    if (rc_get_le32(buf + 12) != SNAP_HEAD + SNAP_LAYER_HEAD * (uint32_t)c->n_layers || (flags & ~SNAP_FLAG_NO_ENTRIES))
         return rc_errf(err, RC_EINVAL, "state snapshot header is malformed");
     const int noe = (flags & SNAP_FLAG_NO_ENTRIES) != 0;
-    const uint64_t slen = rd_u64(buf + 24);
+    const uint64_t slen = rc_get_le64(buf + 24);
     if (slen > (uint64_t)SNAP_MAX_LEN)
         return rc_errf(err, RC_EINVAL, "state snapshot length %llu is out of range", (unsigned long long)slen);
     const int64_t n = (int64_t)slen;
@@ -1351,10 +1334,10 @@ static int snap_check(const md_seq *s, const uint8_t *buf, size_t len, int64_t *
     for (int l = 0; l < c->n_layers; l++, lh += SNAP_LAYER_HEAD) {
         const int r = c->ratio[l];
         const uint64_t ne = r ? (uint64_t)n / (uint64_t)r : 0, ni = r && r == c->csa_ratio ? ne : 0;
-        if (rd_u32(lh) != (uint32_t)r)
+        if (rc_get_le32(lh) != (uint32_t)r)
             return rc_errf(err, RC_EINVAL, "state snapshot is of another model: layer %d has ratio %u, this model %d", l,
-                           rd_u32(lh), r);
-        if (rd_u32(lh + 4) != (uint32_t)(r && r == c->csa_ratio) || rd_u64(lh + 8) != ne || rd_u64(lh + 16) != ni)
+                           rc_get_le32(lh), r);
+        if (rc_get_le32(lh + 4) != (uint32_t)(r && r == c->csa_ratio) || rc_get_le64(lh + 8) != ne || rc_get_le64(lh + 16) != ni)
             return rc_errf(err, RC_EINVAL, "state snapshot layer %d header does not match %lld tokens", l, (long long)n);
     }
     if (snap_size(c, n, noe) != total)
