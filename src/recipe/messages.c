@@ -230,6 +230,8 @@ static int missing_results(rc_api_error *e, const char *where, int space, const 
 
 static int convert_user(rc_conversation *c, const json_t *m, size_t i, const rc_message *prev, rc_api_error *e) {
     json_t *ct = json_object_get(m, "content");
+    /* prev points into c->msgs, which rc_conv_push may move: keep its index */
+    size_t prev_at = prev ? (size_t)(prev - c->msgs) : 0;
     if (prev && prev->ncalls && (json_is_string(ct) || strcmp(btype(json_array_get(ct, 0)), "tool_result"))) {
         char w[48];
         snprintf(w, sizeof w, "messages.%zu", i);
@@ -264,6 +266,7 @@ static int convert_user(rc_conversation *c, const json_t *m, size_t i, const rc_
             if (rc_ && !json_is_null(rc_) ? text_blocks(rc_, &txt) : rc_str_set(&txt, "", 0)) return OOM(e);
             rc_message *tm = rc_conv_push(c, RC_ROLE_TOOL, txt.s, txt.n);
             free(txt.s);
+            if (prev) prev = &c->msgs[prev_at];
             if (!tm || rc_str_set(&tm->tool_call_id, id, strlen(id))) return OOM(e);
             nres++;
             continue;

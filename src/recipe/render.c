@@ -249,7 +249,11 @@ static void tool_calls_block(wr *w, const rc_message *m) {
         txt(w, tc->name.s, tc->name.n);
         txts(w, "\">\n");
         json_error_t je;
-        json_t *args = rc_json_loadb(tc->arguments.s, tc->arguments.n, 0, &je);
+        /* U+0000 in a value is a character like any other (the reference renders
+         * it; without JSON_ALLOW_NUL the whole call fell back to "arguments").
+         * Still unlike the reference: a key holding U+0000 (jansson cannot), and
+         * a string that spells rc_json_loadb's u64 marker ("\u0000U64:" + digits) */
+        json_t *args = rc_json_loadb(tc->arguments.s, tc->arguments.n, JSON_ALLOW_NUL, &je);
         if (!json_is_object(args)) {
             /* not a JSON object: one parameter named "arguments" with the raw text */
             json_decref(args);

@@ -33,7 +33,7 @@ typedef struct {
     char *name, *ns;   /* calls */
     char call_id[48];
     int cu;            /* custom decoder state */
-    rc_bytes cubuf;    /* custom: buffered prefix */
+    rc_bytes cubuf;    /* custom: buffered prefix, then a pending escape */
 } item;
 
 typedef struct {
@@ -500,9 +500,103 @@ static void response_json(rw *w, rc_bytes *b, const char *st, const char *incomp
 
 /* ------------------------------------------------------------ items */
 
-static const char CU_HEAD[] = "{\"input\": \"";
+/* Custom tool input (apply_patch): the argument JSON `{"input": "..."}` is
+ * decoded as it streams, the way the reference does it (docs/STREAM-RESPONSES.md):
+ *  - CU_PREFIX: bytes are held while they are a prefix of `{"input":` followed
+ *    by JSON whitespace and the opening quote; any other byte turns the item
+ *    raw: what was held plus the rest of that fragment is one delta, later
+ *    fragments are copied as they come;
+ *  - CU_STRING: JSON string escapes are decoded, also when a fragment ends in
+ *    the middle of one (string="false" values arrive raw, split anywhere);
+ *    a \uXXXX pair makes one character.  An escape that cannot be completed
+ *    is written out raw, including the byte that broke it, and decoding goes
+ *    on (`\x` -> `\x`; a lone surrogate `\ud83d"` -> `\ud83d"`, the quote
+ *    does not close the string); a pending escape is flushed raw at close;
+ *  - CU_AFTER: the closing quote was seen; the rest is dropped.
+ * One delta per fragment (none when it decodes to nothing).  cubuf holds the
+ * prefix in CU_PREFIX and the pending escape in CU_STRING. */
+static const char CU_HEAD[] = "{\"input\":";
 
-/* custom tool input: decode the "input" string of the argument JSON */
+static int hexv(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static unsigned hex4(const char *s) {
+    return (unsigned)(hexv(s[0]) << 12 | hexv(s[1]) << 8 | hexv(s[2]) << 4 | hexv(s[3]));
+}
+
+static void utf8_put(rc_bytes *d, unsigned cp) {
+    char u[4];
+    size_t n;
+    if (cp < 0x80) {
+        u[0] = (char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xC0 | (cp >> 6));
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | (cp >> 12));
+        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        u[0] = (char)(0xF0 | (cp >> 18));
+        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[3] = (char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    rc_bytes_append(d, u, n);
+}
+
+/* one byte of the input string; e is the pending escape (starts with '\') */
+static int cu_string_byte(rc_bytes *e, rc_bytes *d, char c) {
+    if (!e->n) {
+        if (c == '"') return 1; /* closed */
+        if (c == '\\') rc_bytes_append(e, &c, 1);
+        else rc_bytes_append(d, &c, 1);
+        return 0;
+    }
+    size_t l = e->n;
+    int ok;
+    if (l == 1) {
+        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+        const char *f = c ? strchr(from, c) : NULL;
+        if (f) {
+            rc_bytes_append(d, &to[f - from], 1);
+            e->n = 0;
+            return 0;
+        }
+        ok = c == 'u';
+    } else if (l < 6 || (l >= 8 && l < 12)) {
+        ok = hexv(c) >= 0; /* the four digits of \uXXXX */
+    } else {
+        ok = c == (l == 6 ? '\\' : 'u'); /* after a high surrogate: its \u pair */
+    }
+    rc_bytes_append(e, &c, 1);
+    const char *q = e->v;
+    l = e->n;
+    if (!ok) { /* unfinishable: out raw, the breaking byte included */
+        rc_bytes_append(d, q, l);
+        e->n = 0;
+        return 0;
+    }
+    if (l == 6) {
+        unsigned cp = hex4(q + 2);
+        if (cp >= 0xD800 && cp < 0xDC00) return 0; /* high surrogate: wait for the low one */
+        if (cp >= 0xDC00 && cp < 0xE000) rc_bytes_append(d, q, l); /* lone low surrogate: raw */
+        else utf8_put(d, cp);
+        e->n = 0;
+    } else if (l == 12) {
+        unsigned hi = hex4(q + 2), lo = hex4(q + 8);
+        if (lo >= 0xDC00 && lo < 0xE000) utf8_put(d, 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00));
+        else rc_bytes_append(d, q, l);
+        e->n = 0;
+    }
+    return 0;
+}
+
 static void custom_args(rw *w, size_t i, const char *s, size_t n) {
     item *it = &w->items[i];
     if (it->cu == CU_RAW) {
@@ -510,57 +604,38 @@ static void custom_args(rw *w, size_t i, const char *s, size_t n) {
         return;
     }
     if (it->cu == CU_AFTER) return;
+    size_t k = 0;
     if (it->cu == CU_PREFIX) {
-        rc_bytes_append(&it->cubuf, s, n);
-        size_t hl = sizeof CU_HEAD - 1, bl = it->cubuf.n;
-        if (bl <= hl && !memcmp(it->cubuf.v, CU_HEAD, bl)) {
-            if (bl == hl) it->cu = CU_STRING;
-            return;
+        const size_t hl = sizeof CU_HEAD - 1;
+        for (; k < n; k++) {
+            char c = s[k];
+            size_t bl = it->cubuf.n;
+            int ok = bl < hl ? c == CU_HEAD[bl] : c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '"';
+            if (!ok) {
+                it->cu = CU_RAW;
+                rc_bytes_append(&it->cubuf, s + k, n - k);
+                ev_delta(w, i, it->cubuf.v, it->cubuf.n);
+                it->cubuf.n = 0;
+                return;
+            }
+            if (bl >= hl && c == '"') {
+                it->cu = CU_STRING;
+                it->cubuf.n = 0;
+                k++;
+                break;
+            }
+            rc_bytes_append(&it->cubuf, &c, 1);
         }
-        it->cu = CU_RAW;
-        ev_delta(w, i, it->cubuf.v, it->cubuf.n);
-        return;
+        if (it->cu == CU_PREFIX) return;
     }
     rc_bytes d = {0};
     rc_bytes_append(&d, "", 0);
-    for (size_t k = 0; k < n; k++) {
-        char c = s[k];
-        if (c == '"') {
+    for (; k < n; k++)
+        if (cu_string_byte(&it->cubuf, &d, s[k])) {
             it->cu = CU_AFTER;
+            it->cubuf.n = 0;
             break;
         }
-        if (c != '\\' || k + 1 >= n) {
-            rc_bytes_append(&d, &c, 1);
-            continue;
-        }
-        char e = s[++k], o = e;
-        if (e == 'n') o = '\n';
-        else if (e == 'r') o = '\r';
-        else if (e == 't') o = '\t';
-        else if (e == 'b') o = '\b';
-        else if (e == 'f') o = '\f';
-        else if (e == 'u' && k + 4 < n) {
-            char hx[5] = {s[k + 1], s[k + 2], s[k + 3], s[k + 4], 0};
-            unsigned cp = (unsigned)strtoul(hx, NULL, 16);
-            k += 4;
-            char u[3];
-            if (cp < 0x80) {
-                u[0] = (char)cp;
-                rc_bytes_append(&d, u, 1);
-            } else if (cp < 0x800) {
-                u[0] = (char)(0xC0 | (cp >> 6));
-                u[1] = (char)(0x80 | (cp & 0x3F));
-                rc_bytes_append(&d, u, 2);
-            } else {
-                u[0] = (char)(0xE0 | (cp >> 12));
-                u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                u[2] = (char)(0x80 | (cp & 0x3F));
-                rc_bytes_append(&d, u, 3);
-            }
-            continue;
-        }
-        rc_bytes_append(&d, &o, 1);
-    }
     if (d.n) ev_delta(w, i, d.v, d.n);
     rc_bytes_free(&d);
 }
@@ -583,7 +658,9 @@ static void close_item(rw *w, int incomplete) {
         S(&w->ev, "}\n\n");
         ev_part(w, "response.content_part.done", i, 1);
     } else {
-        if (it->type == IT_CUSTOM && it->cu == CU_PREFIX && it->cubuf.n) ev_delta(w, i, it->cubuf.v, it->cubuf.n);
+        /* a still-pending prefix, or an escape cut off by the end: out raw */
+        if (it->type == IT_CUSTOM && (it->cu == CU_PREFIX || it->cu == CU_STRING) && it->cubuf.n)
+            ev_delta(w, i, it->cubuf.v, it->cubuf.n);
         txt = it->text.v ? it->text.v : "";
         ev_head(w, it->type == IT_FUNCTION ? "response.function_call_arguments.done"
                                            : "response.custom_tool_call_input.done");
