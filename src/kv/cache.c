@@ -511,12 +511,13 @@ void kv_cache_attach(kv_cache *c, kv_track *t, md_seq *s, const int32_t *prompt,
     }
     if (track_keys(t, prompt, nmax)) { STAT(c, path[KV_PATH_MISS], 1); return; }
     md_block **blk = malloc(nmax * sizeof *blk);
+    uint8_t *tiers = malloc(nmax);
     size_t h = 0;
-    if (blk)
+    if (blk && tiers)
         for (; h < nmax; h++) {
             int tier = 0;
             if (!(blk[h] = block_get(c, &t->keys[h], &tier))) break;
-            res->blocks[tier]++;
+            tiers[h] = (uint8_t)tier;
         }
     t->nkeys = h;   /* keys past the hit are recomputed as the state grows */
 
@@ -544,6 +545,7 @@ void kv_cache_attach(kv_cache *c, kv_track *t, md_seq *s, const int32_t *prompt,
     rc_err err = {0};
     if (at && !md_seq_attach(s, blk, at, bnd, bl, bnd ? 0 : replay, &err)) {
         res->path = bnd ? KV_PATH_EXACT : KV_PATH_REPLAY;
+        for (size_t i = 0; i < at; i++) res->blocks[tiers[i]]++;
         res->state_tokens = (size_t)md_seq_len(s);
         res->hit_tokens = res->state_tokens;
         if (!bnd && replay < c->cone && !c->cfg.publish_replayed) t->quiet = 1;
@@ -552,15 +554,17 @@ void kv_cache_attach(kv_cache *c, kv_track *t, md_seq *s, const int32_t *prompt,
         kv_track_tokens(t, prompt, res->state_tokens);
         t->nkeys = at;
         t->published = at;
-        t->last_bnd = (int64_t)at * KV_BLOCK_TOKENS;
+        /* exact: that window state is in the cache; replay: the replay
+         * recomputes it, and an exact replay publishes it */
+        t->last_bnd = bnd ? (int64_t)at * KV_BLOCK_TOKENS : -1;
     } else {
         res->path = KV_PATH_MISS;
-        memset(res->blocks, 0, sizeof res->blocks);
         t->nkeys = 0;
     }
     free(owned);
     for (size_t i = 0; i < h; i++) md_block_unref(c->m, blk[i]);
     free(blk);
+    free(tiers);
     pthread_mutex_lock(&c->smu);
     c->st.path[res->path]++;
     c->st.hit_tokens += res->hit_tokens;

@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -738,6 +739,9 @@ int kv_store_open(const kv_store_cfg *cfg, kv_store **out, rc_err *err)
                        ZSTD_maxCLevel());
     if (cfg->sweep_interval_ms < 0)
         return rc_errf(err, RC_EINVAL, "kv store: sweep interval %d ms is negative", cfg->sweep_interval_ms);
+    /* a file-size limit (RLIMIT_FSIZE) must fail a write with EFBIG, counted
+     * like a full disk, not kill the process with SIGXFSZ */
+    signal(SIGXFSZ, SIG_IGN);
     /* room for /v1/<hh>/<64 hex>.<kind> and the temp names */
     if (strlen(cfg->dir) > PATH_MAX - 160)
         return rc_errf(err, RC_EINVAL, "kv store: directory path too long (%zu bytes)", strlen(cfg->dir));
