@@ -190,7 +190,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--sys-words", type=int, default=4000)
     ap.add_argument("--tool-words", type=int, default=100)
-    ap.add_argument("--swa-ttl", type=int, default=3)
+    ap.add_argument("--swa-ttl", type=int, default=30,
+                    help="window-state TTL for the run (longer than a turn takes here, shorter than the pause)")
     ap.add_argument("--quick", action="store_true", help="4 sessions, 4 turns, shorter prompts")
     args = ap.parse_args()
     if args.quick:
@@ -211,7 +212,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kv_multiturn.")
     configs = [
         ("ample memory tier (1 GiB)", []),
-        ("ample, approximate replays also published (--kv-replay-publish)", ["--kv-replay-publish"]),
+        ("ample, exact-only cache (--kv-replay-publish off)", ["--kv-replay-publish", "off"]),
         ("memory 2 MiB, host 0", ["--kv-mem-mb", "2", "--kv-host-mb", "0"]),
         ("memory 1 MiB + host 4 MiB", ["--kv-mem-mb", "1", "--kv-host-mb", "4"]),
         ("memory 0, host 0, disk only", ["--kv-mem-mb", "0", "--kv-host-mb", "0", "--kv-dir", tmp + "/d1"]),

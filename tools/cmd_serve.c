@@ -70,7 +70,10 @@ static const char help[] =
     "  --kv-replay N           without a window state, recompute the last N tokens before the hit (window\n"
     "                          truncated to them; approximate unless N covers W + (L-1)(W-1)); 0 = exact\n"
     "                          hits only (default 128)\n"
-    "  --kv-replay-publish     also cache what sequences compute after an approximate replay\n"
+    "  --kv-replay-publish on|off\n"
+    "                          cache what a sequence computes after an approximate replay (default on: the\n"
+    "                          session's later turns hit it); off: the cache holds only exact KV, and a\n"
+    "                          session resumed after the window TTL replays again at every turn\n"
     "  --kv-window-every N     keep window states every N blocks of a prefill (and at each chunk's last block\n"
     "                          boundary, and every boundary while decoding); a hit up to N blocks past one is\n"
     "                          exact, the rest of it recomputed (default 4)\n"
@@ -112,13 +115,12 @@ int cmd_serve(int argc, char **argv)
     long kv_mem = 1024, kv_host = 1024, kv_disk = 0, kv_comp = 0, kv_ttl_a = 72, kv_ttl_c = 168, kv_swa_ttl = 180,
          kv_swa_mb = 1024, kv_replay = 128, kv_every = 4;
     const char *kv_dir = NULL, *kv_rev = NULL;
-    int kv_replay_pub = 0;
+    int kv_replay_pub = 1;
     srv_http_cfg hc = {.host = "127.0.0.1"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(help, stdout); return 0; }
         if (!strcmp(a, "--quiet")) { quiet = 1; continue; }
-        if (!strcmp(a, "--kv-replay-publish")) { kv_replay_pub = 1; continue; }
         if (!v) { fprintf(stderr, "serve: %s needs a value (see --help)\n", a); return 2; }
         i++;
         int bad = 0;
@@ -154,6 +156,11 @@ int cmd_serve(int argc, char **argv)
             else { fprintf(stderr, "serve: --kv-cache on|off\n"); bad = -1; }
         }
         else if (!strcmp(a, "--kv-dir")) kv_dir = v;
+        else if (!strcmp(a, "--kv-replay-publish")) {
+            if (!strcmp(v, "on")) kv_replay_pub = 1;
+            else if (!strcmp(v, "off")) kv_replay_pub = 0;
+            else { fprintf(stderr, "serve: --kv-replay-publish on|off\n"); bad = -1; }
+        }
         else if (!strcmp(a, "--kv-revision")) kv_rev = v;
         else if (!strcmp(a, "--kv-mem-mb")) bad = cli_int(a, v, 0, 1L << 30, &kv_mem);
         else if (!strcmp(a, "--kv-host-mb")) bad = cli_int(a, v, 0, 1L << 30, &kv_host);

@@ -164,6 +164,7 @@ void kv_cache_cfg_defaults(kv_cache_cfg *c)
     c->swa_bytes = 1ull << 30;
     c->replay = 128;
     c->window_every = 4;
+    c->publish_replayed = 1;
 }
 
 int kv_cache_window_every(const kv_cache *c) { return c->cfg.window_every > 0 ? c->cfg.window_every : 4; }

@@ -24,8 +24,11 @@
  * it completes and the window state at each block boundary it reaches.
  *
  * A sequence that took an approximate replay (replay shorter than the model's
- * dependency cone W + (L-1)(W-1)) publishes nothing unless publish_replayed
- * is set: by default the cache only ever holds what a full recompute gives.
+ * dependency cone W + (L-1)(W-1)) publishes what it computes after the hit
+ * point (publish_replayed, the default, as DeepInfer does: the session goes
+ * on from the state its answer came from, and later turns hit it); with
+ * publish_replayed 0 it publishes nothing, and the cache only ever holds what
+ * a full recompute gives.
  *
  * Threads: every call except kv_cache_get_stats comes from the engine thread.
  * Block bytes are host little-endian floats (every supported host). */
@@ -53,7 +56,7 @@ typedef struct {
     int replay;                /* bounded replay tokens; 0 = exact hits only; default 128 */
     int window_every;          /* publish window states every N blocks inside prefill chunks (and at each
                                 * chunk's last boundary, and every boundary while decoding); default 4 */
-    int publish_replayed;      /* publish blocks of sequences that took an approximate replay */
+    int publish_replayed;      /* publish what sequences compute after an approximate replay; default 1 */
 } kv_cache_cfg;
 
 void kv_cache_cfg_defaults(kv_cache_cfg *c);
