@@ -34,6 +34,12 @@ pack() {
     rm -rf .carry
     mkdir -p .carry/bin .carry/lib .carry/include
     cp "$b/test_cuda" "$b/bench_cuda_linear" "$b/deepinfer" "$b/libdeepinfer_cuda.so" .carry/bin/
+    # attention and indexer kernels (attn.cu): their test and benchmark
+    ninja -C "$b" test_cuda_attn bench_gpu_attn
+    cp "$b/test_cuda_attn" "$b/bench_gpu_attn" .carry/bin/
+    # the grouped FP4 routed-expert FFN (moe.cu): its test and benchmark
+    ninja -C "$b" test_cuda_moe bench_gpu_moe
+    cp "$b/test_cuda_moe" "$b/bench_gpu_moe" .carry/bin/
     ldd .carry/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
         case $(basename "$lib") in
         libjansson.so*|libcmocka.so*|libhttp_parser.so*|libcudart.so*) cp -L "$lib" .carry/lib/ ;;
@@ -77,6 +83,8 @@ say "# libcublas.so.13 from: ${CUBLAS_DIR:-NOT FOUND}"
 export LD_LIBRARY_PATH="$ROOT/.carry/lib${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MODEL_FIXTURE_DIR=$ROOT/tests/fixtures/model
 BIN=$ROOT/.carry/bin
+# compute-sanitizer ships in the toolkit's bin/, which is not always on PATH
+for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/compute-sanitizer" ] && PATH=$PATH:$d && break; done
 
 rebuild() {
     section "rebuilding from source on this machine (the carried binaries did not start)"
@@ -96,6 +104,14 @@ rebuild() {
     local libs=(-L"$ROOT/.carry/lib" -l:libjansson.so.4 -L"$cuda/lib64" ${CUBLAS_DIR:+-L$CUBLAS_DIR} -lcudart -lcublas -lstdc++ -lm -lpthread)
     gcc $cf -DMODEL_FIXTURE_DIR="\"$MODEL_FIXTURE_DIR\"" tests/unit/test_cuda.c "${objs[@]}" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda" || return 1
     gcc $cf src/backend/cuda/bench_linear.c "${objs[@]}" "${libs[@]}" -o "$b/bench_cuda_linear" || return 1
+    # attention and indexer kernels (attn.cu): their test and benchmark need only attn.cu
+    { nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c src/backend/cuda/attn.cu -o "$b/attn.cu.o" &&
+      gcc $cf -I"$cuda/include" tests/unit/test_cuda_attn.c "$b/attn.cu.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_attn" &&
+      gcc $cf -I"$cuda/include" bench/gpu_attn.c "$b/attn.cu.o" "${libs[@]}" -o "$b/bench_gpu_attn"; } || say "attn rebuild failed"
+    # the grouped FP4 routed-expert FFN (moe.cu): the test decodes with dtype.c (in objs), the benchmark times cuBLAS
+    { nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c src/backend/cuda/moe.cu -o "$b/moe.cu.o" &&
+      gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
+      gcc $cf -I"$cuda/include" bench/gpu_moe.c "$b/moe.cu.o" "${libs[@]}" -o "$b/bench_gpu_moe"; } || say "moe rebuild failed"
     BIN=$b
     say "rebuilt test_cuda and bench_cuda_linear in $b (no deepinfer CLI in this mode)"
 }
@@ -181,8 +197,52 @@ section "bench_cuda_linear"
 timeout 200 "$BIN/bench_cuda_linear" 2>&1 | tee "$OUTDIR/bench.txt" | tee -a "$SUM"
 say "bench exit status: $?"
 
+section "unit_cuda_attn (test_cuda_attn: attention + indexer kernels vs the double CPU reference)"
+if [ -x "$BIN/test_cuda_attn" ]; then
+    timeout 400 "$BIN/test_cuda_attn" > "$OUTDIR/unit_cuda_attn.txt" 2>&1
+    rc=$?
+    grep -E "^\s+\[|^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_attn.txt" | tee -a "$SUM"
+    say "test_cuda_attn exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+    section "bench_gpu_attn"
+    timeout 300 "$BIN/bench_gpu_attn" 2>&1 | tee "$OUTDIR/bench_attn.txt" | tee -a "$SUM"
+    say "bench_gpu_attn exit status: $?"
+    if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+        section "compute-sanitizer memcheck (small cases) and racecheck (small CSA) on test_cuda_attn"
+        TEST_CUDA_ATTN_FILTER='test_small_*' timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 \
+            "$BIN/test_cuda_attn" > "$OUTDIR/sanitizer_attn.txt" 2>&1
+        say "memcheck exit status: $? -- $(grep -E "ERROR SUMMARY" "$OUTDIR/sanitizer_attn.txt" | tail -1)"
+        TEST_CUDA_ATTN_FILTER='test_small_csa' timeout 240 compute-sanitizer --tool racecheck --error-exitcode 99 \
+            "$BIN/test_cuda_attn" > "$OUTDIR/racecheck_attn.txt" 2>&1
+        say "racecheck exit status: $? -- $(grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUTDIR/racecheck_attn.txt" | tail -1)"
+    fi
+else
+    say "test_cuda_attn not built"
+fi
+
+section "unit_cuda_moe (test_cuda_moe: grouped FP4 routed-expert FFN vs the double CPU reference)"
+if [ -x "$BIN/test_cuda_moe" ]; then
+    timeout 240 "$BIN/test_cuda_moe" > "$OUTDIR/unit_cuda_moe.txt" 2>&1
+    rc=$?
+    grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_moe.txt" | tee -a "$SUM"
+    say "test_cuda_moe exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+    section "bench_gpu_moe"
+    timeout 240 "$BIN/bench_gpu_moe" 2>&1 | tee "$OUTDIR/bench_moe.txt" | tee -a "$SUM"
+    say "bench_gpu_moe exit status: $?"
+    if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+        section "compute-sanitizer memcheck and racecheck on test_cuda_moe (small dims, a few cases)"
+        TEST_CUDA_MOE_QUICK=1 TEST_CUDA_SKIP='test_gpu_v4dims' timeout 180 compute-sanitizer --tool memcheck \
+            --error-exitcode 99 "$BIN/test_cuda_moe" > "$OUTDIR/sanitizer_moe.txt" 2>&1
+        say "memcheck exit status: $? -- $(grep -E "ERROR SUMMARY" "$OUTDIR/sanitizer_moe.txt" | tail -1)"
+        TEST_CUDA_MOE_QUICK=1 TEST_CUDA_SKIP='test_gpu_v4dims' timeout 180 compute-sanitizer --tool racecheck \
+            --error-exitcode 99 "$BIN/test_cuda_moe" > "$OUTDIR/racecheck_moe.txt" 2>&1
+        say "racecheck exit status: $? -- $(grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUTDIR/racecheck_moe.txt" | tail -1)"
+    fi
+else
+    say "test_cuda_moe not built"
+fi
+
 section "compute-sanitizer memcheck on test_cuda (ops tests; the model tests are skipped here)"
-if command -v compute-sanitizer >/dev/null; then
+if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
     TEST_CUDA_SKIP='test_model_*' timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN/test_cuda" > "$OUTDIR/sanitizer.txt" 2>&1
     src=$?
     grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUTDIR/sanitizer.txt" | head -8 | tee -a "$SUM"

@@ -1,0 +1,926 @@
+/* attn.cu - attention over window + compressed entries with sinks, and the CSA
+ * lightning indexer with an exact top-k, for a batch of sequences on the GPU.
+ *
+ * Five kernels, all fp32 on CUDA cores (no TF32: the top-k must pick what the
+ * CPU picks, and attention must meet 1e-5), none of them allocating:
+ *
+ *   ix_score     one block per (row, group of 64-key tiles): the scores
+ *                S[h, b] = q_h . key_b as a register-tiled 64x64 GEMM tile
+ *                (both operands transposed in shared memory), then
+ *                sum_h w[h] relu(S[h, b]) in a fixed order; written as
+ *                order-preserving uint32 keys, one row per query.
+ *   sel_groups   top-k stage A: the visible keys of a row are cut into groups
+ *                of 4k; each block selects its group's exact top-k.  The
+ *                row's top-k is a subset of the union of the groups' top-k.
+ *   sel_final    stage B: one block per row selects the top-k of that union.
+ *                Selection = a 4-pass 8-bit radix select for the k-th key,
+ *                then an ordered compaction: everything above it, and the
+ *                lowest-index ties at it.  The compaction keeps item order,
+ *                which is index order, so the output is ascending as is.
+ *   at_split     flash-decoding: one block per (row, split of the candidate
+ *                list, group of 32 heads).  The candidates (window then
+ *                compressed) are cut into S splits of whole 16-key tiles; a
+ *                block keeps Q of its 32 heads and one key tile in shared
+ *                memory, computes the 32x16 logits (split-K over lanes, then
+ *                a butterfly), runs the online softmax, and accumulates
+ *                O (32 heads x d) in registers.  MQA: K = V, one tile load
+ *                serves both products and all 32 heads.
+ *   at_merge     one block per (row, head): log-sum-exp merge of the splits
+ *                in split order, with the sink in the denominator, then the
+ *                inverse RoPE on the last rope_dim channels.
+ *
+ * Every reduction has a fixed order, so a call is deterministic.  The split
+ * count depends on the batch shape (to fill the GPU at batch 1), so a row's
+ * rounding may change between batches of different shapes. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/cuda/attn.h"
+
+#define BLOCK_TOKENS 128 /* MD_BLOCK_TOKENS */
+
+/* indexer scoring */
+#define IX_HT 64 /* heads per tile (index_heads <= 64) */
+#define IX_KT 64 /* keys per tile */
+#define IX_NT 256
+#define IX_LD 68 /* row stride of the transposed tiles: float4-aligned, fewer bank conflicts on the fill */
+#define IX_MAX_ID 192
+
+/* top-k */
+#define SEL_RANGE 4 /* stage A groups hold SEL_RANGE * topk keys */
+#define SEL_NT_A 512
+#define SEL_CAP_A 4096
+#define SEL_NT_B 1024
+#define SEL_CAP_B 8192
+
+/* attention */
+#define AT_HB 32 /* heads per block */
+#define AT_KT 16 /* keys per tile */
+#define AT_NT 256
+#define AT_MIN_SLOTS 512
+
+#define FULL 0xffffffffu
+
+/* ------------------------------------------------------------ workspace */
+
+typedef struct {
+    size_t flags, keys, cand_u, cand_i, ml, po, total;
+    int64_t vis_cap; /* indexer keys per row */
+    int64_t gcap;    /* stage A groups per row */
+    int64_t slots;   /* attention partial slots (row x split) */
+} ws_layout;
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static ws_layout layout_of(const bcu_attn_limits *l)
+{
+    ws_layout w = {};
+    size_t off = 0;
+    const size_t rows = l->max_rows > 0 ? (size_t)l->max_rows : 0;
+    w.flags = off;
+    off += 256;
+    if (l->index_topk > 0 && l->index_ratio > 0) {
+        const int64_t k = l->index_topk, range = SEL_RANGE * k;
+        w.vis_cap = l->max_len / l->index_ratio;
+        w.gcap = (w.vis_cap + range - 1) / range;
+        if (w.gcap < 1) w.gcap = 1;
+        w.keys = off;
+        off = al256(off + rows * (size_t)w.vis_cap * 4);
+        w.cand_u = off;
+        off = al256(off + rows * (size_t)(w.gcap * k) * 4);
+        w.cand_i = off;
+        off = al256(off + rows * (size_t)(w.gcap * k) * 4);
+    }
+    w.slots = (int64_t)rows > AT_MIN_SLOTS ? (int64_t)rows : AT_MIN_SLOTS;
+    const size_t hd = (size_t)(l->n_heads > 0 ? l->n_heads : 0);
+    w.ml = off;
+    off = al256(off + (size_t)w.slots * hd * 8);
+    w.po = off;
+    off = al256(off + (size_t)w.slots * hd * (size_t)(l->head_dim > 0 ? l->head_dim : 0) * 4);
+    w.total = off;
+    return w;
+}
+
+extern "C" size_t bcu_attn_workspace_bytes(const bcu_attn_limits *lim) { return layout_of(lim).total; }
+
+extern "C" cudaError_t bcu_attn_workspace_init(const bcu_attn_ws *ws, cudaStream_t st)
+{
+    return cudaMemsetAsync(ws->mem, 0, 256, st);
+}
+
+extern "C" int bcu_attn_workspace_flags(const bcu_attn_ws *ws, int clear, cudaStream_t st)
+{
+    int f = 0;
+    if (cudaMemcpyAsync(&f, ws->mem, sizeof f, cudaMemcpyDeviceToHost, st) != cudaSuccess) return -1;
+    if (cudaStreamSynchronize(st) != cudaSuccess) return -1;
+    if (clear && f && cudaMemsetAsync(ws->mem, 0, 256, st) != cudaSuccess) return -1;
+    return f;
+}
+
+extern "C" const uint32_t *bcu_attn_ws_index_keys(const bcu_attn_ws *ws, size_t *row_stride)
+{
+    ws_layout w = layout_of(&ws->lim);
+    if (!w.vis_cap) return NULL;
+    if (row_stride) *row_stride = (size_t)w.vis_cap;
+    return (const uint32_t *)((const char *)ws->mem + w.keys);
+}
+
+static int sm_count(void)
+{
+    static int cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+    if (!cached[dev]) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+        cached[dev] = n;
+    }
+    return cached[dev];
+}
+
+/* cudaFuncSetAttribute once per kernel and device (bit k of done[dev]) */
+template <typename K>
+static cudaError_t opt_in_smem(K *kernel, int bit, size_t smem)
+{
+    static unsigned done[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = -1;
+    if (dev >= 0 && (done[dev] >> bit & 1u)) return cudaSuccess;
+    cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (r == cudaSuccess)
+        r = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (r == cudaSuccess && dev >= 0) done[dev] |= 1u << bit;
+    return r;
+}
+
+static cudaError_t bad(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return cudaErrorInvalidValue;
+}
+
+/* ------------------------------------------------------------ shared device helpers */
+
+/* The sequence that owns `row` (binary search on row0), checked. */
+__device__ __forceinline__ bool load_row(const bcu_attn_seq *seqs, int nseq, int row, bcu_attn_seq *out, int *flags)
+{
+    int lo = 0, hi = nseq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (seqs[mid].row0 <= row) lo = mid;
+        else hi = mid - 1;
+    }
+    *out = seqs[lo];
+    const bool ok = out->row0 <= row && row < out->row0 + out->T && out->kstart >= 0 && out->kstart <= out->p0;
+    if (!ok && flags && threadIdx.x == 0) atomicOr(flags, BCU_ATTN_FLAG_ROW);
+    return ok;
+}
+
+/* higher score -> higher key; -0 and +0 are one key (they compare equal) */
+__device__ __forceinline__ uint32_t f2key(float s)
+{
+    const uint32_t u = s == 0.0f ? 0u : __float_as_uint(s);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* ------------------------------------------------------------ indexer scores */
+
+struct IxArgs {
+    const bcu_attn_seq *seqs;
+    int nseq;
+    const float *iq, *iw;
+    int IH, ID, epb, ratio;
+    size_t key_off;
+    uint32_t *keys;
+    int64_t vis_cap;
+    int *flags;
+};
+
+__global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
+{
+    extern __shared__ float4 ix_sm4[];
+    float *Qt = (float *)ix_sm4;       /* [ID][IX_LD]: Qt[c][h] = q_h[c] */
+    float *Kt = Qt + a.ID * IX_LD;     /* [ID][IX_LD]: Kt[c][k] = key_k[c] */
+    float *red = Kt + a.ID * IX_LD;    /* [16][IX_KT] per-head-quad partial scores */
+    float *wsm = red + 16 * IX_KT;     /* [IX_HT] */
+    __shared__ const float *kp[IX_KT]; /* the tile's key rows */
+
+    const int tid = threadIdx.x, row = blockIdx.y;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
+    const int64_t pos = s.p0 + (row - s.row0);
+    int64_t nv = (pos + 1) / a.ratio;
+    if (nv > a.vis_cap) {
+        if (tid == 0 && blockIdx.x == 0) atomicOr(a.flags, BCU_ATTN_FLAG_VIS);
+        nv = a.vis_cap;
+    }
+    const int64_t ntiles = (nv + IX_KT - 1) / IX_KT;
+    if ((int64_t)blockIdx.x >= ntiles) return;
+
+    const float *q = a.iq + (size_t)row * a.IH * a.ID;
+    for (int i = tid; i < IX_HT * a.ID; i += IX_NT) {
+        const int h = i / a.ID, c = i % a.ID;
+        Qt[c * IX_LD + h] = h < a.IH ? q[(size_t)h * a.ID + c] : 0.0f;
+    }
+    if (tid < IX_HT) wsm[tid] = tid < a.IH ? a.iw[(size_t)row * a.IH + tid] : 0.0f;
+
+    const int ht = tid >> 4, kt = tid & 15; /* heads 4ht..4ht+3, keys 4kt..4kt+3 */
+    uint32_t *keys = a.keys + (size_t)row * a.vis_cap;
+    const int nc4 = a.ID / 4;
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int64_t k0 = tile * IX_KT;
+        __syncthreads(); /* Q is in; the previous tile's Kt, red and kp are consumed */
+        if (tid < IX_KT) {
+            const int64_t b = k0 + tid;
+            kp[tid] = b < nv ? s.blocks[b / a.epb] + a.key_off + (size_t)(b % a.epb) * a.ID : NULL;
+        }
+        __syncthreads();
+        for (int i = tid; i < IX_KT * nc4; i += IX_NT) {
+            const int k = i % IX_KT, c4 = i / IX_KT;
+            const float *p = kp[k];
+            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            Kt[(4 * c4 + 0) * IX_LD + k] = v.x;
+            Kt[(4 * c4 + 1) * IX_LD + k] = v.y;
+            Kt[(4 * c4 + 2) * IX_LD + k] = v.z;
+            Kt[(4 * c4 + 3) * IX_LD + k] = v.w;
+        }
+        __syncthreads();
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < a.ID; c++) {
+            const float4 qv = *(const float4 *)&Qt[c * IX_LD + 4 * ht];
+            const float4 kv = *(const float4 *)&Kt[c * IX_LD + 4 * kt];
+            const float qa[4] = {qv.x, qv.y, qv.z, qv.w}, ka[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(qa[i], ka[j], acc[i][j]);
+        }
+        float part[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) p += acc[i][j] > 0.0f ? acc[i][j] * wsm[4 * ht + i] : 0.0f;
+            part[j] = p;
+        }
+        *(float4 *)&red[ht * IX_KT + 4 * kt] = make_float4(part[0], part[1], part[2], part[3]);
+        __syncthreads();
+        if (tid < IX_KT && k0 + tid < nv) {
+            float sc = 0.0f;
+            for (int i = 0; i < 16; i++) sc += red[i * IX_KT + tid];
+            keys[k0 + tid] = f2key(sc);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ top-k */
+
+template <int NT, int CAP>
+struct SelShared {
+    uint32_t hist[256];
+    uint32_t cache[CAP]; /* the keys, after the first pass, when n <= CAP */
+    int wsum[NT / 32];
+    int digit, remain;
+};
+
+/* exclusive prefix count of f over the block in thread order; *total = all */
+template <int NT>
+__device__ __forceinline__ int block_scan(bool f, int *wsum, int *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned b = __ballot_sync(FULL, f);
+    if (lane == 0) wsum[warp] = __popc(b);
+    __syncthreads();
+    int before = 0, tot = 0;
+    for (int w = 0; w < NT / 32; w++) {
+        const int c = wsum[w];
+        before += w < warp ? c : 0;
+        tot += c;
+    }
+    __syncthreads(); /* wsum is reused by the next scan */
+    *total = tot;
+    return before + __popc(b & ((1u << lane) - 1u));
+}
+
+/* The top k of items 0..n-1 (key keys[i], index idx ? idx[i] : base + i) by
+ * higher key, then earlier item; written in item order to oi (and ou).
+ * Returns min(n, k) (the same in every thread).  blockDim.x == NT. */
+template <int NT, int CAP>
+__device__ int block_select(const uint32_t *keys, const int32_t *idx, int base, int n, int k, uint32_t *ou,
+                            int32_t *oi, SelShared<NT, CAP> &sh)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const bool all = n <= k;
+    const uint32_t *src = keys;
+    uint32_t thr = 0;
+    int remain = 0;
+    if (!all) {
+        const bool cache = n <= CAP;
+        uint32_t prefix = 0, mask = 0;
+        remain = k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int i = tid; i < 256; i += NT) sh.hist[i] = 0;
+            __syncthreads();
+            for (int i0 = 0; i0 < n; i0 += NT) {
+                const int i = i0 + tid;
+                uint32_t dg = 256; /* "not counted" */
+                if (i < n) {
+                    const uint32_t u = src[i];
+                    if (shift == 24 && cache) sh.cache[i] = u;
+                    if ((u & mask) == prefix) dg = (u >> shift) & 255u;
+                }
+                const unsigned peers = __match_any_sync(FULL, dg);
+                if (dg < 256 && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[dg], (uint32_t)__popc(peers));
+            }
+            __syncthreads();
+            /* the digit d* where the count of keys above, from the top, reaches
+             * remain: lane L owns digits 8L..8L+7; suffix sums over lanes */
+            if (warp == 0) {
+                uint32_t own = 0;
+                for (int e = 0; e < 8; e++) own += sh.hist[8 * lane + e];
+                uint32_t suf = own;
+                for (int off = 1; off < 32; off <<= 1) {
+                    const uint32_t v = __shfl_down_sync(FULL, suf, off);
+                    if (lane + off < 32) suf += v;
+                }
+                /* suf is non-increasing in lane and suf(0) = keys matching the prefix >= remain */
+                const unsigned ball = __ballot_sync(FULL, suf >= (uint32_t)remain);
+                const int L = ball ? 31 - __clz((int)ball) : 0;
+                if (lane == L) {
+                    uint32_t cum = suf - own; /* keys in digits above lane L's */
+                    int dd = 8 * L + 7;
+                    for (; dd > 8 * L; dd--) {
+                        if (cum + sh.hist[dd] >= (uint32_t)remain) break;
+                        cum += sh.hist[dd];
+                    }
+                    sh.digit = dd;
+                    sh.remain = remain - (int)cum;
+                }
+            }
+            __syncthreads();
+            prefix |= (uint32_t)sh.digit << shift;
+            mask |= 255u << shift;
+            remain = sh.remain;
+            if (cache) src = sh.cache;
+        }
+        thr = prefix; /* the k-th key; take every key above it and the first `remain` equal to it */
+    }
+    int taken = 0, eqs = 0;
+    for (int i0 = 0; i0 < n; i0 += NT) {
+        const int i = i0 + tid;
+        const uint32_t u = i < n ? src[i] : 0u;
+        const bool gt = i < n && (all || u > thr);
+        const bool eq = i < n && !all && u == thr;
+        int eq_tot, take_tot;
+        const int eq_rank = eqs + block_scan<NT>(eq, sh.wsum, &eq_tot);
+        const bool take = gt || (eq && eq_rank < remain);
+        const int at = taken + block_scan<NT>(take, sh.wsum, &take_tot);
+        if (take) {
+            oi[at] = idx ? idx[i] : base + i;
+            if (ou) ou[at] = u;
+        }
+        eqs += eq_tot;
+        taken += take_tot;
+    }
+    return taken;
+}
+
+struct SelArgs {
+    const bcu_attn_seq *seqs;
+    int nseq, ratio, topk;
+    const uint32_t *keys;
+    int64_t vis_cap;
+    uint32_t *cu;
+    int32_t *ci;
+    int64_t gcap;
+    int32_t *sel, *nsel;
+};
+
+__device__ __forceinline__ int64_t visible(const SelArgs &a, const bcu_attn_seq &s, int row)
+{
+    const int64_t pos = s.p0 + (row - s.row0);
+    const int64_t nv = (pos + 1) / a.ratio;
+    return nv < a.vis_cap ? nv : a.vis_cap;
+}
+
+__global__ void __launch_bounds__(SEL_NT_A) sel_groups_kernel(SelArgs a)
+{
+    __shared__ SelShared<SEL_NT_A, SEL_CAP_A> sh;
+    const int row = blockIdx.y;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
+    const int64_t nv = visible(a, s, row), range = (int64_t)SEL_RANGE * a.topk;
+    const int64_t ng = (nv + range - 1) / range;
+    const size_t cbase = (size_t)row * (size_t)(a.gcap * a.topk);
+    for (int64_t g = blockIdx.x; g < ng; g += gridDim.x) {
+        const int64_t start = g * range;
+        const int len = (int)(nv - start < range ? nv - start : range);
+        block_select<SEL_NT_A, SEL_CAP_A>(a.keys + (size_t)row * a.vis_cap + start, NULL, (int)start, len, a.topk,
+                                          a.cu + cbase + (size_t)g * a.topk, a.ci + cbase + (size_t)g * a.topk, sh);
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(SEL_NT_B) sel_final_kernel(SelArgs a)
+{
+    __shared__ SelShared<SEL_NT_B, SEL_CAP_B> sh;
+    const int row = blockIdx.x;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
+    const int64_t nv = visible(a, s, row), range = (int64_t)SEL_RANGE * a.topk;
+    const int64_t ng = (nv + range - 1) / range;
+    /* every group but the last holds range >= k keys and gave exactly k */
+    int64_t nu = 0;
+    if (ng > 0) {
+        const int64_t last = nv - (ng - 1) * range;
+        nu = (ng - 1) * a.topk + (last < a.topk ? last : a.topk);
+    }
+    const size_t cbase = (size_t)row * (size_t)(a.gcap * a.topk);
+    int32_t *sel = a.sel + (size_t)row * a.topk;
+    const int cnt = block_select<SEL_NT_B, SEL_CAP_B>(a.cu + cbase, a.ci + cbase, 0, (int)nu, a.topk, NULL, sel, sh);
+    for (int j = cnt + threadIdx.x; j < a.topk; j += SEL_NT_B) sel[j] = -1;
+    if (threadIdx.x == 0) a.nsel[row] = cnt;
+}
+
+extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_indexer_args *a,
+                                        cudaStream_t st, char *err, size_t errlen)
+{
+    const bcu_attn_limits *l = &ws->lim;
+    if (!ws->mem) return bad(err, errlen, "indexer: no workspace");
+    if (l->index_topk <= 0 || a->topk != l->index_topk || a->ratio != l->index_ratio)
+        return bad(err, errlen, "indexer: topk %d / ratio %d, the workspace was sized for topk %d / ratio %d",
+                   a->topk, a->ratio, l->index_topk, l->index_ratio);
+    if (a->ratio <= 0 || BLOCK_TOKENS % a->ratio)
+        return bad(err, errlen, "indexer: ratio %d does not divide the %d-token block", a->ratio, BLOCK_TOKENS);
+    if (a->index_heads < 1 || a->index_heads > IX_HT)
+        return bad(err, errlen, "indexer: %d index heads (1..%d supported)", a->index_heads, IX_HT);
+    if (a->index_dim < 4 || a->index_dim % 4 || a->index_dim > IX_MAX_ID)
+        return bad(err, errlen, "indexer: index_head_dim %d (a multiple of 4 up to %d)", a->index_dim, IX_MAX_ID);
+    if (a->key_off % 4) return bad(err, errlen, "indexer: key_off %zu is not a multiple of 4 floats", a->key_off);
+    if (b->ntok < 0 || b->ntok > l->max_rows || b->ntok > 65535)
+        return bad(err, errlen, "indexer: %d rows, the workspace holds %d", b->ntok, l->max_rows);
+    if (b->max_len > l->max_len)
+        return bad(err, errlen, "indexer: max_len %lld, the workspace holds %lld", (long long)b->max_len,
+                   (long long)l->max_len);
+    if (b->nseq < 1 || !b->seqs || !a->iq || !a->iw || !a->sel || !a->nsel)
+        return bad(err, errlen, "indexer: missing argument");
+    if (b->ntok == 0) return cudaSuccess;
+    const ws_layout w = layout_of(l);
+    char *base = (char *)ws->mem;
+    const int sms = sm_count();
+
+    IxArgs ia;
+    ia.seqs = b->seqs;
+    ia.nseq = b->nseq;
+    ia.iq = a->iq;
+    ia.iw = a->iw;
+    ia.IH = a->index_heads;
+    ia.ID = a->index_dim;
+    ia.epb = BLOCK_TOKENS / a->ratio;
+    ia.ratio = a->ratio;
+    ia.key_off = a->key_off;
+    ia.keys = (uint32_t *)(base + w.keys);
+    ia.vis_cap = w.vis_cap;
+    ia.flags = (int *)(base + w.flags);
+    const int64_t vis = b->max_len / a->ratio;
+    const int64_t tiles = (vis + IX_KT - 1) / IX_KT;
+    int64_t gx = (4 * (int64_t)sms + b->ntok - 1) / b->ntok;
+    if (gx > tiles) gx = tiles;
+    if (gx < 1) gx = 1;
+    const size_t smem = (size_t)(2 * a->index_dim * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
+    const size_t smem_max = (size_t)(2 * IX_MAX_ID * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
+    cudaError_t r = opt_in_smem(ix_score_kernel, 0, smem_max);
+    if (r != cudaSuccess) return r;
+    ix_score_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
+    if ((r = cudaGetLastError()) != cudaSuccess) return r;
+
+    SelArgs sa;
+    sa.seqs = b->seqs;
+    sa.nseq = b->nseq;
+    sa.ratio = a->ratio;
+    sa.topk = a->topk;
+    sa.keys = ia.keys;
+    sa.vis_cap = w.vis_cap;
+    sa.cu = (uint32_t *)(base + w.cand_u);
+    sa.ci = (int32_t *)(base + w.cand_i);
+    sa.gcap = w.gcap;
+    sa.sel = a->sel;
+    sa.nsel = a->nsel;
+    const int64_t range = (int64_t)SEL_RANGE * a->topk;
+    int64_t ga = (vis + range - 1) / range;
+    if (ga < 1) ga = 1;
+    if (ga > 65535) ga = 65535;
+    sel_groups_kernel<<<dim3((unsigned)ga, (unsigned)b->ntok), SEL_NT_A, 0, st>>>(sa);
+    if ((r = cudaGetLastError()) != cudaSuccess) return r;
+    sel_final_kernel<<<(unsigned)b->ntok, SEL_NT_B, 0, st>>>(sa);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------ attention */
+
+struct AtArgs {
+    const bcu_attn_seq *seqs;
+    int nseq;
+    const float *q;
+    const int32_t *sel, *nsel;
+    int topk;
+    int H, W, ratio, csa, epb;
+    size_t ent_off;
+    float scale;
+    int S, HG;
+    float2 *ml; /* [slot = row * S + split][H]: running max, running sum */
+    float *po;  /* [slot][H][D]: unnormalised output */
+    int *flags;
+};
+
+/* the candidate list of a row: nw window keys, then nc compressed entries */
+struct Cands {
+    int64_t pos, w0, nvis;
+    int nw, nc;
+};
+
+__device__ __forceinline__ Cands cands_of(const AtArgs &a, const bcu_attn_seq &s, int row, bool flag)
+{
+    Cands c;
+    c.pos = s.p0 + (row - s.row0);
+    c.w0 = c.pos - a.W + 1;
+    if (c.w0 < s.kstart) c.w0 = s.kstart;
+    c.nw = (int)(c.pos - c.w0 + 1);
+    c.nc = 0;
+    c.nvis = 0;
+    if (a.ratio) {
+        c.nvis = (c.pos + 1) / a.ratio;
+        if (a.csa) {
+            int n = a.nsel[row];
+            if (n < 0 || n > a.topk || n > c.nvis) {
+                if (flag) atomicOr(a.flags, BCU_ATTN_FLAG_SEL);
+                n = n < 0 ? 0 : n > a.topk ? a.topk : n;
+            }
+            c.nc = n;
+        } else {
+            c.nc = (int)c.nvis;
+        }
+    }
+    return c;
+}
+
+template <int NG>
+__global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
+{
+    constexpr int D = 128 * NG;
+    extern __shared__ float4 at_sm4[];
+    float *Qs = (float *)at_sm4;       /* [AT_HB][D] */
+    float *Ks = Qs + AT_HB * D;        /* [AT_KT][D] */
+    float *Ss = Ks + AT_KT * D;        /* [AT_HB][AT_KT] logits */
+    float *Pt = Ss + AT_HB * AT_KT;    /* [AT_KT][AT_HB] probabilities */
+    float *alpha = Pt + AT_KT * AT_HB; /* [AT_HB] rescale of O for this tile */
+    float *mrun = alpha + AT_HB;       /* [AT_HB] running max */
+    float *lrun = mrun + AT_HB;        /* [AT_HB] running sum of exp */
+    __shared__ const float *kp[AT_KT];
+    /* what the key-pointer step needs, kept here rather than in registers
+     * (the O accumulators take 16 * NG of them) */
+    __shared__ struct {
+        const float *kw;            /* window key of candidate 0 */
+        const float *const *blks;
+        const int32_t *selr;        /* CSA: this row's selection */
+        int64_t nvis;
+        int nw;
+    } rs;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hg = blockIdx.x % a.HG, split = blockIdx.x / a.HG, row = blockIdx.y;
+    const bool lead = blockIdx.x == 0 && tid == 0;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
+    const Cands cd = cands_of(a, s, row, lead);
+    const int n = cd.nw + cd.nc;
+    const int ntile = (n + AT_KT - 1) / AT_KT;
+    const int tps = (ntile + a.S - 1) / a.S;
+    const int t_lo = split * tps, t_hi = t_lo + tps < ntile ? t_lo + tps : ntile;
+    const size_t slot = (size_t)row * a.S + split;
+    const int h0 = hg * AT_HB;
+    if (t_lo >= t_hi) { /* an empty split: the merge skips it */
+        if (tid < AT_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+
+    const float4 *q4 = (const float4 *)(a.q + ((size_t)row * a.H + h0) * D);
+    for (int i = tid; i < AT_HB * D / 4; i += AT_NT) {
+        const int h = i / (D / 4);
+        ((float4 *)Qs)[i] = h0 + h < a.H ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (tid < AT_HB) {
+        mrun[tid] = -INFINITY;
+        lrun[tid] = 0.0f;
+    }
+    if (tid == 0) {
+        rs.kw = s.kwin + (size_t)(cd.w0 - s.kstart) * D;
+        rs.blks = s.blocks;
+        rs.selr = a.csa ? a.sel + (size_t)row * a.topk : NULL;
+        rs.nvis = cd.nvis;
+        rs.nw = cd.nw;
+    }
+    float4 o[4][NG];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int g = 0; g < NG; g++) o[i][g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    const int cs = lane & 7, jt = lane >> 3; /* QK: channel slice, key quad; warp = head quad */
+    for (int t = t_lo; t < t_hi; t++) {
+        __syncthreads(); /* Q and the stats are in; the previous tile's Ks, Pt and kp are consumed */
+        if (tid < AT_KT) {
+            const int c = t * AT_KT + tid;
+            const float *p = NULL;
+            if (c < rs.nw) {
+                p = rs.kw + (size_t)c * D;
+            } else if (c < n) {
+                const int64_t e = rs.selr ? (int64_t)rs.selr[c - rs.nw] : (int64_t)(c - rs.nw);
+                if (e < 0 || e >= rs.nvis) {
+                    atomicOr(a.flags, BCU_ATTN_FLAG_SEL); /* masked below */
+                } else {
+                    p = rs.blks[e / a.epb] + a.ent_off + (size_t)(e % a.epb) * D;
+                }
+            }
+            kp[tid] = p;
+        }
+        __syncthreads();
+        for (int i = tid; i < AT_KT * D / 4; i += AT_NT) {
+            const int j = i / (D / 4), c4 = i % (D / 4);
+            const float *p = kp[j];
+            ((float4 *)Ks)[i] = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        __syncthreads();
+
+        /* logits: heads 4warp+ii, keys 4jt+jj, channels 32i+4cs..+3, summed over cs by a butterfly */
+        float acc[4][4];
+#pragma unroll
+        for (int ii = 0; ii < 4; ii++)
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) acc[ii][jj] = 0.0f;
+#pragma unroll 1
+        for (int i = 0; i < D / 32; i++) {
+            const int c = 32 * i + 4 * cs;
+            float4 kv[4];
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) kv[jj] = *(const float4 *)&Ks[(4 * jt + jj) * D + c];
+#pragma unroll
+            for (int ii = 0; ii < 4; ii++) {
+                const float4 qv = *(const float4 *)&Qs[(4 * warp + ii) * D + c];
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    float x = acc[ii][jj];
+                    x = fmaf(qv.x, kv[jj].x, x);
+                    x = fmaf(qv.y, kv[jj].y, x);
+                    x = fmaf(qv.z, kv[jj].z, x);
+                    x = fmaf(qv.w, kv[jj].w, x);
+                    acc[ii][jj] = x;
+                }
+            }
+        }
+#pragma unroll
+        for (int off = 4; off; off >>= 1)
+#pragma unroll
+            for (int ii = 0; ii < 4; ii++)
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) acc[ii][jj] += __shfl_xor_sync(FULL, acc[ii][jj], off);
+        /* all 8 lanes of a slice group hold the same sums; lane cs stores pairs 2cs, 2cs+1 */
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            if ((e >> 1) == cs) {
+                const int ii = e >> 2, jj = e & 3, j = 4 * jt + jj;
+                const bool ok = t * AT_KT + j < n && kp[j] != NULL;
+                Ss[(4 * warp + ii) * AT_KT + j] = ok ? acc[ii][jj] * a.scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        /* online softmax: 8 threads per head, 2 keys each */
+        {
+            const int h = tid >> 3, j0 = 2 * (tid & 7);
+            const float s0 = Ss[h * AT_KT + j0], s1 = Ss[h * AT_KT + j0 + 1];
+            float mt = fmaxf(s0, s1);
+#pragma unroll
+            for (int off = 4; off; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, off));
+            const float mold = mrun[h];
+            const float mnew = fmaxf(mold, mt);
+            float p0 = 0.0f, p1 = 0.0f, al = 1.0f;
+            if (mnew != -INFINITY) {
+                p0 = expf(s0 - mnew);
+                p1 = expf(s1 - mnew);
+                al = expf(mold - mnew);
+            }
+            float ps = p0 + p1;
+#pragma unroll
+            for (int off = 4; off; off >>= 1) ps += __shfl_xor_sync(FULL, ps, off);
+            Pt[j0 * AT_HB + h] = p0;
+            Pt[(j0 + 1) * AT_HB + h] = p1;
+            __syncwarp(); /* every lane has read mrun[h] */
+            if ((tid & 7) == 0) {
+                alpha[h] = al;
+                lrun[h] = lrun[h] * al + ps;
+                mrun[h] = mnew;
+            }
+        }
+        __syncthreads();
+
+        /* O = alpha O + P V: warp = head quad, lane = channels 128g + 4lane..+3 */
+        {
+            const float4 al4 = *(const float4 *)&alpha[4 * warp];
+            const float al[4] = {al4.x, al4.y, al4.z, al4.w};
+#pragma unroll
+            for (int ii = 0; ii < 4; ii++)
+#pragma unroll
+                for (int g = 0; g < NG; g++) {
+                    o[ii][g].x *= al[ii];
+                    o[ii][g].y *= al[ii];
+                    o[ii][g].z *= al[ii];
+                    o[ii][g].w *= al[ii];
+                }
+#pragma unroll 2
+            for (int j = 0; j < AT_KT; j++) {
+                const float4 p4 = *(const float4 *)&Pt[j * AT_HB + 4 * warp];
+                const float p[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int g = 0; g < NG; g++) {
+                    const float4 v = *(const float4 *)&Ks[j * D + 128 * g + 4 * lane];
+#pragma unroll
+                    for (int ii = 0; ii < 4; ii++) {
+                        o[ii][g].x = fmaf(p[ii], v.x, o[ii][g].x);
+                        o[ii][g].y = fmaf(p[ii], v.y, o[ii][g].y);
+                        o[ii][g].z = fmaf(p[ii], v.z, o[ii][g].z);
+                        o[ii][g].w = fmaf(p[ii], v.w, o[ii][g].w);
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int ii = 0; ii < 4; ii++) {
+        const int h = h0 + 4 * warp + ii;
+        if (h < a.H) {
+            float *dst = a.po + (slot * a.H + h) * D;
+#pragma unroll
+            for (int g = 0; g < NG; g++) *(float4 *)&dst[128 * g + 4 * lane] = o[ii][g];
+        }
+    }
+    /* mrun / lrun were last written before the final PV's __syncthreads */
+    if (tid < AT_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(mrun[tid], lrun[tid]);
+}
+
+struct MgArgs {
+    const bcu_attn_seq *seqs;
+    int nseq;
+    const float *sink, *inv_freq;
+    int H, D, rd, S;
+    const float2 *ml;
+    const float *po;
+    float *out;
+};
+
+/* block (head, row), thread i = channel pair 2i, 2i+1 */
+__global__ void at_merge_kernel(MgArgs a)
+{
+    const int h = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
+    const int64_t pos = s.p0 + (row - s.row0);
+    const size_t base = (size_t)row * a.S;
+    const float sink = a.sink[h];
+    float M = sink;
+    for (int sp = 0; sp < a.S; sp++) M = fmaxf(M, a.ml[(base + sp) * a.H + h].x);
+    float L = expf(sink - M), o0 = 0.0f, o1 = 0.0f;
+    for (int sp = 0; sp < a.S; sp++) {
+        const float2 v = a.ml[(base + sp) * a.H + h];
+        if (v.x == -INFINITY) continue;
+        const float w = expf(v.x - M);
+        L += v.y * w;
+        const float2 p = *(const float2 *)&a.po[((base + sp) * a.H + h) * a.D + 2 * i];
+        o0 = fmaf(w, p.x, o0);
+        o1 = fmaf(w, p.y, o1);
+    }
+    o0 /= L;
+    o1 /= L;
+    const int t0 = a.D - a.rd;
+    if (2 * i >= t0) { /* inverse RoPE: rotate the pair by -pos * theta */
+        const int k = (2 * i - t0) / 2;
+        const float ang = (float)pos * a.inv_freq[k];
+        const float c = cosf(ang), sn = -sinf(ang);
+        const float x0 = o0, x1 = o1;
+        o0 = x0 * c - x1 * sn;
+        o1 = x1 * c + x0 * sn;
+    }
+    *(float2 *)&a.out[((size_t)row * a.H + h) * a.D + 2 * i] = make_float2(o0, o1);
+}
+
+template <int NG>
+static cudaError_t launch_split(const AtArgs &aa, int ntok, cudaStream_t st)
+{
+    constexpr int D = 128 * NG;
+    const size_t smem = (size_t)(AT_HB * D + AT_KT * D + 2 * AT_HB * AT_KT + 3 * AT_HB) * sizeof(float);
+    cudaError_t r = opt_in_smem(at_split_kernel<NG>, NG, smem);
+    if (r != cudaSuccess) return r;
+    at_split_kernel<NG><<<dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AT_NT, smem, st>>>(aa);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_attention_args *a,
+                                     cudaStream_t st, char *err, size_t errlen)
+{
+    const bcu_attn_limits *l = &ws->lim;
+    if (!ws->mem) return bad(err, errlen, "attention: no workspace");
+    if (a->n_heads != l->n_heads || a->head_dim != l->head_dim)
+        return bad(err, errlen, "attention: %d heads x %d, the workspace was sized for %d x %d", a->n_heads,
+                   a->head_dim, l->n_heads, l->head_dim);
+    const int D = a->head_dim;
+    if (D % 128 || D < 128 || D > 512)
+        return bad(err, errlen, "attention: head_dim %d (128, 256, 384 or 512 supported)", D);
+    if (a->n_heads < 1) return bad(err, errlen, "attention: %d heads", a->n_heads);
+    if (a->rope_dim < 0 || a->rope_dim % 2 || a->rope_dim > D)
+        return bad(err, errlen, "attention: rope_dim %d with head_dim %d", a->rope_dim, D);
+    if (a->window < 1) return bad(err, errlen, "attention: window %d", a->window);
+    if (a->ratio < 0 || (a->ratio && BLOCK_TOKENS % a->ratio))
+        return bad(err, errlen, "attention: ratio %d does not divide the %d-token block", a->ratio, BLOCK_TOKENS);
+    if (a->ratio && a->csa && (!a->sel || !a->nsel || a->topk < 1))
+        return bad(err, errlen, "attention: a CSA layer needs sel, nsel and topk");
+    if (a->ent_off % 4) return bad(err, errlen, "attention: ent_off %zu is not a multiple of 4 floats", a->ent_off);
+    if (b->ntok < 0 || b->ntok > l->max_rows || b->ntok > 65535)
+        return bad(err, errlen, "attention: %d rows, the workspace holds %d", b->ntok, l->max_rows);
+    if (b->nseq < 1 || !b->seqs || !a->q || !a->sink || !a->out || (a->rope_dim && !a->inv_freq))
+        return bad(err, errlen, "attention: missing argument");
+    if (b->ntok == 0) return cudaSuccess;
+    const ws_layout w = layout_of(l);
+    char *base = (char *)ws->mem;
+
+    AtArgs aa;
+    aa.seqs = b->seqs;
+    aa.nseq = b->nseq;
+    aa.q = a->q;
+    aa.sel = a->sel;
+    aa.nsel = a->nsel;
+    aa.topk = a->topk;
+    aa.H = a->n_heads;
+    aa.W = a->window;
+    aa.ratio = a->ratio;
+    aa.csa = a->ratio && a->csa;
+    aa.epb = a->ratio ? BLOCK_TOKENS / a->ratio : 1;
+    aa.ent_off = a->ent_off;
+    aa.scale = 1.0f / sqrtf((float)D); /* as v4.c */
+    aa.HG = (a->n_heads + AT_HB - 1) / AT_HB;
+    aa.ml = (float2 *)(base + w.ml);
+    aa.po = (float *)(base + w.po);
+    aa.flags = (int *)(base + w.flags);
+    /* splits: enough blocks for two per SM, never more than the longest row has tiles */
+    int64_t len = b->max_len > 0 ? b->max_len : 1;
+    int64_t maxc = (len < a->window ? len : a->window);
+    if (a->ratio) {
+        const int64_t vis = len / a->ratio;
+        maxc += aa.csa ? (vis < a->topk ? vis : a->topk) : vis;
+    }
+    const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
+    const int64_t per = (int64_t)b->ntok * aa.HG;
+    int64_t S = (2 * (int64_t)sm_count() + per - 1) / per;
+    if (S > tiles) S = tiles;
+    if (S > w.slots / b->ntok) S = w.slots / b->ntok;
+    if (S < 1) S = 1;
+    if (S * aa.HG > 0x7fffffff) return bad(err, errlen, "attention: grid too large");
+    aa.S = (int)S;
+
+    cudaError_t r;
+    switch (D / 128) {
+    case 1: r = launch_split<1>(aa, b->ntok, st); break;
+    case 2: r = launch_split<2>(aa, b->ntok, st); break;
+    case 3: r = launch_split<3>(aa, b->ntok, st); break;
+    default: r = launch_split<4>(aa, b->ntok, st); break;
+    }
+    if (r != cudaSuccess) return r;
+
+    MgArgs ma;
+    ma.seqs = b->seqs;
+    ma.nseq = b->nseq;
+    ma.sink = a->sink;
+    ma.inv_freq = a->inv_freq;
+    ma.H = a->n_heads;
+    ma.D = D;
+    ma.rd = a->rope_dim;
+    ma.S = aa.S;
+    ma.ml = aa.ml;
+    ma.po = aa.po;
+    ma.out = a->out;
+    at_merge_kernel<<<dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), 0, st>>>(ma);
+    return cudaGetLastError();
+}

@@ -1,0 +1,998 @@
+/* moe.cu - the routed-expert FFN of a V4 MoE layer, grouped over experts,
+ * fully on the device (moe.h has the API, docs/CUDA.md the measurements).
+ *
+ * One call is four steps on one stream, with no host round trip:
+ *   1. route_kernel (one block): a stable counting sort of the T*topk
+ *      (token, expert) pairs by expert.  16 warps each own a contiguous chunk
+ *      of pairs; each counts its chunk per expert (__match_any_sync groups
+ *      equal ids, the group's last lane adds the group size: no atomics), a
+ *      block scan turns the counts into offsets, and each warp scatters its
+ *      chunk in order.  So within an expert the pairs stay in (t, k) order,
+ *      the order v4.c gathers them in.  It also writes the list of active
+ *      experts, the table of 128-row tiles, and per token the rows of its
+ *      pairs in ascending expert order (the combine order).
+ *   2. gate/up GEMM with the clamped SwiGLU in its epilogue -> h [rows, inter]
+ *   3. down GEMM -> yp [rows, dim]
+ *      Two kernel families do 2 and 3, chosen by the caller (bcu_moe_path):
+ *      - rows (decode): a warp owns 2 gate/up features (4 weight rows) or 4
+ *        down features, streams each weight row once with 16-byte loads (one
+ *        lane = one 1x32 scale block = 32 nibbles), and serves all of the
+ *        expert's tokens from it in passes of up to 4 (later passes hit L1/L2).  The
+ *        FP4 codes are decoded in registers to exactly dtype.c's f32 values
+ *        (code * scale).  fp32 FFMA, so the CPU's numbers to ~1e-7.
+ *      - tiled (prefill): a block computes 128 rows of one expert x 128
+ *        weight rows.  Per 32-column step the weight tile is decoded into
+ *        shared memory once (fp32, or exact bf16), the activations are
+ *        staged beside it (fp32, or split into 1 or 3 bf16 planes), and the
+ *        block multiplies with fp32 FFMA (8x8 per thread) or with mma.sync
+ *        m16n8k16 bf16 tensor cores (fp32 accumulate).
+ *      No copy of the expert weights is ever made in any other format.
+ *   4. combine_kernel: y[t] = sum over its pairs in ascending expert order,
+ *      a fixed order: the result does not change from run to run.
+ * The weight-application rule and the fp32 operation order of the SwiGLU and
+ * of the combine are v4.c's (official: h *= w before W2; transformers:
+ * y += (W2 h) * w), with explicitly rounded operations so nvcc does not fuse
+ * them into FMAs the CPU does not do.
+ *
+ * What this file does not do: the gate / top-k (v4.c), the shared expert,
+ * FP8 activations, V4.1's 1x16 scale blocks (BCU_MOE_BLOCK is 32). */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/moe.h"
+
+#define RT_THREADS 512 /* routing kernel: threads, >= BCU_MOE_MAX_EXPERTS */
+#define RT_WARPS 16    /* routing kernel: chunks of pairs */
+#define RW_WARPS 8     /* rows kernel: warps per block */
+#define TL_M BCU_MOE_TILE_M
+#define TL_W 128 /* weight rows per tile */
+#define TL_K 32  /* columns per step: one scale block */
+
+static_assert(RT_THREADS >= BCU_MOE_MAX_EXPERTS, "one routing thread per expert");
+static_assert(RT_WARPS * 32 <= RT_THREADS, "chunk warps are routing threads");
+static_assert(TL_M == 128 && TL_K == BCU_MOE_BLOCK, "the tile loaders assume these");
+
+namespace {
+
+/* ---------------------------------------------------------------- decoders */
+
+/* e2m1 code J of the word (element J of 8 consecutive ones), unscaled: the
+ * code's bits placed as an f32 with exponent bias 127 is lut[c] * 2^-126
+ * (codes 0 and 1 land on f32 subnormals exactly as e2m1's own subnormals
+ * behave), and * 2^126 is exact.  nvcc does not flush subnormals unless
+ * built with -ftz / fast-math, which this file never is. */
+template <int J>
+__device__ __forceinline__ float fp4u(uint32_t q)
+{
+    const uint32_t t = q >> (4 * J);
+    return __uint_as_float(((t & 7u) << 22) | ((t & 8u) << 28)) * 0x1p126f;
+}
+
+__device__ __forceinline__ void dec8(uint32_t q, float v[8])
+{
+    v[0] = fp4u<0>(q); v[1] = fp4u<1>(q); v[2] = fp4u<2>(q); v[3] = fp4u<3>(q);
+    v[4] = fp4u<4>(q); v[5] = fp4u<5>(q); v[6] = fp4u<6>(q); v[7] = fp4u<7>(q);
+}
+
+/* dtype.c's md_ue8m0_to_f32: 2^(b-127), b = 0 the subnormal 2^-127, 255 NaN */
+__device__ __forceinline__ float ue8m0(uint32_t b)
+{
+    uint32_t u = b << 23;
+    if (b == 0) u = 0x00400000u;
+    if (b == 255) u |= 1u << 22;
+    return __uint_as_float(u);
+}
+
+/* v4.c's swiglu, operation for operation */
+__device__ __forceinline__ float swiglu1(float g, float u, float limit)
+{
+    if (limit > 0.0f) {
+        g = fminf(g, limit);
+        u = fmaxf(-limit, fminf(u, limit));
+    }
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+__device__ __forceinline__ uint32_t bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+
+/* ---------------------------------------------------------------- routing */
+
+struct RouteArgs {
+    const int32_t *ids;
+    const float *w;
+    int64_t T, P, n_slots, max_tiles;
+    int topk, E;
+    int32_t *hdr, *cnt, *off, *act, *tile_e, *tile_r0, *sorted, *pos, *comb;
+    float *combw;
+};
+
+/* exclusive scan of one int per thread over the block; buf: 32 ints of shared */
+__device__ int block_scan_excl(int v, int *total, int *buf)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) buf[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int s = lane < nw ? buf[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        if (lane < nw) buf[lane] = s;
+    }
+    __syncthreads();
+    const int excl = (warp ? buf[warp - 1] : 0) + x - v;
+    *total = buf[nw - 1];
+    __syncthreads(); /* buf is reused by the next scan */
+    return excl;
+}
+
+__global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
+{
+    extern __shared__ int hist[]; /* [RT_WARPS][E]: per chunk, counts, then running rows */
+    __shared__ int buf[32];
+    __shared__ int s_bad;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E;
+    for (int i = tid; i < RT_WARPS * E; i += RT_THREADS) hist[i] = 0;
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+
+    /* 1: per-chunk counts.  Warps >= RT_WARPS have no chunk. */
+    const int64_t C = (a.P + RT_WARPS - 1) / RT_WARPS;
+    int64_t c0 = (int64_t)warp * C, c1;
+    if (warp >= RT_WARPS || c0 > a.P) c0 = a.P;
+    c1 = c0 + C < a.P ? c0 + C : a.P;
+    int *h = hist + (warp < RT_WARPS ? warp : 0) * E;
+    int bad = 0;
+    for (int64_t base = c0; base < c1; base += 32) { /* the same trip count on every lane */
+        const int64_t i = base + lane;
+        int e = -1;
+        if (i < c1) {
+            e = a.ids[i];
+            if (e < 0 || e >= E) {
+                e = -1;
+                bad++;
+            }
+        }
+        const unsigned m = __match_any_sync(0xffffffffu, e);
+        if (e >= 0 && lane == 31 - __clz(m)) h[e] += __popc(m);
+        __syncwarp();
+    }
+    if (bad) atomicAdd(&s_bad, bad); /* an integer count: order does not matter */
+    __syncthreads();
+
+    /* 2: thread e turns its column into chunk offsets; scans over experts */
+    int cnt = 0;
+    if (tid < E)
+        for (int w = 0; w < RT_WARPS; w++) {
+            const int v = hist[w * E + tid];
+            hist[w * E + tid] = cnt;
+            cnt += v;
+        }
+    int total, n_act, n_tiles;
+    const int off = block_scan_excl(cnt, &total, buf);
+    const int ai = block_scan_excl(cnt > 0, &n_act, buf);
+    const int nt = (cnt + TL_M - 1) / TL_M;
+    const int ti = block_scan_excl(nt, &n_tiles, buf);
+    if (tid < E) {
+        a.cnt[tid] = cnt;
+        a.off[tid] = off;
+        if (tid == E - 1) a.off[E] = off + cnt;
+        for (int w = 0; w < RT_WARPS; w++) hist[w * E + tid] += off;
+        if (cnt > 0) {
+            a.act[ai] = tid;
+            for (int j = 0; j < nt; j++) {
+                a.tile_e[ti + j] = tid;
+                a.tile_r0[ti + j] = off + j * TL_M;
+            }
+        }
+    }
+    for (int64_t s = n_act + tid; s < a.n_slots; s += RT_THREADS) a.act[s] = -1;
+    for (int64_t s = n_tiles + tid; s < a.max_tiles; s += RT_THREADS) {
+        a.tile_e[s] = -1;
+        a.tile_r0[s] = 0;
+    }
+    if (tid == 0) {
+        a.hdr[0] = n_act;
+        a.hdr[1] = n_tiles;
+        a.hdr[2] = s_bad;
+    }
+    (void)total;
+    __syncthreads();
+
+    /* 3: stable scatter; a group of equal ids in one step ranks by lane */
+    for (int64_t base = c0; base < c1; base += 32) {
+        const int64_t i = base + lane;
+        int e = -1;
+        if (i < c1) {
+            e = a.ids[i];
+            if (e < 0 || e >= E) e = -1;
+        }
+        const unsigned m = __match_any_sync(0xffffffffu, e);
+        const int b = e >= 0 ? h[e] : 0;
+        __syncwarp();
+        if (i < c1) {
+            if (e >= 0) {
+                const int r = b + __popc(m & ((1u << lane) - 1u));
+                a.sorted[r] = (int32_t)i;
+                a.pos[i] = r;
+            } else {
+                a.pos[i] = -1;
+            }
+        }
+        if (e >= 0 && lane == 31 - __clz(m)) h[e] = b + __popc(m);
+        __syncwarp();
+    }
+    __syncthreads(); /* pos is read back below by other threads (plain loads, not __ldg) */
+
+    /* 4: per token, the rows of its pairs ascending: ascending expert, then k */
+    for (int64_t t = tid; t < a.T; t += RT_THREADS) {
+        int32_t r[BCU_MOE_MAX_TOPK];
+        float f[BCU_MOE_MAX_TOPK];
+        int n = 0;
+        for (int k = 0; k < a.topk; k++) {
+            const int32_t rk = a.pos[t * a.topk + k];
+            if (rk < 0) continue;
+            int j = n++;
+            for (; j > 0 && r[j - 1] > rk; j--) {
+                r[j] = r[j - 1];
+                f[j] = f[j - 1];
+            }
+            r[j] = rk;
+            f[j] = a.w[t * a.topk + k];
+        }
+        for (int k = 0; k < a.topk; k++) {
+            a.comb[t * a.topk + k] = k < n ? r[k] : -1;
+            a.combw[t * a.topk + k] = k < n ? f[k] : 0.0f;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- GEMM arguments */
+
+struct MoeArgs {
+    const uint8_t *const *w1, *const *s1, *const *w3, *const *s3, *const *w2, *const *s2;
+    int64_t D, I;
+    int topk, official;
+    float limit;
+    const float *x, *w;
+    const int32_t *off, *act, *tile_e, *tile_r0, *sorted;
+    float *h, *yp;
+};
+
+/* ---------------------------------------------------------------- rows (decode) kernels
+ * G = 1: the warp owns features f0, f0+1 of W1 and W3 (rows W1[f0], W3[f0],
+ * W1[f0+1], W3[f0+1]); x rows gathered through sorted; writes h.
+ * G = 2: the warp owns features f0..f0+3 of W2; x = h rows; writes yp.
+ * One pass serves TT consecutive rows (tokens) of expert e from row0. */
+template <int G, int TT>
+__device__ __forceinline__ void rows_pass(const MoeArgs &a, int e, int64_t row0, int64_t f0, int lane)
+{
+    constexpr int NR = 4;
+    const int64_t N = G == 1 ? a.I : a.D, K = G == 1 ? a.D : a.I, nkb = K / 32;
+    /* weight row j: G = 1: matrix j & 1 (W1, W3), feature f0 + (j >> 1); G = 2:
+     * W2, feature f0 + j.  Two base rows and a row stride keep registers low;
+     * f0 + NR/2 or f0 + NR - 1 < N always holds (N % 32 == 0, f0 % FPW == 0). */
+    const int64_t wstride = K / 2;
+    const uint8_t *wb0, *wb1, *sb0, *sb1;
+    if (G == 1) {
+        wb0 = a.w1[e] + f0 * wstride;
+        wb1 = a.w3[e] + f0 * wstride;
+        sb0 = a.s1[e] + f0 * nkb;
+        sb1 = a.s3[e] + f0 * nkb;
+    } else {
+        wb0 = wb1 = a.w2[e] + f0 * wstride;
+        sb0 = sb1 = a.s2[e] + f0 * nkb;
+    }
+    int64_t xo[TT]; /* element offsets of the activation rows in x (G = 1) or h (G = 2) */
+#pragma unroll
+    for (int i = 0; i < TT; i++) xo[i] = G == 1 ? (int64_t)(a.sorted[row0 + i] / a.topk) * a.D : (row0 + i) * a.I;
+    const float *xbase = G == 1 ? a.x : a.h;
+
+    float acc[NR][TT];
+#pragma unroll
+    for (int j = 0; j < NR; j++)
+#pragma unroll
+        for (int i = 0; i < TT; i++) acc[j][i] = 0.0f;
+
+    for (int64_t kb = lane; kb < nkb; kb += 32) {
+        uint4 q[NR];
+        float s[NR];
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            const int64_t rj = G == 1 ? (j >> 1) : j; /* row offset from the base row */
+            const uint8_t *wrow = (G == 1 && (j & 1) ? wb1 : wb0) + rj * wstride;
+            const uint8_t *srow = (G == 1 && (j & 1) ? sb1 : sb0) + rj * nkb;
+            q[j] = __ldg((const uint4 *)(wrow + kb * 16));
+            s[j] = ue8m0(__ldg(srow + kb));
+        }
+#pragma unroll
+        for (int wd = 0; wd < 4; wd++) {
+            float xv[TT][8];
+#pragma unroll
+            for (int i = 0; i < TT; i++) {
+                const float4 *xp = (const float4 *)(xbase + xo[i] + kb * 32 + wd * 8);
+                const float4 u0 = __ldg(xp), u1 = __ldg(xp + 1);
+                xv[i][0] = u0.x; xv[i][1] = u0.y; xv[i][2] = u0.z; xv[i][3] = u0.w;
+                xv[i][4] = u1.x; xv[i][5] = u1.y; xv[i][6] = u1.z; xv[i][7] = u1.w;
+            }
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                const uint32_t qq = wd == 0 ? q[j].x : wd == 1 ? q[j].y : wd == 2 ? q[j].z : q[j].w;
+                float v[8];
+                dec8(qq, v);
+#pragma unroll
+                for (int c = 0; c < 8; c++) v[c] *= s[j]; /* exact: lut * 2^k, dtype.c's value */
+#pragma unroll
+                for (int i = 0; i < TT; i++)
+#pragma unroll
+                    for (int c = 0; c < 8; c++) acc[j][i] = fmaf(v[c], xv[i][c], acc[j][i]);
+            }
+        }
+    }
+    /* butterfly: every lane ends with every sum (each lane in its own
+     * association order); one fixed lane writes each output, so the result
+     * does not vary from run to run */
+#pragma unroll
+    for (int j = 0; j < NR; j++)
+#pragma unroll
+        for (int i = 0; i < TT; i++)
+#pragma unroll
+            for (int o = 16; o; o >>= 1) acc[j][i] += __shfl_xor_sync(0xffffffffu, acc[j][i], o);
+
+    if (G == 1) {
+#pragma unroll
+        for (int ff = 0; ff < 2; ff++)
+#pragma unroll
+            for (int i = 0; i < TT; i++)
+                if (lane == ff * TT + i && f0 + ff < N) {
+                    const int64_t row = row0 + i;
+                    float hv = swiglu1(acc[2 * ff][i], acc[2 * ff + 1][i], a.limit);
+                    if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                    a.h[row * a.I + f0 + ff] = hv;
+                }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NR; j++)
+#pragma unroll
+            for (int i = 0; i < TT; i++)
+                if (lane == j * TT + i && f0 + j < N) a.yp[(row0 + i) * a.D + f0 + j] = acc[j][i];
+    }
+}
+
+/* grid: x = feature groups, y = active-expert slot */
+template <int G>
+__global__ void __launch_bounds__(32 * RW_WARPS, 2) rows_kernel(MoeArgs a)
+{
+    const int e = a.act[blockIdx.y];
+    if (e < 0) return;
+    const int64_t r0 = a.off[e], n = a.off[e + 1] - r0;
+    constexpr int FPW = G == 1 ? 2 : 4;
+    const int64_t f0 = ((int64_t)blockIdx.x * RW_WARPS + (threadIdx.x >> 5)) * FPW;
+    if (f0 >= (G == 1 ? a.I : a.D)) return; /* warp-uniform */
+    const int lane = threadIdx.x & 31;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) rows_pass<G, 4>(a, e, r0 + i, f0, lane);
+    if (n - i >= 2) {
+        rows_pass<G, 2>(a, e, r0 + i, f0, lane);
+        i += 2;
+    }
+    if (n - i >= 1) rows_pass<G, 1>(a, e, r0 + i, f0, lane);
+}
+
+/* ---------------------------------------------------------------- tiled (prefill) kernels */
+
+struct Tile {
+    int e;
+    int64_t r0, n, n0; /* first row, rows in the tile (<= TL_M), first feature */
+};
+
+/* the tile of this block, or e < 0 if the slot is past the last tile */
+template <int G>
+__device__ __forceinline__ Tile tile_of(const MoeArgs &a)
+{
+    Tile t;
+    t.e = a.tile_e[blockIdx.y];
+    t.r0 = t.n = t.n0 = 0;
+    if (t.e < 0) return t;
+    t.r0 = a.tile_r0[blockIdx.y];
+    const int64_t end = a.off[t.e + 1];
+    t.n = end - t.r0 < TL_M ? end - t.r0 : TL_M;
+    t.n0 = (int64_t)blockIdx.x * (G == 1 ? TL_W / 2 : TL_W);
+    return t;
+}
+
+/* Weight row r of the tile: its row pointer and scale row, or NULL past N.
+ * G = 1 holds gate and up rows of TL_W/2 features.  The FFMA kernel puts all
+ * gate rows first (r < 64: W1[n0 + r], else W3[n0 + r - 64]); the mma kernel
+ * interleaves by warp (r = 32 wm + i: i < 16 W1[n0 + 16 wm + i], else
+ * W3[n0 + 16 wm + i - 16]) so a warp holds both halves of its 16 features. */
+template <int G, bool MMA>
+__device__ __forceinline__ void tile_wrow(const MoeArgs &a, const Tile &t, int r, const uint8_t **wp,
+                                          const uint8_t **sp)
+{
+    const int64_t K = G == 1 ? a.D : a.I, N = G == 1 ? a.I : a.D;
+    int64_t f;
+    bool up = false;
+    if (G == 1) {
+        if (MMA) {
+            up = (r & 31) >= 16;
+            f = t.n0 + (r >> 5) * 16 + (r & 15);
+        } else {
+            up = r >= 64;
+            f = t.n0 + (r & 63);
+        }
+    } else {
+        f = t.n0 + r;
+    }
+    if (f >= N) {
+        *wp = NULL;
+        *sp = NULL;
+        return;
+    }
+    const uint8_t *W = G == 1 ? (up ? a.w3[t.e] : a.w1[t.e]) : a.w2[t.e];
+    const uint8_t *S = G == 1 ? (up ? a.s3[t.e] : a.s1[t.e]) : a.s2[t.e];
+    *wp = W + f * (K / 2);
+    *sp = S + f * (K / 32);
+}
+
+/* what one thread carries from global memory for one 32-column step: 16
+ * activations of row m = tid & 127 and 16 codes of weight row r = tid & 127,
+ * columns half*16 .. half*16+15 of the step (half = tid >> 7) */
+struct Stage {
+    float4 xv[4];
+    uint2 wq;
+    uint32_t sb;
+};
+
+__device__ __forceinline__ void stage_load(Stage &s, const float *xsrc, const uint8_t *wsrc, const uint8_t *ssrc,
+                                           int64_t kb, int half)
+{
+    if (xsrc) {
+        const float4 *p = (const float4 *)(xsrc + kb * TL_K + half * 16);
+#pragma unroll
+        for (int c = 0; c < 4; c++) s.xv[c] = __ldg(p + c);
+    } else {
+#pragma unroll
+        for (int c = 0; c < 4; c++) s.xv[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (wsrc) {
+        s.wq = __ldg((const uint2 *)(wsrc + kb * 16 + half * 8));
+        s.sb = __ldg(ssrc + kb);
+    } else {
+        s.wq = make_uint2(0u, 0u); /* code 0 is +0 */
+        s.sb = 127u;
+    }
+}
+
+/* the activation row of tile row m, or NULL past the tile's rows */
+template <int G>
+__device__ __forceinline__ const float *tile_xrow(const MoeArgs &a, const Tile &t, int m)
+{
+    if (m >= t.n) return NULL;
+    const int64_t row = t.r0 + m;
+    return G == 1 ? a.x + (int64_t)(a.sorted[row] / a.topk) * a.D : a.h + row * a.I;
+}
+
+/* ---- fp32 FFMA tile.  Thread (tw = tid & 15, tm = tid >> 4) owns rows
+ * {4tm..4tm+3, 64+4tm..} and weight rows {4tw..4tw+3, 64+4tw..}; warp w thus
+ * owns rows [8w, 8w+8) and [64+8w, 64+8w+8), and skips a half with no rows. */
+template <int G>
+__global__ void __launch_bounds__(256, 2) simt_kernel(MoeArgs a)
+{
+    __shared__ __align__(16) float xs[TL_K][TL_M];
+    __shared__ __align__(16) float ws[TL_K][TL_W];
+    const Tile t = tile_of<G>(a);
+    if (t.e < 0) return;
+    const int tid = threadIdx.x, half = tid >> 7, lr = tid & 127;
+    const int tw = tid & 15, tm = tid >> 4, warp = tid >> 5;
+    const bool lo = 8 * warp < t.n, hi = 64 + 8 * warp < t.n;
+    const float *xsrc = tile_xrow<G>(a, t, lr);
+    const uint8_t *wsrc, *ssrc;
+    tile_wrow<G, false>(a, t, lr, &wsrc, &ssrc);
+    const int64_t nkb = (G == 1 ? a.D : a.I) / TL_K;
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+
+    Stage st;
+    stage_load(st, xsrc, wsrc, ssrc, 0, half);
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        __syncthreads(); /* the previous step's reads of xs / ws are done */
+        {
+            const float *xf = (const float *)st.xv;
+#pragma unroll
+            for (int c = 0; c < 16; c++) xs[half * 16 + c][lr] = xf[c];
+            const float sc = ue8m0(st.sb);
+            float v[8];
+            dec8(st.wq.x, v);
+#pragma unroll
+            for (int c = 0; c < 8; c++) ws[half * 16 + c][lr] = v[c] * sc;
+            dec8(st.wq.y, v);
+#pragma unroll
+            for (int c = 0; c < 8; c++) ws[half * 16 + 8 + c][lr] = v[c] * sc;
+        }
+        __syncthreads();
+        if (kb + 1 < nkb) stage_load(st, xsrc, wsrc, ssrc, kb + 1, half);
+        if (hi) {
+#pragma unroll
+            for (int k = 0; k < TL_K; k++) {
+                const float4 b0 = *(const float4 *)&ws[k][tw * 4], b1 = *(const float4 *)&ws[k][64 + tw * 4];
+                const float4 a0 = *(const float4 *)&xs[k][tm * 4], a1 = *(const float4 *)&xs[k][64 + tm * 4];
+                const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+                const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            }
+        } else if (lo) {
+#pragma unroll
+            for (int k = 0; k < TL_K; k++) {
+                const float4 b0 = *(const float4 *)&ws[k][tw * 4], b1 = *(const float4 *)&ws[k][64 + tw * 4];
+                const float4 a0 = *(const float4 *)&xs[k][tm * 4];
+                const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+                const float av[4] = {a0.x, a0.y, a0.z, a0.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int64_t m = (i < 4 ? 0 : 64) + tm * 4 + (i & 3);
+        if (m >= t.n) continue;
+        const int64_t row = t.r0 + m;
+        if (G == 1) {
+            const int64_t f = t.n0 + tw * 4;
+            if (f >= a.I) continue;
+            const float wt = a.official ? a.w[a.sorted[row]] : 1.0f;
+            float o[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                o[c] = swiglu1(acc[i][c], acc[i][4 + c], a.limit);
+                if (a.official) o[c] = __fmul_rn(o[c], wt);
+            }
+            *(float4 *)(a.h + row * a.I + f) = make_float4(o[0], o[1], o[2], o[3]);
+        } else {
+#pragma unroll
+            for (int jh = 0; jh < 2; jh++) {
+                const int64_t f = t.n0 + jh * 64 + tw * 4;
+                if (f < a.D)
+                    *(float4 *)(a.yp + row * a.D + f) =
+                        make_float4(acc[i][4 * jh], acc[i][4 * jh + 1], acc[i][4 * jh + 2], acc[i][4 * jh + 3]);
+            }
+        }
+    }
+}
+
+/* ---- bf16 tensor-core tile (mma.sync m16n8k16, fp32 accumulate).
+ * Weights are the A operand (M = weight rows), rows/tokens the B operand
+ * (N = tokens): a warp (wm = warp & 3, wn = warp >> 2) owns weight rows
+ * [32 wm, 32 wm + 32) (two m16 tiles) x tokens [64 wn, 64 wn + 64) (eight n8
+ * tiles).  The decoded weights are exact in bf16 (at most two significant
+ * bits times a power of two).  PL = 3 splits each activation into hi + mid +
+ * lo bf16 planes (24 bits: the fp32 value), PL = 1 rounds it to bf16. */
+#define SM_LD 40 /* shared row length in bf16: 32 + 8 pad, 80 B (ldmatrix rows land on distinct banks) */
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int G, int PL>
+__global__ void __launch_bounds__(256, 2) mma_kernel(MoeArgs a)
+{
+    __shared__ __align__(16) uint16_t Ws[TL_W][SM_LD];
+    __shared__ __align__(16) uint16_t Xs[PL][TL_M][SM_LD];
+    const Tile t = tile_of<G>(a);
+    if (t.e < 0) return;
+    const int tid = threadIdx.x, half = tid >> 7, lr = tid & 127;
+    const int lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    const float *xsrc = tile_xrow<G>(a, t, lr);
+    const uint8_t *wsrc, *ssrc;
+    tile_wrow<G, true>(a, t, lr, &wsrc, &ssrc);
+    const int64_t nkb = (G == 1 ? a.D : a.I) / TL_K;
+    /* n8 tiles of this warp that hold any row of the tile (warp-uniform) */
+    int64_t nv = t.n - 64 * wn;
+    const int n8 = nv <= 0 ? 0 : nv >= 64 ? 8 : (int)((nv + 7) / 8);
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+
+    Stage st;
+    stage_load(st, xsrc, wsrc, ssrc, 0, half);
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        __syncthreads();
+        {
+            /* activations -> PL bf16 planes, 16 per thread, two 16-byte stores per plane */
+            const float *xf = (const float *)st.xv;
+            uint32_t pk[PL][8];
+#pragma unroll
+            for (int c = 0; c < 16; c += 2) {
+                float r0 = xf[c], r1 = xf[c + 1];
+#pragma unroll
+                for (int p = 0; p < PL; p++) {
+                    const uint32_t h0 = bf16_bits(r0), h1 = bf16_bits(r1);
+                    pk[p][c / 2] = h0 | (h1 << 16);
+                    r0 -= __uint_as_float(h0 << 16); /* exact: h0 is r0 rounded to 8 bits */
+                    r1 -= __uint_as_float(h1 << 16);
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < PL; p++) {
+                uint4 *dst = (uint4 *)&Xs[p][lr][half * 16];
+                dst[0] = make_uint4(pk[p][0], pk[p][1], pk[p][2], pk[p][3]);
+                dst[1] = make_uint4(pk[p][4], pk[p][5], pk[p][6], pk[p][7]);
+            }
+            /* weights: decoded and scaled in fp32 (exact), then the top 16 bits */
+            const float sc = ue8m0(st.sb);
+            float v[16];
+            dec8(st.wq.x, v);
+            dec8(st.wq.y, v + 8);
+            uint32_t wk[8];
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                wk[c] = (__float_as_uint(v[2 * c] * sc) >> 16) | (__float_as_uint(v[2 * c + 1] * sc) & 0xffff0000u);
+            uint4 *wd = (uint4 *)&Ws[lr][half * 16];
+            wd[0] = make_uint4(wk[0], wk[1], wk[2], wk[3]);
+            wd[1] = make_uint4(wk[4], wk[5], wk[6], wk[7]);
+        }
+        __syncthreads();
+        if (kb + 1 < nkb) stage_load(st, xsrc, wsrc, ssrc, kb + 1, half);
+        if (n8 == 0) continue;
+#pragma unroll
+        for (int ks = 0; ks < TL_K; ks += 16) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                ldsm_x4(af[mi], &Ws[wm * 32 + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][ks + (lane >> 4) * 8]);
+#pragma unroll
+            for (int p = 0; p < PL; p++)
+#pragma unroll
+                for (int nj = 0; nj < 4; nj++) {
+                    if (2 * nj >= n8) continue;
+                    uint32_t bf[4];
+                    ldsm_x4(bf, &Xs[p][wn * 64 + nj * 16 + (lane & 7) + (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) {
+                        mma_bf16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+                        if (2 * nj + 1 < n8) mma_bf16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+                    }
+                }
+        }
+    }
+
+    /* c[0], c[1]: weight row g, tokens 2q, 2q+1; c[2], c[3]: row g + 8 */
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int64_t m = 64 * wn + 8 * ni + 2 * q + (c & 1);
+            if (m >= t.n) continue;
+            const int64_t row = t.r0 + m;
+            if (G == 1) {
+                const int64_t f = t.n0 + 16 * wm + g + 8 * (c >> 1);
+                if (f >= a.I) continue;
+                float hv = swiglu1(acc[0][ni][c], acc[1][ni][c], a.limit);
+                if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                a.h[row * a.I + f] = hv;
+            } else {
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    const int64_t f = t.n0 + 32 * wm + 16 * mi + g + 8 * (c >> 1);
+                    if (f < a.D) a.yp[row * a.D + f] = acc[mi][ni][c];
+                }
+            }
+        }
+}
+
+/* ---------------------------------------------------------------- combine */
+
+/* y[t, d..d+3] = sum over the token's rows in comb order, starting from 0 as
+ * v4.c's memset does; transformers semantics multiply each by its weight */
+__global__ void combine_kernel(float *y, const float *yp, const int32_t *comb, const float *combw, int64_t T,
+                               int topk, int64_t D, int use_w)
+{
+    const int64_t d = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (d >= D) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < topk; j++) {
+            const int32_t r = __ldg(comb + t * topk + j);
+            if (r < 0) break;
+            float4 v = __ldg((const float4 *)(yp + (int64_t)r * D + d));
+            if (use_w) {
+                const float f = __ldg(combw + t * topk + j);
+                v.x = __fmul_rn(v.x, f);
+                v.y = __fmul_rn(v.y, f);
+                v.z = __fmul_rn(v.z, f);
+                v.w = __fmul_rn(v.w, f);
+            }
+            s.x = __fadd_rn(s.x, v.x);
+            s.y = __fadd_rn(s.y, v.y);
+            s.z = __fadd_rn(s.z, v.z);
+            s.w = __fadd_rn(s.w, v.w);
+        }
+        *(float4 *)(y + t * D + d) = s;
+    }
+}
+
+} /* namespace */
+
+/* ---------------------------------------------------------------- host side */
+
+static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+extern "C" int bcu_moe_plan_layout(void *base, int64_t T, int topk, int n_experts, int64_t dim, int64_t inter,
+                                   bcu_moe_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    if (T < 0 || topk < 1 || topk > BCU_MOE_MAX_TOPK || n_experts < 1 || n_experts > BCU_MOE_MAX_EXPERTS ||
+        dim < BCU_MOE_BLOCK || inter < BCU_MOE_BLOCK || dim % BCU_MOE_BLOCK || inter % BCU_MOE_BLOCK)
+        return -1;
+    if (T > ((int64_t)1 << 30) / topk) return -1; /* rows are int32 */
+    const int64_t P = T * topk;
+    const int64_t n_slots = P < n_experts ? P : n_experts;
+    const int64_t max_tiles = (P + TL_M - 1) / TL_M + n_slots; /* each active expert adds at most one partial tile */
+    if (max_tiles > 65535) return -1;                        /* gridDim.y */
+    const uintptr_t b = (uintptr_t)base;
+    size_t o = 0;
+#define TAKE(field, type, count)                                                                                       \
+    do {                                                                                                               \
+        p->field = (type *)(b + o);                                                                                    \
+        o = align256(o + (size_t)(count) * sizeof(type));                                                              \
+    } while (0)
+    TAKE(hdr, int32_t, 16);
+    TAKE(cnt, int32_t, n_experts);
+    TAKE(off, int32_t, n_experts + 1);
+    TAKE(act, int32_t, n_slots);
+    TAKE(tile_e, int32_t, max_tiles);
+    TAKE(tile_r0, int32_t, max_tiles);
+    TAKE(sorted, int32_t, P);
+    TAKE(pos, int32_t, P);
+    TAKE(comb, int32_t, P);
+    TAKE(combw, float, P);
+    p->route_bytes = o;
+    TAKE(h, float, P * inter);
+    TAKE(yp, float, P * dim);
+#undef TAKE
+    p->bytes = o;
+    p->P = P;
+    p->n_slots = n_slots;
+    p->max_tiles = max_tiles;
+    return 0;
+}
+
+extern "C" size_t bcu_moe_workspace_bytes(int64_t T, int topk, int n_experts, int64_t dim, int64_t inter)
+{
+    bcu_moe_plan p;
+    return bcu_moe_plan_layout(NULL, T, topk, n_experts, dim, inter, &p) ? 0 : p.bytes;
+}
+
+/* route_kernel's algorithm, step for step, on the host */
+extern "C" void bcu_moe_route_host(const int32_t *ids, const float *w, int64_t T, int topk, int n_experts,
+                                   const bcu_moe_plan *p)
+{
+    const int E = n_experts;
+    const int64_t P = T * topk, C = (P + RT_WARPS - 1) / RT_WARPS;
+    int *hist = (int *)calloc((size_t)RT_WARPS * (size_t)E, sizeof(int));
+    if (!hist) abort();
+    int bad = 0;
+    for (int wp = 0; wp < RT_WARPS; wp++) {
+        const int64_t c0 = (int64_t)wp * C < P ? (int64_t)wp * C : P, c1 = c0 + C < P ? c0 + C : P;
+        for (int64_t i = c0; i < c1; i++) {
+            if (ids[i] < 0 || ids[i] >= E) bad++;
+            else hist[wp * E + ids[i]]++;
+        }
+    }
+    int run = 0, n_act = 0, n_tiles = 0;
+    for (int e = 0; e < E; e++) {
+        int cnt = 0;
+        for (int wp = 0; wp < RT_WARPS; wp++) {
+            const int v = hist[wp * E + e];
+            hist[wp * E + e] = cnt + run;
+            cnt += v;
+        }
+        p->cnt[e] = cnt;
+        p->off[e] = run;
+        if (cnt > 0) {
+            p->act[n_act++] = e;
+            for (int j = 0; j < (cnt + TL_M - 1) / TL_M; j++) {
+                p->tile_e[n_tiles] = e;
+                p->tile_r0[n_tiles++] = run + j * TL_M;
+            }
+        }
+        run += cnt;
+    }
+    p->off[E] = run;
+    for (int64_t s = n_act; s < p->n_slots; s++) p->act[s] = -1;
+    for (int64_t s = n_tiles; s < p->max_tiles; s++) {
+        p->tile_e[s] = -1;
+        p->tile_r0[s] = 0;
+    }
+    p->hdr[0] = n_act;
+    p->hdr[1] = n_tiles;
+    p->hdr[2] = bad;
+    for (int wp = 0; wp < RT_WARPS; wp++) {
+        const int64_t c0 = (int64_t)wp * C < P ? (int64_t)wp * C : P, c1 = c0 + C < P ? c0 + C : P;
+        for (int64_t i = c0; i < c1; i++) {
+            if (ids[i] < 0 || ids[i] >= E) {
+                p->pos[i] = -1;
+                continue;
+            }
+            const int r = hist[wp * E + ids[i]]++;
+            p->sorted[r] = (int32_t)i;
+            p->pos[i] = r;
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        int32_t r[BCU_MOE_MAX_TOPK];
+        float f[BCU_MOE_MAX_TOPK];
+        int n = 0;
+        for (int k = 0; k < topk; k++) {
+            const int32_t rk = p->pos[t * topk + k];
+            if (rk < 0) continue;
+            int j = n++;
+            for (; j > 0 && r[j - 1] > rk; j--) {
+                r[j] = r[j - 1];
+                f[j] = f[j - 1];
+            }
+            r[j] = rk;
+            f[j] = w[t * topk + k];
+        }
+        for (int k = 0; k < topk; k++) {
+            p->comb[t * topk + k] = k < n ? r[k] : -1;
+            p->combw[t * topk + k] = k < n ? f[k] : 0.0f;
+        }
+    }
+    free(hist);
+}
+
+extern "C" const char *bcu_moe_math_name(bcu_moe_math m)
+{
+    switch (m) {
+    case BCU_MOE_FP32: return "fp32";
+    case BCU_MOE_BF16X3: return "bf16x3";
+    case BCU_MOE_BF16: return "bf16";
+    }
+    return "?";
+}
+
+extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
+{
+    switch (p) {
+    case BCU_MOE_AUTO: return "auto";
+    case BCU_MOE_ROWS: return "rows";
+    case BCU_MOE_TILED: return "tiled";
+    }
+    return "?";
+}
+
+/* Rows while the average expert has few tokens: the rows kernel decodes a
+ * weight once per 4 tokens, the tiled kernels once per 128 (and the FFMA tile
+ * pays for its empty rows in 8-row steps). */
+extern "C" bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math)
+{
+    const int64_t per = math == BCU_MOE_FP32 ? 8 : 4;
+    return T * topk <= per * n_experts ? BCU_MOE_ROWS : BCU_MOE_TILED;
+}
+
+extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, const float *x, const int32_t *ids,
+                                       const float *w, int64_t T, int topk, bcu_moe_math math, bcu_moe_path path,
+                                       void *ws, size_t ws_bytes, cudaStream_t st)
+{
+    if (!ex) return cudaErrorInvalidValue;
+    bcu_moe_plan p;
+    if (bcu_moe_plan_layout(ws, T, topk, ex->n_experts, ex->dim, ex->inter, &p)) return cudaErrorInvalidValue;
+    if (T == 0) return cudaSuccess;
+    if (!y || !x || !ids || !w || !ws || ws_bytes < p.bytes || !ex->w1 || !ex->s1 || !ex->w3 || !ex->s3 || !ex->w2 ||
+        !ex->s2 || (uintptr_t)ws % 256 || (uintptr_t)x % 16 || (uintptr_t)y % 16)
+        return cudaErrorInvalidValue;
+    if (math != BCU_MOE_FP32 && math != BCU_MOE_BF16X3 && math != BCU_MOE_BF16) return cudaErrorInvalidValue;
+    if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math);
+    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED) return cudaErrorInvalidValue;
+
+    RouteArgs r;
+    r.ids = ids;
+    r.w = w;
+    r.T = T;
+    r.P = p.P;
+    r.n_slots = p.n_slots;
+    r.max_tiles = p.max_tiles;
+    r.topk = topk;
+    r.E = ex->n_experts;
+    r.hdr = p.hdr;
+    r.cnt = p.cnt;
+    r.off = p.off;
+    r.act = p.act;
+    r.tile_e = p.tile_e;
+    r.tile_r0 = p.tile_r0;
+    r.sorted = p.sorted;
+    r.pos = p.pos;
+    r.comb = p.comb;
+    r.combw = p.combw;
+    route_kernel<<<1, RT_THREADS, (size_t)RT_WARPS * (size_t)ex->n_experts * sizeof(int), st>>>(r);
+
+    MoeArgs a;
+    a.w1 = ex->w1;
+    a.s1 = ex->s1;
+    a.w3 = ex->w3;
+    a.s3 = ex->s3;
+    a.w2 = ex->w2;
+    a.s2 = ex->s2;
+    a.D = ex->dim;
+    a.I = ex->inter;
+    a.topk = topk;
+    a.official = ex->weight_before_w2 != 0;
+    a.limit = ex->swiglu_limit;
+    a.x = x;
+    a.w = w;
+    a.off = p.off;
+    a.act = p.act;
+    a.tile_e = p.tile_e;
+    a.tile_r0 = p.tile_r0;
+    a.sorted = p.sorted;
+    a.h = p.h;
+    a.yp = p.yp;
+
+    if (path == BCU_MOE_ROWS) {
+        const unsigned ny = (unsigned)p.n_slots;
+        rows_kernel<1><<<dim3((unsigned)((a.I + 2 * RW_WARPS - 1) / (2 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
+        rows_kernel<2><<<dim3((unsigned)((a.D + 4 * RW_WARPS - 1) / (4 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
+    } else {
+        const unsigned ny = (unsigned)p.max_tiles;
+        const dim3 g1((unsigned)((a.I + TL_W / 2 - 1) / (TL_W / 2)), ny), g2((unsigned)((a.D + TL_W - 1) / TL_W), ny);
+        switch (math) {
+        case BCU_MOE_FP32:
+            simt_kernel<1><<<g1, 256, 0, st>>>(a);
+            simt_kernel<2><<<g2, 256, 0, st>>>(a);
+            break;
+        case BCU_MOE_BF16X3:
+            mma_kernel<1, 3><<<g1, 256, 0, st>>>(a);
+            mma_kernel<2, 3><<<g2, 256, 0, st>>>(a);
+            break;
+        case BCU_MOE_BF16:
+            mma_kernel<1, 1><<<g1, 256, 0, st>>>(a);
+            mma_kernel<2, 1><<<g2, 256, 0, st>>>(a);
+            break;
+        }
+    }
+    const unsigned gy = (unsigned)(T < 65535 ? T : 65535);
+    combine_kernel<<<dim3((unsigned)((a.D / 4 + 255) / 256), gy), 256, 0, st>>>(y, p.yp, p.comb, p.combw, T, topk, a.D,
+                                                                                 !a.official);
+    return cudaGetLastError();
+}

@@ -1,0 +1,119 @@
+/* moe.h - the routed experts of a V4 MoE layer on the GPU, grouped over
+ * experts, with the FP4 expert weights decoded inside the kernels.
+ *
+ *   y[t] = sum_{k < topk} w[t,k] * W2_e . swiglu(W1_e x[t], W3_e x[t]),  e = ids[t,k]
+ *
+ * with the clamped SwiGLU of src/model/v4.c (g = min(g, limit), u = clamp(u,
+ * -limit, limit), h = g / (1 + exp(-g)) * u) and its two ways of applying the
+ * routing weight.  Everything runs on the stream the caller gives, from
+ * device pointers, with no host round trip and no allocation: the caller
+ * passes a workspace of bcu_moe_workspace_bytes().  The shared expert and the
+ * routing itself (gate, top-k) are not here.  docs/CUDA.md, section "Grouped
+ * FP4 expert FFN", tells the design and the measured speed. */
+#ifndef BACKEND_CUDA_MOE_H
+#define BACKEND_CUDA_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BCU_MOE_BLOCK 32        /* ue8m0 scale block along the input dim (V4: 1 x 32) */
+#define BCU_MOE_MAX_EXPERTS 512 /* the routing kernel keeps one counter per expert and per chunk */
+#define BCU_MOE_MAX_TOPK 16
+#define BCU_MOE_TILE_M 128      /* rows (token, expert pairs) per tile of the tiled kernels */
+
+/* One layer's routed experts, resident on the device in checkpoint format.
+ * Each of w1..s2 is a DEVICE array of n_experts DEVICE pointers, so the
+ * experts may live anywhere (a weight cache uploads them one by one):
+ *   w1[e], w3[e]: packed e2m1 [inter, dim/2] (element 2k in the low nibble of
+ *                 byte k, as dtype.c); s1[e], s3[e]: ue8m0 [inter, dim/32]
+ *   w2[e]:        packed e2m1 [dim, inter/2]; s2[e]: ue8m0 [dim, inter/32]
+ * dim and inter must be multiples of 32; weight pointers 16-byte aligned. */
+typedef struct {
+    int n_experts;
+    int64_t dim, inter;
+    float swiglu_limit;   /* > 0: the clamp; <= 0: plain SwiGLU (v4.c's rule) */
+    int weight_before_w2; /* 1: official semantics (h *= w, then W2, then a plain sum);
+                             0: transformers (y += w * (W2 h)); v4.c does the same */
+    const uint8_t *const *w1, *const *s1;
+    const uint8_t *const *w3, *const *s3;
+    const uint8_t *const *w2, *const *s2;
+} bcu_moe_experts;
+
+/* How the activations meet the decoded weights in the tiled (prefill) path.
+ * The rows (decode) path always computes in fp32. */
+typedef enum {
+    BCU_MOE_FP32 = 0,   /* fp32 FFMA: the CPU's numbers to ~1e-7 relative */
+    BCU_MOE_BF16X3 = 1, /* x = hi + mid + lo bf16 planes on mma.sync tensor cores: ~1e-6 */
+    BCU_MOE_BF16 = 2,   /* x rounded to bf16, one mma per product: ~3e-3 */
+} bcu_moe_math;
+
+typedef enum {
+    BCU_MOE_AUTO = 0,  /* rows while the average tokens per expert is small, else tiled */
+    BCU_MOE_ROWS = 1,  /* a warp per output feature, all of an expert's tokens per weight read */
+    BCU_MOE_TILED = 2, /* 128 x 128 tiles of (rows of one expert) x (weight rows) */
+} bcu_moe_path;
+
+/* Bytes of workspace bcu_moe_forward needs for these sizes (0 if they are out
+ * of range).  About 4 * T * topk * (dim + inter) + small, so chunk very long
+ * prefills: T = 16384, topk 6, V4-Flash dims is 2.4 GB. */
+size_t bcu_moe_workspace_bytes(int64_t T, int topk, int n_experts, int64_t dim, int64_t inter);
+
+/* y [T, dim] = the routed-expert FFN of x [T, dim] for ids, w [T, topk]; all
+ * device pointers, 16-byte aligned (ws 256-byte aligned, as cudaMalloc
+ * gives).  Asynchronous on st; deterministic (no
+ * float atomics: every sum has a fixed order, and each token adds its experts
+ * in ascending id as v4.c does).  A pair whose id is outside [0, n_experts)
+ * contributes nothing and is counted (bcu_moe_plan.hdr[2]).  Returns
+ * cudaErrorInvalidValue for bad sizes or a workspace that is too small, else
+ * the launch status. */
+cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, const float *x, const int32_t *ids, const float *w,
+                            int64_t T, int topk, bcu_moe_math math, bcu_moe_path path, void *ws, size_t ws_bytes,
+                            cudaStream_t st);
+
+const char *bcu_moe_math_name(bcu_moe_math m);
+const char *bcu_moe_path_name(bcu_moe_path p);
+/* the path AUTO picks for these sizes */
+bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math);
+
+/* ---- the workspace, for the test and for debugging.  A pair is p = t*topk + k;
+ * a "row" is a pair's place in the expert-sorted order. */
+typedef struct {
+    int32_t *hdr;     /* [16]: [0] active experts, [1] tiles, [2] pairs with an out-of-range id */
+    int32_t *cnt;     /* [E] pairs per expert */
+    int32_t *off;     /* [E + 1] first row of each expert; off[E] = valid pairs */
+    int32_t *act;     /* [n_slots] active experts, ascending, then -1 */
+    int32_t *tile_e;  /* [max_tiles] expert of each tile of BCU_MOE_TILE_M rows, then -1 */
+    int32_t *tile_r0; /* [max_tiles] its first row */
+    int32_t *sorted;  /* [P] the pair at each row: by expert, pairs ascending within one */
+    int32_t *pos;     /* [P] the row of each pair (-1: invalid id) */
+    int32_t *comb;    /* [P] per token, the rows of its pairs ascending (= ascending expert, then k), -1 after */
+    float *combw;     /* [P] the routing weight of each comb entry (0 after) */
+    float *h;         /* [P, inter] swiglu output per row */
+    float *yp;        /* [P, dim] W2 output per row */
+    int64_t P, n_slots, max_tiles;
+    size_t route_bytes; /* bytes from the base up to h (the routing plan) */
+    size_t bytes;       /* the whole workspace */
+} bcu_moe_plan;
+
+/* the layout of a workspace at base (base may be NULL: sizes only); -1 if the
+ * sizes are out of range */
+int bcu_moe_plan_layout(void *base, int64_t T, int topk, int n_experts, int64_t dim, int64_t inter,
+                        bcu_moe_plan *p);
+/* The routing plan computed on the host by the same chunked algorithm as the
+ * kernel (16 chunks of pairs, per-chunk counts, stable scatter), into the
+ * route_bytes of a plan laid out over host memory.  The test checks it
+ * against a plain stable sort, and the kernel's plan against it. */
+void bcu_moe_route_host(const int32_t *ids, const float *w, int64_t T, int topk, int n_experts,
+                        const bcu_moe_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

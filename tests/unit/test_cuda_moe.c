@@ -1,0 +1,749 @@
+/* test_cuda_moe.c - the grouped FP4 routed-expert FFN (src/backend/cuda/moe.cu)
+ * against a CPU reference written here.
+ *
+ * Host part (runs everywhere, before the device check):
+ *   - the routing plan of bcu_moe_route_host (the kernel's chunked algorithm
+ *     replayed on the host) equals a plain stable sort written here, over many
+ *     sizes and routings (hot experts, duplicates within a token, ids out of
+ *     range, T = 0..5000, E up to 512, topk up to 16);
+ *   - the workspace layout rejects the sizes the kernels do not take.
+ * Without a CUDA device it then prints "SKIPPED: no CUDA device" and exits 77.
+ * GPU part (tools/gpu_check.sh):
+ *   - random FP4 experts (random nibbles, ue8m0 scales 2^-9..2^-2) at small
+ *     dims (D 160, inter 96: ragged against every tile) and at V4-Flash dims
+ *     (D 4096, inter 2048, 16 experts, top-6); T = 1, 3, 64, 300; uniform
+ *     routing, a hot expert (300+ rows: several tiles), duplicate experts in a
+ *     token, ids out of range, official and transformers weight placement,
+ *     the clamp on (limit = the median |gate|, so both clamps fire) and off;
+ *   - each through rows/fp32, tiled/fp32, tiled/bf16x3, tiled/bf16 and auto:
+ *     max |y - ref| / max |ref| <= 1e-5 (fp32), 5e-5 (bf16x3) or 2e-2 (bf16), where
+ *     ref is computed in double from dtype.c's decoders; every output written
+ *     (y is poisoned with NaN); two runs bitwise equal; the device's routing
+ *     plan equal to the host's;
+ *   - negative controls (small dims): the result is far (> 1e-3) from a
+ *     reference without the clamp and from one with the nibbles of each byte
+ *     swapped, so the bound above can fail;
+ *   - bad sizes and a short workspace are refused.
+ * TEST_CUDA_SKIP / TEST_CUDA_FILTER are cmocka name patterns; the sanitizer
+ * runs skip "test_gpu_v4dims" and set TEST_CUDA_MOE_QUICK (two small cases). */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/cuda/moe.h"
+#include "model/dtype.h"
+
+/* ------------------------------------------------------------------ random */
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+static double unif01(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
+static float unif(void) { return (float)(unif01() * 2.0 - 1.0); }
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) fail_msg("out of host memory (%zu bytes)", n);
+    return p;
+}
+
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                      \
+    } while (0)
+
+/* ------------------------------------------------------------------ routings */
+
+enum { R_UNIFORM, R_HOT, R_DUP, R_BAD };
+static const char *kind_name[] = {"uniform", "hot", "dup", "bad-ids"};
+
+/* ids [T, topk], w [T, topk].  UNIFORM: k distinct experts per token, as a
+ * top-k gives.  HOT: the same, but every token's first slot is expert 1.
+ * DUP: experts drawn with replacement (a token may hold one twice).  BAD:
+ * UNIFORM with a few ids out of range. */
+static void make_routing(int32_t *ids, float *w, int64_t T, int topk, int E, int kind)
+{
+    int32_t perm[BCU_MOE_MAX_EXPERTS];
+    for (int64_t t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) perm[e] = e;
+        int k0 = 0;
+        if (kind == R_HOT && E > 1) {
+            perm[1] = 0;
+            perm[0] = 1;
+            k0 = 1;
+        }
+        for (int k = 0; k < topk; k++) {
+            int32_t e;
+            if (kind == R_DUP) {
+                e = (int32_t)(rnd() % (uint64_t)E);
+            } else if (k < k0) {
+                e = perm[k];
+            } else { /* partial Fisher-Yates: k distinct */
+                int j = k + (int)(rnd() % (uint64_t)(E - k));
+                int32_t tmp = perm[k];
+                perm[k] = perm[j];
+                perm[j] = tmp;
+                e = perm[k];
+            }
+            ids[t * topk + k] = e;
+            w[t * topk + k] = (float)(0.05 + 1.45 * unif01());
+        }
+    }
+    if (kind == R_BAD && T * topk > 0) {
+        ids[T * topk / 2] = E;
+        ids[T * topk - 1] = -1;
+        if (T * topk > 2) ids[0] = 0x7fffffff;
+    }
+}
+
+/* ------------------------------------------------------------------ plans */
+
+typedef struct {
+    void *buf;
+    bcu_moe_plan p;
+} hplan;
+
+static void hplan_make(hplan *h, int64_t T, int topk, int E)
+{
+    bcu_moe_plan sz;
+    assert_int_equal(bcu_moe_plan_layout(NULL, T, topk, E, 32, 32, &sz), 0);
+    h->buf = xmalloc(sz.route_bytes);
+    memset(h->buf, 0xAB, sz.route_bytes);
+    assert_int_equal(bcu_moe_plan_layout(h->buf, T, topk, E, 32, 32, &h->p), 0);
+}
+
+/* the plan written plainly: a stable sort of the pairs by expert */
+static void naive_plan(const int32_t *ids, const float *w, int64_t T, int topk, int E, const bcu_moe_plan *p)
+{
+    const int64_t P = T * topk;
+    int run = 0, n_act = 0, n_tiles = 0, bad = 0;
+    for (int64_t i = 0; i < P; i++) {
+        bad += ids[i] < 0 || ids[i] >= E;
+        p->pos[i] = -1;
+    }
+    for (int e = 0; e < E; e++) {
+        p->off[e] = run;
+        int c = 0;
+        for (int64_t i = 0; i < P; i++)
+            if (ids[i] == e) {
+                p->sorted[run + c] = (int32_t)i;
+                p->pos[i] = run + c;
+                c++;
+            }
+        p->cnt[e] = c;
+        if (c) {
+            p->act[n_act++] = e;
+            for (int r = 0; r < c; r += BCU_MOE_TILE_M) {
+                p->tile_e[n_tiles] = e;
+                p->tile_r0[n_tiles++] = run + r;
+            }
+        }
+        run += c;
+    }
+    p->off[E] = run;
+    for (int64_t s = n_act; s < p->n_slots; s++) p->act[s] = -1;
+    for (int64_t s = n_tiles; s < p->max_tiles; s++) {
+        p->tile_e[s] = -1;
+        p->tile_r0[s] = 0;
+    }
+    p->hdr[0] = n_act;
+    p->hdr[1] = n_tiles;
+    p->hdr[2] = bad;
+    for (int64_t t = 0; t < T; t++) { /* selection of ascending rows */
+        int used[BCU_MOE_MAX_TOPK] = {0};
+        for (int j = 0; j < topk; j++) {
+            int best = -1;
+            for (int k = 0; k < topk; k++) {
+                int32_t r = p->pos[t * topk + k];
+                if (r >= 0 && !used[k] && (best < 0 || r < p->pos[t * topk + best])) best = k;
+            }
+            if (best >= 0) used[best] = 1;
+            p->comb[t * topk + j] = best >= 0 ? p->pos[t * topk + best] : -1;
+            p->combw[t * topk + j] = best >= 0 ? w[t * topk + best] : 0.0f;
+        }
+    }
+}
+
+static int cmp_arr(const char *what, const char *field, const int32_t *a, const int32_t *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            printf("  %s: plan.%s[%lld] = %d, expected %d\n", what, field, (long long)i, a[i], b[i]);
+            return 1;
+        }
+    return 0;
+}
+
+/* got vs expected, field by field; prints the first difference */
+static int plan_differs(const char *what, const bcu_moe_plan *g, const bcu_moe_plan *x, int64_t T, int topk, int E)
+{
+    const int64_t P = T * topk;
+    int d = cmp_arr(what, "hdr", g->hdr, x->hdr, 3);
+    d = d || cmp_arr(what, "cnt", g->cnt, x->cnt, E);
+    d = d || cmp_arr(what, "off", g->off, x->off, E + 1);
+    d = d || cmp_arr(what, "act", g->act, x->act, x->n_slots);
+    d = d || cmp_arr(what, "tile_e", g->tile_e, x->tile_e, x->max_tiles);
+    d = d || cmp_arr(what, "tile_r0", g->tile_r0, x->tile_r0, x->max_tiles);
+    d = d || cmp_arr(what, "sorted", g->sorted, x->sorted, x->off[E]);
+    d = d || cmp_arr(what, "pos", g->pos, x->pos, P);
+    d = d || cmp_arr(what, "comb", g->comb, x->comb, P);
+    if (!d)
+        for (int64_t i = 0; i < P; i++)
+            if (memcmp(&g->combw[i], &x->combw[i], sizeof(float))) {
+                printf("  %s: plan.combw[%lld] = %g, expected %g\n", what, (long long)i, g->combw[i], x->combw[i]);
+                d = 1;
+                break;
+            }
+    return d;
+}
+
+/* ------------------------------------------------------------------ host tests */
+
+static void test_route_host_matches_stable_sort(void **st)
+{
+    (void)st;
+    const int64_t Ts[] = {0, 1, 2, 3, 17, 64, 300, 1000, 5000};
+    const int Es[] = {1, 8, 256, 512};
+    const int ks[] = {1, 3, 6, 16};
+    int n = 0;
+    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
+        for (size_t b = 0; b < sizeof Es / sizeof Es[0]; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof ks[0]; c++)
+                for (int kind = 0; kind < 4; kind++) {
+                    const int64_t T = Ts[a];
+                    const int E = Es[b], topk = ks[c];
+                    if (topk > E && kind != R_DUP) continue;
+                    int32_t *ids = xmalloc((size_t)(T * topk) * sizeof *ids);
+                    float *w = xmalloc((size_t)(T * topk) * sizeof *w);
+                    make_routing(ids, w, T, topk, E, kind);
+                    hplan h, x;
+                    hplan_make(&h, T, topk, E);
+                    hplan_make(&x, T, topk, E);
+                    bcu_moe_route_host(ids, w, T, topk, E, &h.p);
+                    naive_plan(ids, w, T, topk, E, &x.p);
+                    char what[128];
+                    snprintf(what, sizeof what, "host emulation T=%lld E=%d topk=%d %s", (long long)T, E, topk,
+                             kind_name[kind]);
+                    if (plan_differs(what, &h.p, &x.p, T, topk, E)) fail_msg("%s differs from a stable sort", what);
+                    /* the tile bound the grid is sized by */
+                    assert_true(x.p.hdr[1] <= x.p.max_tiles);
+                    free(h.buf);
+                    free(x.buf);
+                    free(ids);
+                    free(w);
+                    n++;
+                }
+    printf("  [moe] host routing emulation == stable sort on %d routings\n", n);
+}
+
+static void test_layout_limits(void **st)
+{
+    (void)st;
+    assert_true(bcu_moe_workspace_bytes(64, 6, 256, 4096, 2048) > (size_t)64 * 6 * (4096 + 2048) * 4);
+    assert_int_equal(bcu_moe_workspace_bytes(64, 6, 256, 4080, 2048), 0); /* dim % 32 */
+    assert_int_equal(bcu_moe_workspace_bytes(64, 6, 256, 4096, 2040), 0);
+    assert_int_equal(bcu_moe_workspace_bytes(64, 0, 256, 4096, 2048), 0);
+    assert_int_equal(bcu_moe_workspace_bytes(64, 17, 256, 4096, 2048), 0);
+    assert_int_equal(bcu_moe_workspace_bytes(64, 6, 513, 4096, 2048), 0);
+    assert_int_equal(bcu_moe_workspace_bytes(-1, 6, 256, 4096, 2048), 0);
+    assert_int_equal(bcu_moe_workspace_bytes((int64_t)1 << 40, 6, 256, 4096, 2048), 0);
+    assert_true(bcu_moe_workspace_bytes(0, 6, 256, 4096, 2048) > 0);
+    assert_int_equal(bcu_moe_auto_path(1, 6, 256, BCU_MOE_FP32), BCU_MOE_ROWS);
+    assert_int_equal(bcu_moe_auto_path(16384, 6, 256, BCU_MOE_BF16X3), BCU_MOE_TILED);
+}
+
+/* ------------------------------------------------------------------ experts */
+
+typedef struct {
+    int E;
+    int64_t D, I;
+    size_t b13, sc13, b2, sc2; /* bytes per expert: W1/W3 codes, their scales, W2 codes, scales */
+    uint8_t *w1, *s1, *w3, *s3, *w2, *s2;         /* host, expert-major */
+    uint8_t *dw1, *ds1, *dw3, *ds3, *dw2, *ds2;   /* device, expert-major */
+    const uint8_t **dtab;                          /* device: 6 tables of E pointers */
+    bcu_moe_experts ex;
+} experts;
+
+static uint8_t *rand_codes(size_t n)
+{
+    uint8_t *p = xmalloc(n);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd();
+    return p;
+}
+static uint8_t *rand_scales(size_t n)
+{
+    uint8_t *p = xmalloc(n);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(118 + rnd() % 8);
+    return p;
+}
+
+static uint8_t *upload(const uint8_t *h, size_t n)
+{
+    void *d = NULL;
+    CK(cudaMalloc(&d, n));
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void experts_make(experts *X, int E, int64_t D, int64_t I)
+{
+    memset(X, 0, sizeof *X);
+    X->E = E;
+    X->D = D;
+    X->I = I;
+    X->b13 = (size_t)(I * D / 2);
+    X->sc13 = (size_t)(I * (D / 32));
+    X->b2 = (size_t)(D * I / 2);
+    X->sc2 = (size_t)(D * (I / 32));
+    X->w1 = rand_codes(X->b13 * E);
+    X->w3 = rand_codes(X->b13 * E);
+    X->w2 = rand_codes(X->b2 * E);
+    X->s1 = rand_scales(X->sc13 * E);
+    X->s3 = rand_scales(X->sc13 * E);
+    X->s2 = rand_scales(X->sc2 * E);
+    X->dw1 = upload(X->w1, X->b13 * E);
+    X->dw3 = upload(X->w3, X->b13 * E);
+    X->dw2 = upload(X->w2, X->b2 * E);
+    X->ds1 = upload(X->s1, X->sc13 * E);
+    X->ds3 = upload(X->s3, X->sc13 * E);
+    X->ds2 = upload(X->s2, X->sc2 * E);
+    const uint8_t **tab = xmalloc(6 * (size_t)E * sizeof *tab);
+    for (int e = 0; e < E; e++) {
+        tab[0 * E + e] = X->dw1 + (size_t)e * X->b13;
+        tab[1 * E + e] = X->ds1 + (size_t)e * X->sc13;
+        tab[2 * E + e] = X->dw3 + (size_t)e * X->b13;
+        tab[3 * E + e] = X->ds3 + (size_t)e * X->sc13;
+        tab[4 * E + e] = X->dw2 + (size_t)e * X->b2;
+        tab[5 * E + e] = X->ds2 + (size_t)e * X->sc2;
+    }
+    X->dtab = (const uint8_t **)upload((const uint8_t *)tab, 6 * (size_t)E * sizeof *tab);
+    free(tab);
+    X->ex = (bcu_moe_experts){.n_experts = E, .dim = D, .inter = I, .swiglu_limit = 0.0f, .weight_before_w2 = 0,
+                              .w1 = X->dtab + 0 * E, .s1 = X->dtab + 1 * E, .w3 = X->dtab + 2 * E,
+                              .s3 = X->dtab + 3 * E, .w2 = X->dtab + 4 * E, .s2 = X->dtab + 5 * E};
+}
+
+static void experts_free(experts *X)
+{
+    free(X->w1); free(X->s1); free(X->w3); free(X->s3); free(X->w2); free(X->s2);
+    cudaFree(X->dw1); cudaFree(X->ds1); cudaFree(X->dw3); cudaFree(X->ds3); cudaFree(X->dw2); cudaFree(X->ds2);
+    cudaFree((void *)X->dtab);
+}
+
+/* ------------------------------------------------------------------ the CPU reference */
+
+/* row r of a packed FP4 matrix [rows, cols] decoded by dtype.c; swap = 1
+ * decodes it with the two nibbles of every byte exchanged (a wrong kernel) */
+static void fp4_row(const uint8_t *w, const uint8_t *s, int64_t r, int64_t cols, int swap, float *dst, uint8_t *tmp)
+{
+    const uint8_t *row = w + r * (cols / 2);
+    if (swap) {
+        for (int64_t i = 0; i < cols / 2; i++) tmp[i] = (uint8_t)((row[i] >> 4) | (row[i] << 4));
+        row = tmp;
+    }
+    md_fp4_row_to_f32(row, s + r * (cols / 32), (size_t)cols, 32, dst);
+}
+
+static double dotd(const float *a, const float *b, int64_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)a[i] * b[i];
+        s1 += (double)a[i + 1] * b[i + 1];
+        s2 += (double)a[i + 2] * b[i + 2];
+        s3 += (double)a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += (double)a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+typedef struct {
+    const experts *X;
+    const float *x;
+    const int32_t *ids;
+    const uint8_t *mask; /* tokens to compute, NULL = all */
+    int64_t T;
+    int topk, swap, tid, nth;
+    double limit;
+    double *dn; /* [P, D]: W2 swiglu(...) per pair */
+    int64_t clamped_g, clamped_u;
+} refjob;
+
+static void *ref_worker(void *arg)
+{
+    refjob *j = arg;
+    const experts *X = j->X;
+    const int64_t D = X->D, I = X->I, P = j->T * j->topk;
+    int64_t *pairs = xmalloc((size_t)P * sizeof *pairs);
+    float *row = xmalloc((size_t)(D > I ? D : I) * sizeof *row);
+    uint8_t *tmp = xmalloc((size_t)(D > I ? D : I));
+    for (int e = j->tid; e < X->E; e += j->nth) {
+        int64_t n = 0;
+        for (int64_t p = 0; p < P; p++)
+            if (j->ids[p] == e && (!j->mask || j->mask[p / j->topk])) pairs[n++] = p;
+        if (!n) continue;
+        double *g = xmalloc((size_t)(n * I) * sizeof *g), *u = xmalloc((size_t)(n * I) * sizeof *u);
+        float *h = xmalloc((size_t)(n * I) * sizeof *h);
+        for (int64_t r = 0; r < I; r++) {
+            fp4_row(X->w1 + (size_t)e * X->b13, X->s1 + (size_t)e * X->sc13, r, D, j->swap, row, tmp);
+            for (int64_t q = 0; q < n; q++) g[q * I + r] = dotd(row, j->x + (pairs[q] / j->topk) * D, D);
+            fp4_row(X->w3 + (size_t)e * X->b13, X->s3 + (size_t)e * X->sc13, r, D, j->swap, row, tmp);
+            for (int64_t q = 0; q < n; q++) u[q * I + r] = dotd(row, j->x + (pairs[q] / j->topk) * D, D);
+        }
+        for (int64_t i = 0; i < n * I; i++) {
+            double gv = g[i], uv = u[i];
+            if (j->limit > 0) {
+                j->clamped_g += gv > j->limit;
+                j->clamped_u += fabs(uv) > j->limit;
+                gv = fmin(gv, j->limit);
+                uv = fmax(-j->limit, fmin(uv, j->limit));
+            }
+            h[i] = (float)(gv / (1.0 + exp(-gv)) * uv); /* float: the dot below reads floats */
+        }
+        for (int64_t d = 0; d < D; d++) {
+            fp4_row(X->w2 + (size_t)e * X->b2, X->s2 + (size_t)e * X->sc2, d, I, j->swap, row, tmp);
+            for (int64_t q = 0; q < n; q++) j->dn[pairs[q] * D + d] = dotd(row, h + q * I, I);
+        }
+        free(g);
+        free(u);
+        free(h);
+    }
+    free(pairs);
+    free(row);
+    free(tmp);
+    return NULL;
+}
+
+/* y [T, D] in double; returns the number of clamped gate / up values */
+static void reference(const experts *X, const float *x, const int32_t *ids, const float *w, int64_t T, int topk,
+                      double limit, int swap, const uint8_t *mask, double *y, int64_t *clamped_g, int64_t *clamped_u)
+{
+    const int64_t D = X->D, P = T * topk;
+    double *dn = xmalloc((size_t)(P * D) * sizeof *dn);
+    enum { NTH = 16 };
+    refjob jobs[NTH];
+    pthread_t th[NTH];
+    for (int i = 0; i < NTH; i++) {
+        jobs[i] = (refjob){.X = X, .x = x, .ids = ids, .mask = mask, .T = T, .topk = topk, .swap = swap, .tid = i,
+                           .nth = NTH, .limit = limit, .dn = dn};
+        if (pthread_create(&th[i], NULL, ref_worker, &jobs[i])) fail_msg("pthread_create");
+    }
+    int64_t cg = 0, cu = 0;
+    for (int i = 0; i < NTH; i++) {
+        pthread_join(th[i], NULL);
+        cg += jobs[i].clamped_g;
+        cu += jobs[i].clamped_u;
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) {
+            double s = 0;
+            if (!mask || mask[t])
+                for (int k = 0; k < topk; k++) {
+                    const int64_t p = t * topk + k;
+                    if (ids[p] >= 0 && ids[p] < X->E) s += (double)w[p] * dn[p * D + d];
+                }
+            y[t * D + d] = s;
+        }
+    if (clamped_g) *clamped_g = cg;
+    if (clamped_u) *clamped_u = cu;
+    free(dn);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* the median |gate pre-activation| of the first valid pair: a clamp limit
+ * both sides of which see plenty of values */
+static double choose_limit(const experts *X, const float *x, const int32_t *ids, int64_t P, int topk)
+{
+    int64_t p = 0;
+    while (p < P && (ids[p] < 0 || ids[p] >= X->E)) p++;
+    if (p == P) return 1.0;
+    const int e = ids[p];
+    float *row = xmalloc((size_t)X->D * sizeof *row);
+    double *g = xmalloc((size_t)X->I * sizeof *g);
+    for (int64_t r = 0; r < X->I; r++) {
+        fp4_row(X->w1 + (size_t)e * X->b13, X->s1 + (size_t)e * X->sc13, r, X->D, 0, row, NULL);
+        g[r] = fabs(dotd(row, x + (p / topk) * X->D, X->D));
+    }
+    qsort(g, (size_t)X->I, sizeof *g, cmp_double);
+    double l = g[X->I / 2];
+    free(row);
+    free(g);
+    return l;
+}
+
+/* max |got - ref| / max |ref| over the masked tokens; every output of every
+ * token must be finite.  Prints the first element past the bound and the worst. */
+static double compare(const float *got, const double *ref, const uint8_t *mask, int64_t T, int64_t D, double bound,
+                      const char *what, int quiet)
+{
+    double mref = 0, mdiff = 0;
+    int64_t worst = -1, first = -1;
+    for (int64_t i = 0; i < T * D; i++)
+        if (!isfinite(got[i])) {
+            if (!quiet)
+                printf("  %s: output (t=%lld, d=%lld) is %g: not written or not finite\n", what, (long long)(i / D),
+                       (long long)(i % D), got[i]);
+            return INFINITY;
+        }
+    for (int64_t t = 0; t < T; t++)
+        if (!mask || mask[t])
+            for (int64_t d = 0; d < D; d++) mref = fmax(mref, fabs(ref[t * D + d]));
+    for (int64_t t = 0; t < T; t++)
+        if (!mask || mask[t])
+            for (int64_t d = 0; d < D; d++) {
+                const double df = fabs(got[t * D + d] - ref[t * D + d]);
+                if (df > mdiff) {
+                    mdiff = df;
+                    worst = t * D + d;
+                }
+                if (first < 0 && df > bound * mref) first = t * D + d;
+            }
+    const double rel = mref > 0 ? mdiff / mref : mdiff;
+    if (!quiet && first >= 0) {
+        printf("  %s: first element past the bound: (t=%lld, d=%lld) expected %.9g got %.9g (max |ref| %.4g)\n", what,
+               (long long)(first / D), (long long)(first % D), ref[first], got[first], mref);
+        printf("  %s: worst: (t=%lld, d=%lld) expected %.9g got %.9g\n", what, (long long)(worst / D),
+               (long long)(worst % D), ref[worst], got[worst]);
+    }
+    return rel;
+}
+
+/* ------------------------------------------------------------------ GPU cases */
+
+typedef struct {
+    const char *name;
+    int64_t T;
+    int kind;
+    int official;  /* weight before W2 */
+    int plain;     /* no clamp */
+    int sample;    /* > 0: the reference covers only this many tokens */
+} mcase;
+
+typedef struct {
+    bcu_moe_path path;
+    bcu_moe_math math;
+    double bound;
+} variant;
+
+static const variant variants[] = {
+    /* bf16x3: three bf16 planes per activation, one tensor-core product per plane summed in fp32; at
+     * V4 sizes (K 2048-4096) the H200 measured 1.1e-5 (2026-11-29), so its bound is 5e-5 */
+    {BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5},   {BCU_MOE_TILED, BCU_MOE_FP32, 1e-5}, {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5},
+    {BCU_MOE_TILED, BCU_MOE_BF16, 2e-2},  {BCU_MOE_AUTO, BCU_MOE_FP32, 1e-5},
+};
+
+static void run_case(experts *X, int topk, const mcase *c, int controls)
+{
+    const int64_t T = c->T, D = X->D, P = T * topk;
+    int32_t *ids = xmalloc((size_t)P * sizeof *ids);
+    float *w = xmalloc((size_t)P * sizeof *w), *x = xmalloc((size_t)(T * D) * sizeof *x);
+    make_routing(ids, w, T, topk, X->E, c->kind);
+    for (int64_t i = 0; i < T * D; i++) x[i] = unif();
+    uint8_t *mask = NULL;
+    if (c->sample > 0 && c->sample < T) {
+        mask = calloc((size_t)T, 1);
+        for (int i = 0; i < c->sample; i++) mask[(int64_t)i * T / c->sample] = 1;
+        mask[T - 1] = 1;
+    }
+    const double limit = c->plain ? 0.0 : choose_limit(X, x, ids, P, topk);
+    X->ex.swiglu_limit = (float)limit;
+    X->ex.weight_before_w2 = c->official;
+    double *ref = xmalloc((size_t)(T * D) * sizeof *ref);
+    int64_t cg = 0, cu = 0;
+    reference(X, x, ids, w, T, topk, (float)limit, 0, mask, ref, &cg, &cu);
+    if (!c->plain && (cg == 0 || cu == 0)) fail_msg("%s: the clamp never fired (gate %lld, up %lld)", c->name,
+                                                     (long long)cg, (long long)cu);
+
+    float *dx, *dw, *dy;
+    int32_t *dids;
+    void *ws;
+    const size_t wsb = bcu_moe_workspace_bytes(T, topk, X->E, X->D, X->I);
+    assert_true(wsb > 0);
+    CK(cudaMalloc((void **)&dx, (size_t)(T * D) * 4));
+    CK(cudaMalloc((void **)&dy, (size_t)(T * D) * 4));
+    CK(cudaMalloc((void **)&dw, (size_t)P * 4));
+    CK(cudaMalloc((void **)&dids, (size_t)P * 4));
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemcpy(dx, x, (size_t)(T * D) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, w, (size_t)P * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dids, ids, (size_t)P * 4, cudaMemcpyHostToDevice));
+    float *y = xmalloc((size_t)(T * D) * sizeof *y), *y2 = xmalloc((size_t)(T * D) * sizeof *y2);
+
+    hplan hp, gp;
+    hplan_make(&hp, T, topk, X->E);
+    hplan_make(&gp, T, topk, X->E);
+    bcu_moe_route_host(ids, w, T, topk, X->E, &hp.p);
+
+    char what[160];
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const variant *vr = &variants[v];
+        snprintf(what, sizeof what, "%s T=%lld %s/%s", c->name, (long long)T, bcu_moe_path_name(vr->path),
+                 bcu_moe_math_name(vr->math));
+        for (int run = 0; run < 2; run++) {
+            CK(cudaMemset(dy, 0xFF, (size_t)(T * D) * 4)); /* NaN */
+            CK(cudaMemset(ws, 0xFF, wsb));
+            cudaError_t r = bcu_moe_forward(&X->ex, dy, dx, dids, dw, T, topk, vr->math, vr->path, ws, wsb, 0);
+            if (r != cudaSuccess) fail_msg("%s: bcu_moe_forward: %s", what, cudaGetErrorString(r));
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(run ? y2 : y, dy, (size_t)(T * D) * 4, cudaMemcpyDeviceToHost));
+        }
+        CK(cudaMemcpy(gp.buf, ws, gp.p.route_bytes, cudaMemcpyDeviceToHost));
+        if (plan_differs(what, &gp.p, &hp.p, T, topk, X->E)) fail_msg("%s: the device routing plan differs", what);
+        if (memcmp(y, y2, (size_t)(T * D) * 4)) {
+            for (int64_t i = 0; i < T * D; i++)
+                if (memcmp(&y[i], &y2[i], 4)) {
+                    printf("  %s: run 2 differs at (t=%lld, d=%lld): %.9g vs %.9g\n", what, (long long)(i / D),
+                           (long long)(i % D), y[i], y2[i]);
+                    break;
+                }
+            fail_msg("%s: not deterministic", what);
+        }
+        const double e = compare(y, ref, mask, T, D, vr->bound, what, 0);
+        printf("  [moe] %-38s max rel %.2e (bound %.0e)\n", what, e, vr->bound);
+        if (!(e <= vr->bound)) fail_msg("%s: max rel error %.3g > %.0e", what, e, vr->bound);
+        if (controls && v == 0) {
+            /* the same output against wrong references must fail the bound by far */
+            double *bad = xmalloc((size_t)(T * D) * sizeof *bad);
+            if (!c->plain) {
+                reference(X, x, ids, w, T, topk, 0.0, 0, mask, bad, NULL, NULL);
+                const double en = compare(y, bad, mask, T, D, vr->bound, "vs no-clamp", 1);
+                printf("  [moe] %-38s vs a reference without the clamp: %.2e (must be > 1e-3)\n", what, en);
+                if (!(en > 1e-3)) fail_msg("%s: cannot tell the clamp from no clamp (%.3g)", what, en);
+            }
+            reference(X, x, ids, w, T, topk, (float)limit, 1, mask, bad, NULL, NULL);
+            const double es = compare(y, bad, mask, T, D, vr->bound, "vs swapped", 1);
+            printf("  [moe] %-38s vs a reference with swapped nibbles: %.2e (must be > 1e-3)\n", what, es);
+            if (!(es > 1e-3)) fail_msg("%s: cannot tell the nibble order (%.3g)", what, es);
+            free(bad);
+        }
+    }
+    if (c->kind == R_BAD) assert_true(hp.p.hdr[2] > 0);
+    printf("  [moe] %s T=%lld: %d active experts, %d tiles, %d bad ids, limit %.4g, clamped gate %lld up %lld\n",
+           c->name, (long long)T, hp.p.hdr[0], hp.p.hdr[1], hp.p.hdr[2], limit, (long long)cg, (long long)cu);
+    free(hp.buf);
+    free(gp.buf);
+    cudaFree(dx); cudaFree(dy); cudaFree(dw); cudaFree(dids); cudaFree(ws);
+    free(ids); free(w); free(x); free(ref); free(y); free(y2); free(mask);
+}
+
+static void test_gpu_small(void **st)
+{
+    (void)st;
+    experts X;
+    experts_make(&X, 8, 160, 96);
+    const mcase cases[] = {
+        {"small uniform", 1, R_UNIFORM, 0, 0, 0},   {"small uniform", 3, R_UNIFORM, 0, 0, 0},
+        {"small uniform", 64, R_UNIFORM, 0, 0, 0},  {"small uniform", 300, R_UNIFORM, 0, 0, 0},
+        {"small hot", 300, R_HOT, 0, 0, 0},         {"small dup", 64, R_DUP, 0, 0, 0},
+        {"small bad-ids", 3, R_BAD, 0, 0, 0},        {"small official", 64, R_UNIFORM, 1, 0, 0},
+        {"small official hot", 300, R_HOT, 1, 0, 0}, {"small no-clamp", 64, R_UNIFORM, 0, 1, 0},
+    };
+    /* TEST_CUDA_MOE_QUICK (the compute-sanitizer runs): T = 3 and the hot T = 300 only */
+    const int quick = getenv("TEST_CUDA_MOE_QUICK") != NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (!quick || i == 1 || i == 4) run_case(&X, 3, &cases[i], !quick);
+    experts_free(&X);
+}
+
+static void test_gpu_v4dims(void **st)
+{
+    (void)st;
+    experts X;
+    experts_make(&X, 16, 4096, 2048);
+    const mcase cases[] = {
+        {"v4dims uniform", 1, R_UNIFORM, 0, 0, 0},
+        {"v4dims uniform", 3, R_UNIFORM, 0, 0, 0},
+        {"v4dims uniform", 64, R_UNIFORM, 0, 0, 0},
+        {"v4dims official", 64, R_UNIFORM, 1, 0, 0},
+        {"v4dims hot (32 tokens checked)", 300, R_HOT, 0, 0, 32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&X, 6, &cases[i], 0);
+    experts_free(&X);
+}
+
+static void test_gpu_refuses_bad_calls(void **st)
+{
+    (void)st;
+    experts X;
+    experts_make(&X, 4, 64, 64);
+    const int64_t T = 5;
+    const int topk = 2;
+    float *dx, *dy, *dw;
+    int32_t *dids;
+    void *ws;
+    const size_t wsb = bcu_moe_workspace_bytes(T, topk, 4, 64, 64);
+    CK(cudaMalloc((void **)&dx, T * 64 * 4));
+    CK(cudaMalloc((void **)&dy, T * 64 * 4));
+    CK(cudaMalloc((void **)&dw, T * topk * 4));
+    CK(cudaMalloc((void **)&dids, T * topk * 4));
+    CK(cudaMalloc(&ws, wsb));
+    assert_int_equal(bcu_moe_forward(&X.ex, dy, dx, dids, dw, T, topk, BCU_MOE_FP32, BCU_MOE_AUTO, ws, wsb - 1, 0),
+                     cudaErrorInvalidValue);
+    assert_int_equal(bcu_moe_forward(&X.ex, dy, dx, dids, dw, T, 0, BCU_MOE_FP32, BCU_MOE_AUTO, ws, wsb, 0),
+                     cudaErrorInvalidValue);
+    assert_int_equal(bcu_moe_forward(&X.ex, dy, dx, dids, dw, T, topk, (bcu_moe_math)7, BCU_MOE_AUTO, ws, wsb, 0),
+                     cudaErrorInvalidValue);
+    bcu_moe_experts odd = X.ex;
+    odd.dim = 48;
+    assert_int_equal(bcu_moe_forward(&odd, dy, dx, dids, dw, T, topk, BCU_MOE_FP32, BCU_MOE_AUTO, ws, wsb, 0),
+                     cudaErrorInvalidValue);
+    /* T = 0 is a no-op that touches nothing */
+    CK(cudaMemset(dy, 0x7F, T * 64 * 4));
+    assert_int_equal(bcu_moe_forward(&X.ex, dy, dx, dids, dw, 0, topk, BCU_MOE_FP32, BCU_MOE_AUTO, ws, wsb, 0),
+                     cudaSuccess);
+    CK(cudaDeviceSynchronize());
+    uint32_t probe;
+    CK(cudaMemcpy(&probe, dy, 4, cudaMemcpyDeviceToHost));
+    assert_int_equal(probe, 0x7F7F7F7Fu);
+    cudaFree(dx); cudaFree(dy); cudaFree(dw); cudaFree(dids); cudaFree(ws);
+    experts_free(&X);
+}
+
+int main(void)
+{
+    const char *filter = getenv("TEST_CUDA_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+    const char *skip = getenv("TEST_CUDA_SKIP");
+    if (skip && *skip) cmocka_set_skip_filter(skip);
+    const struct CMUnitTest host[] = {
+        cmocka_unit_test(test_route_host_matches_stable_sort),
+        cmocka_unit_test(test_layout_limits),
+    };
+    int rc = cmocka_run_group_tests_name("moe_host", host, NULL, NULL);
+    if (rc) return rc;
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess || n <= 0) {
+        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
+        return 77;
+    }
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test(test_gpu_refuses_bad_calls),
+        cmocka_unit_test(test_gpu_small),
+        cmocka_unit_test(test_gpu_v4dims),
+    };
+    return cmocka_run_group_tests_name("moe_gpu", gpu, NULL, NULL);
+}
