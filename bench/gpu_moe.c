@@ -27,20 +27,15 @@
 
 #include "backend/cuda/moe.h"
 
+#define BENCH_NAME "bench_gpu_moe"
+#include "backend/cuda/bench_util.h"
+
 #define E 256
 #define TOPK 6
 #define DIM 4096
 #define INTER 2048
 #define NDRAW 8
 
-static void die_cuda(cudaError_t r, const char *what)
-{
-    if (r != cudaSuccess) {
-        fprintf(stderr, "bench_gpu_moe: %s: %s\n", what, cudaGetErrorString(r));
-        exit(1);
-    }
-}
-#define CK(call) die_cuda((call), #call)
 #define CB(call)                                                                                                       \
     do {                                                                                                               \
         if ((call) != CUBLAS_STATUS_SUCCESS) {                                                                         \
@@ -49,16 +44,6 @@ static void die_cuda(cudaError_t r, const char *what)
         }                                                                                                              \
     } while (0)
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
 
 static uint64_t rs = 88172645463325252ull;
 static uint32_t rnd(void)
@@ -78,25 +63,6 @@ static double elapsed(void)
     return ms * 1e-3;
 }
 
-static double copy_bandwidth(void)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    double t[15];
-    for (int r = -2; r < 15; r++) {
-        CK(cudaEventRecord(ev0, 0));
-        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
-        CK(cudaEventRecord(ev1, 0));
-        double s = elapsed();
-        if (r >= 0) t[r] = s;
-    }
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * (double)n / median(t, 15);
-}
 
 /* FLOP/s of a square GEMM: bf16 in, fp32 out, or fp32 Sgemm without TF32 */
 static double gemm_peak(int bf16, int n)

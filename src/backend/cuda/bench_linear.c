@@ -24,28 +24,13 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+#define BENCH_NAME "bench_cuda_linear"
+#include "backend/cuda/bench_util.h"
+
 #define REPS 15
 #define INNER 20
 
-static void die_cuda(cudaError_t r, const char *what)
-{
-    if (r != cudaSuccess) {
-        fprintf(stderr, "bench_cuda_linear: %s: %s\n", what, cudaGetErrorString(r));
-        exit(1);
-    }
-}
-#define CK(call) die_cuda((call), #call)
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
 
 static double now_s(void)
 {
@@ -63,32 +48,6 @@ static uint32_t rnd(void)
     return (uint32_t)(rs >> 32);
 }
 
-static double copy_bandwidth(void)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    double t[REPS];
-    for (int r = -2; r < REPS; r++) {
-        CK(cudaEventRecord(e0, 0));
-        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 0) t[r] = ms * 1e-3;
-    }
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return 2.0 * (double)n / median(t, REPS);
-}
 
 typedef struct {
     const char *label;
