@@ -799,3 +799,27 @@ def test_cache_salt_and_class(ref, servers, tmp_path):
             assert int.from_bytes(h[48:52], "little") == ttl[cls], (extra, headers, f)
     assert s.kv()["disk_damaged"] == 0
     stop_ok(s)
+
+
+def test_usage_in_every_api(servers):
+    """Responses and Messages report the cache in their own usage shapes, and the three APIs share
+    blocks: the same system prompt renders to the same prefix ids whatever the API."""
+    s = servers("--threads", "2")
+    sysm = SYSTEM
+    rb = {"model": MODEL, "instructions": sysm, "input": "hi", "max_output_tokens": 4}
+    mb = {"model": MODEL, "system": sysm, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    st, r1 = post(s, rb, path="/v1/responses")
+    assert st == 200 and r1["usage"]["input_tokens_details"]["cached_tokens"] == 0, r1["usage"]
+    p = r1["usage"]["input_tokens"]
+    st, r2 = post(s, rb, path="/v1/responses")
+    assert st == 200 and r2["usage"]["input_tokens_details"]["cached_tokens"] == full_hit(p), r2["usage"]
+    # Messages after Responses: the system prompt's blocks are already there; Anthropic's input_tokens
+    # excludes cache reads
+    st, m1 = post(s, mb, path="/v1/messages")
+    u = m1["usage"]
+    assert st == 200 and u["cache_read_input_tokens"] > 0 and u["cache_read_input_tokens"] % 128 == 0, u
+    st, m2 = post(s, mb, path="/v1/messages")
+    u2 = m2["usage"]
+    total = u2["input_tokens"] + u2["cache_read_input_tokens"]
+    assert st == 200 and u2["cache_read_input_tokens"] == full_hit(total), u2
+    stop_ok(s)
