@@ -49,6 +49,16 @@ typedef struct be_ops {
                     const float *w, float eps);
     /* frees the backend (be_destroy dispatches here) */
     void (*destroy)(be_backend *be);
+    /* Optional (NULL: the graph loops over experts with linear).  The routed
+     * experts of a MoE layer in one call: y[t] = sum over k of token t's
+     * experts ids[t, k] (ascending id) of W2 swiglu(W1 x, W3 x), the weight
+     * w[t, k] applied to h before W2 (weight_before_w2, official semantics) or
+     * to W2 h.  w1/w3/w2 are arrays of n_experts weights.  Returns 0 when y
+     * holds the result, > 0 when this backend does not take these weights
+     * (the caller loops instead), < 0 on a backend error (y is NaN). */
+    int (*moe)(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
+               const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
+               int weight_before_w2);
 } be_ops;
 
 struct be_backend {

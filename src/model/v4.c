@@ -967,7 +967,10 @@ static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
     /* experts in ascending id, so every token sums its experts in the same
      * order however the batch is made */
     memset(y, 0, R * (size_t)D * sizeof(float));
-    for (int e = 0; e < E; e++) {
+    /* a backend with a grouped expert kernel does them all at once (same order) */
+    const int grouped = be->ops->moe && be->ops->moe(be, y, x, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E,
+                                                     c->swiglu_limit, official) <= 0;
+    for (int e = 0; !grouped && e < E; e++) {
         size_t ne = 0;
         for (size_t t = 0; t < R; t++)
             for (int k = 0; k < K; k++)

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/moe.h"
 
 typedef struct {
     const void *key; /* host pointer: be_weight.data, or an rmsnorm weight; NULL = free slot */
@@ -46,6 +47,14 @@ typedef struct {
     int f32;
     size_t bytes;
 } wentry;
+
+/* device pointer tables of one MoE layer's experts (6 x E: w1, s1, w3, s3, w2, s2), keyed by w1's array */
+typedef struct {
+    const be_weight *key;
+    int n;
+    const void **host;  /* what the device table holds now */
+    void *dev;
+} moe_tab;
 
 typedef struct {
     be_backend base; /* first: the ops get from be back to here */
@@ -61,6 +70,8 @@ typedef struct {
     size_t cap, used;
     size_t weight_bytes;
     pthread_mutex_t lock;
+    moe_tab *mt;
+    size_t nmt;
     int failed;
     char err[512];
     char name[384];
@@ -464,6 +475,110 @@ static void cu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, si
     if (rc) nan_fill(y, dim, rows, dim);
 }
 
+/* ---- the routed experts in one grouped call (moe.cu) */
+
+static int fp4_expert(const be_weight *w, int64_t rows, int64_t cols)
+{
+    return w->fmt == BE_W_FP4 && w->block == 32 && w->scale_dtype == MD_F8_E8M0 && w->rows == rows && w->cols == cols;
+}
+
+static int moe_locked(cuda_be *c, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
+                      const be_weight *w1, const be_weight *w3, const be_weight *w2, int E, float limit, int before)
+{
+    if (c->failed) return -1;
+    const int64_t D = w1[0].cols, I = w1[0].rows;
+    if (E < 1 || D % 32 || I % 32) return 1;
+    for (int e = 0; e < E; e++)
+        if (!fp4_expert(&w1[e], I, D) || !fp4_expert(&w3[e], I, D) || !fp4_expert(&w2[e], D, I)) return 1;
+    const size_t wsb = bcu_moe_workspace_bytes((int64_t)T, topk, E, D, I);
+    if (!wsb) return 1;
+    CU(cudaSetDevice(c->device));
+    /* the device pointers of every expert (uploaded on first use) */
+    const void **hp = (const void **)malloc(6 * (size_t)E * sizeof *hp);
+    if (!hp) return fail(c, "out of memory");
+    for (int e = 0; e < E; e++) {
+        const be_weight *ws[3] = {&w1[e], &w3[e], &w2[e]};
+        for (int k = 0; k < 3; k++) {
+            const wentry *we = weight(c, ws[k]);
+            if (!we) { free(hp); return -1; }
+            hp[(2 * k) * E + e] = we->d;
+            hp[(2 * k + 1) * E + e] = we->ds;
+        }
+    }
+    moe_tab *t = NULL;
+    for (size_t i = 0; i < c->nmt; i++)
+        if (c->mt[i].key == w1) t = &c->mt[i];
+    if (!t) {
+        moe_tab *n = (moe_tab *)realloc(c->mt, (c->nmt + 1) * sizeof *n);
+        if (!n) { free(hp); return fail(c, "out of memory"); }
+        c->mt = n;
+        t = &c->mt[c->nmt++];
+        memset(t, 0, sizeof *t);
+        t->key = w1;
+    }
+    if (t->n != E || !t->host || memcmp(t->host, hp, 6 * (size_t)E * sizeof *hp)) {
+        if (t->n != E) {
+            if (t->dev) cudaFree(t->dev);
+            free(t->host);
+            t->dev = NULL;
+            t->host = NULL;
+            t->n = 0;
+            if (cudaMalloc(&t->dev, 6 * (size_t)E * sizeof(void *)) != cudaSuccess) {
+                t->dev = NULL;
+                free(hp);
+                return fail(c, "cudaMalloc of the expert tables failed");
+            }
+            t->n = E;
+        }
+        free(t->host);
+        t->host = hp;
+        hp = NULL;
+        CU(cudaMemcpyAsync(t->dev, t->host, 6 * (size_t)E * sizeof(void *), cudaMemcpyHostToDevice, c->st));
+    }
+    free(hp);
+    const uint8_t *const *tab = (const uint8_t *const *)t->dev;
+    bcu_moe_experts ex;
+    ex.n_experts = E;
+    ex.dim = D;
+    ex.inter = I;
+    ex.swiglu_limit = limit;
+    ex.weight_before_w2 = before;
+    ex.w1 = tab;
+    ex.s1 = tab + E;
+    ex.w3 = tab + 2 * E;
+    ex.s3 = tab + 3 * E;
+    ex.w2 = tab + 4 * E;
+    ex.s2 = tab + 5 * E;
+    const size_t xb = up256(T * (size_t)D * 4), ib = up256(T * (size_t)topk * 4);
+    if (scratch(c, wsb + 2 * xb + 2 * ib + 256)) return -1;
+    char *base = c->scratch;
+    void *dws = base;
+    float *dx = (float *)(base + up256(wsb)), *dy = (float *)((char *)dx + xb);
+    int32_t *dids = (int32_t *)((char *)dy + xb);
+    float *dw = (float *)((char *)dids + ib);
+    CU(cudaMemcpyAsync(dx, x, T * (size_t)D * 4, cudaMemcpyHostToDevice, c->st));
+    CU(cudaMemcpyAsync(dids, ids, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
+    CU(cudaMemcpyAsync(dw, w, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
+    CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, c->math == BCU_MATH_BF16 ? BCU_MOE_BF16 : BCU_MOE_FP32,
+                       BCU_MOE_AUTO, dws, wsb, c->st));
+    CU(cudaMemcpyAsync(y, dy, T * (size_t)D * 4, cudaMemcpyDeviceToHost, c->st));
+    CU(cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static int cu_moe(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
+                  const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
+                  int weight_before_w2)
+{
+    cuda_be *c = get(be);
+    if (!T) return 0;
+    pthread_mutex_lock(&c->lock);
+    int rc = moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2);
+    pthread_mutex_unlock(&c->lock);
+    if (rc < 0) nan_fill(y, (size_t)w1[0].cols, T, (size_t)w1[0].cols);
+    return rc;
+}
+
 extern "C" void be_cuda_destroy(be_backend *be);
 
 static const be_ops cuda_ops = {
@@ -472,6 +587,7 @@ static const be_ops cuda_ops = {
     /* .linear_rows = */ cu_linear_rows,
     /* .rmsnorm = */ cu_rmsnorm,
     /* .destroy = */ be_cuda_destroy,
+    /* .moe = */ cu_moe,
 };
 
 /* ---- device-pointer entry point (benchmark; the future device-resident graph) */
@@ -498,6 +614,13 @@ static void teardown(cuda_be *c)
     cudaSetDevice(c->device);
     for (size_t i = 0; i < c->cap; i++)
         if (c->tab[i].key) entry_free(c, &c->tab[i]);
+    for (size_t i = 0; i < c->nmt; i++) {
+        if (c->mt[i].dev) cudaFree(c->mt[i].dev);
+        free(c->mt[i].host);
+    }
+    free(c->mt);
+    c->mt = NULL;
+    c->nmt = 0;
     free(c->tab);
     if (c->scratch) cudaFree(c->scratch);
     if (c->have_blas) cublasDestroy(c->blas);
