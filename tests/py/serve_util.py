@@ -13,10 +13,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "model"
 
 
 class Server:
-    def __init__(self, *args, env=None):
+    def __init__(self, *args, env=None, preexec_fn=None):
+        """preexec_fn runs in the child before exec (resource limits in the fault tests)"""
         self.args = [str(BIN), "serve", "--port", "0", *args]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     preexec_fn=preexec_fn, env={**os.environ, **(env or {})})
         self.log = []
         self.port = None
         deadline = time.time() + 60

@@ -88,30 +88,7 @@ class KVServer(Server):
     """serve_util.Server plus an optional preexec_fn (resource limits) and a parsed request log"""
 
     def __init__(self, *args, preexec_fn=None, env=None):
-        if preexec_fn is None:
-            super().__init__(*BASE, *args, env=env)
-            return
-        # the same start-up as Server.__init__, with preexec_fn passed to Popen
-        self.args = [str(BIN), "serve", "--port", "0", *BASE, *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=preexec_fn, env={**os.environ, **(env or {})})
-        self.log, self.port = [], None
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"on http://[\d.]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if not self.port:
-            self.proc.kill()
-            raise RuntimeError("server did not start:\n" + "".join(self.log) + self.proc.stderr.read())
-        self._t = threading.Thread(target=self._drain, daemon=True)
-        self._t.start()
-        self.model = json.loads(self.get("/v1/models")[1])["data"][0]["id"]
+        super().__init__(*BASE, *args, env=env, preexec_fn=preexec_fn)
 
     def req_lines(self):
         return [m for m in (LOG_RE.match(line) for line in list(self.log)) if m]
