@@ -46,17 +46,7 @@
 
 /* ------------------------------------------------------------------ random */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void)
-{
-    uint64_t x = rng_state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    rng_state = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-static float unif(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+#include "test_rng.h"
 static float dyadic(void) { return (float)((int)(rnd() % 5) - 2) * 0.25f; } /* -0.5 .. 0.5 step 1/4 */
 
 /* ------------------------------------------------------------------ keys and the emulated selection */

@@ -1,0 +1,23 @@
+/* test_rng.h - the GPU tests' deterministic random numbers (xorshift64*):
+ * rnd() 64 bits, unif() uniform in [-1, 1).  One state per test program
+ * (rng_state), reseedable by assigning it. */
+#ifndef TESTS_UNIT_TEST_RNG_H
+#define TESTS_UNIT_TEST_RNG_H
+
+#include <stdint.h>
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static inline uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static inline float unif(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+#endif
