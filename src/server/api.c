@@ -473,20 +473,9 @@ static void metrics(srv_app *a, srv_req *r)
     g.waiting = es.waiting;
     g.kv_bytes = es.state_bytes;
     g.cancelled = atomic_load(&a->cancelled);
-    kv_cache_stats_view kv;
+    kv_cache_stats kv;
     if (a->cfg.kv) {
-        kv_cache_stats ks;
-        kv_cache_get_stats(a->cfg.kv, &ks);
-        kv = (kv_cache_stats_view){
-            .lookups = ks.lookups, .lookup_tokens = ks.lookup_tokens, .hit_tokens = ks.hit_tokens,
-            .replayed_tokens = ks.replayed_tokens, .swa_hits_ram = ks.swa_hits_ram, .swa_hits_disk = ks.swa_hits_disk,
-            .published_blocks = ks.published_blocks, .published_swa = ks.published_swa, .mem_blocks = ks.mem_blocks,
-            .mem_bytes = ks.mem_bytes, .host_bytes = ks.host_bytes, .swa_bytes = ks.swa_bytes,
-            .evicted_mem = ks.evicted_mem, .evicted_host = ks.evicted_host, .evicted_swa = ks.evicted_swa,
-            .disk_files = ks.disk_files, .disk_bytes = ks.disk_bytes, .disk_write_errors = ks.disk_write_errors,
-            .disk_damaged = ks.disk_damaged, .disk_dropped = ks.disk_dropped};
-        memcpy(kv.path, ks.path, sizeof kv.path);
-        memcpy(kv.block_hits, ks.block_hits, sizeof kv.block_hits);
+        kv_cache_get_stats(a->cfg.kv, &kv);
         g.kv = &kv;
     }
     if (a->http) {

@@ -145,7 +145,7 @@ int srv_metrics_render(srv_metrics *m, const srv_gauges *g, rc_bytes *o)
     put(o, "# HELP deepinfer_cancelled_total Requests ended because the client went away.\n"
            "# TYPE deepinfer_cancelled_total counter\ndeepinfer_cancelled_total %llu\n",
         (unsigned long long)g->cancelled);
-    const kv_cache_stats_view *k = g->kv;
+    const kv_cache_stats *k = g->kv;
     if (!k) return 0;
 #define KC(name, help, type, v) \
     put(o, "# HELP deepinfer_kv_" name " " help "\n# TYPE deepinfer_kv_" name " " type "\ndeepinfer_kv_" name " %llu\n", \

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "base/vec.h"
+#include "kv/cache.h"
 
 typedef struct srv_metrics srv_metrics;
 
@@ -27,19 +28,9 @@ typedef struct {
     size_t kv_bytes;
     int open_connections, open_streams;
     uint64_t cancelled;
-    const struct kv_cache_stats_view *kv; /* prefix cache counters, or NULL */
+    const kv_cache_stats *kv; /* prefix cache counters, or NULL */
 } srv_gauges;
 
-/* the prefix cache's counters as /metrics shows them (filled from kv_cache_stats) */
-typedef struct kv_cache_stats_view {
-    uint64_t lookups, lookup_tokens, hit_tokens, replayed_tokens;
-    uint64_t path[4];                 /* miss, short, exact, replay */
-    uint64_t block_hits[3];           /* memory, host, disk */
-    uint64_t swa_hits_ram, swa_hits_disk, published_blocks, published_swa;
-    uint64_t mem_blocks, mem_bytes, host_bytes, swa_bytes;
-    uint64_t evicted_mem, evicted_host, evicted_swa;
-    uint64_t disk_files, disk_bytes, disk_write_errors, disk_damaged, disk_dropped;
-} kv_cache_stats_view;
 
 int srv_metrics_render(srv_metrics *m, const srv_gauges *g, rc_bytes *out);
 
