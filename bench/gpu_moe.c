@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/moe.h"
 
 #define BENCH_NAME "bench_gpu_moe"
+#define BENCH_WITH_CUBLAS
 #include "backend/cuda/bench_util.h"
 
 #define E 256
@@ -36,13 +36,6 @@
 #define INTER 2048
 #define NDRAW 8
 
-#define CB(call)                                                                                                       \
-    do {                                                                                                               \
-        if ((call) != CUBLAS_STATUS_SUCCESS) {                                                                         \
-            fprintf(stderr, "bench_gpu_moe: %s failed\n", #call);                                                      \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 
 static uint64_t rs = 88172645463325252ull;
@@ -63,39 +56,6 @@ static double elapsed(void)
     return ms * 1e-3;
 }
 
-
-/* FLOP/s of a square GEMM: bf16 in, fp32 out, or fp32 Sgemm without TF32 */
-static double gemm_peak(int bf16, int n)
-{
-    cublasHandle_t h;
-    CB(cublasCreate(&h));
-    const size_t es = bf16 ? 2 : 4;
-    void *A, *B, *C;
-    CK(cudaMalloc(&A, (size_t)n * n * es));
-    CK(cudaMalloc(&B, (size_t)n * n * es));
-    CK(cudaMalloc(&C, (size_t)n * n * 4));
-    CK(cudaMemset(A, 0x3c, (size_t)n * n * es)); /* small finite values */
-    CK(cudaMemset(B, 0x3c, (size_t)n * n * es));
-    if (!bf16) CB(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
-    const float one = 1.0f, zero = 0.0f;
-    double t[7];
-    for (int r = -2; r < 7; r++) {
-        CK(cudaEventRecord(ev0, 0));
-        if (bf16)
-            CB(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
-                            CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        else
-            CB(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, n, B, n, &zero, C, n));
-        CK(cudaEventRecord(ev1, 0));
-        double s = elapsed();
-        if (r >= 0) t[r] = s;
-    }
-    CK(cudaFree(A));
-    CK(cudaFree(B));
-    CK(cudaFree(C));
-    cublasDestroy(h);
-    return 2.0 * (double)n * n * n / median(t, 7);
-}
 
 int main(void)
 {

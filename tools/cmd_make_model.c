@@ -22,17 +22,25 @@ typedef struct {
     int vocab, hidden, layers, heads, head_dim, rope_dim, q_lora, o_groups, o_lora;
     int experts, top_k, inter, hash_layers, window, index_heads, index_head_dim, index_topk;
     const int *ratios;
+    int max_layers; /* entries of ratios */
+    int quant;      /* 1: the V4-Flash release formats (FP8 attention / shared expert, FP4 routed experts) */
 } preset;
 
 static const int ratios_tiny[] = {0, 4, 128, 4};
 static const int ratios_100m[] = {0, 0, 4, 128, 4, 128, 4, 128};
+/* DeepSeek-V4-Flash's 43 layers: 2 SWA, then CSA (4) and HCA (128) alternating (model-v4.md §2.1) */
+static const int ratios_flash[] = {0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+                                   4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4};
 
 static const preset presets[] = {
-    {"tiny", 129280, 128, 4, 4, 128, 64, 64, 2, 32, 8, 2, 64, 1, 128, 8, 64, 16, ratios_tiny},
-    {"100m", 129280, 256, 8, 8, 256, 64, 256, 4, 128, 16, 4, 512, 2, 128, 8, 64, 64, ratios_100m},
+    {"tiny", 129280, 128, 4, 4, 128, 64, 64, 2, 32, 8, 2, 64, 1, 128, 8, 64, 16, ratios_tiny, 4, 0},
+    {"100m", 129280, 256, 8, 8, 256, 64, 256, 4, 128, 16, 4, 512, 2, 128, 8, 64, 64, ratios_100m, 8, 0},
+    {"v4-flash", 129280, 4096, 4, 64, 512, 64, 1024, 8, 1024, 256, 6, 2048, 3, 128, 64, 128, 512, ratios_flash, 43, 1},
 };
 
-typedef enum { G_UNIFORM, G_ONES_JITTER, G_CONST, G_TID2EID } gen_kind;
+/* G_FP8: random e4m3 codes with exponent field 0..7 (|v| <= 1.875, never NaN); G_FP4: random packed e2m1
+ * bytes; G_BYTE: every byte = a (a ue8m0 scale).  The three are written as raw bytes. */
+typedef enum { G_UNIFORM, G_ONES_JITTER, G_CONST, G_TID2EID, G_FP8, G_FP4, G_BYTE } gen_kind;
 
 typedef struct {
     char name[128];
@@ -83,11 +91,41 @@ static uint64_t splitmix(uint64_t *s)
 
 static float unif(uint64_t *s) { return (float)((double)(splitmix(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
+/* The ue8m0 byte of the power of two nearest to 1 / (rms * sqrt(fan_in)): quantized weights whose codes have
+ * root-mean-square rms get about the std of the bf16 weights, 1 / sqrt(fan_in). */
+static float scale_byte(double rms, int64_t fan_in) { return (float)(127 + lround(-log2(rms * sqrt((double)fan_in)))); }
+
+/* FP8 e4m3 [r, c] with 128 x 128 ue8m0 block scales, the way V4-Flash stores attention and shared experts.
+ * The codes of G_FP8 have rms ~0.52. */
+static void add_fp8(tlist *l, int64_t r, int64_t c, const char *name)
+{
+    add(l, MD_F8_E4M3, G_FP8, 0, r, c, "%s.weight", name);
+    add(l, MD_F8_E8M0, G_BYTE, scale_byte(0.52, c), (r + 127) / 128, (c + 127) / 128, "%s.scale", name);
+}
+
+/* FP4 e2m1 [r, c] packed two per byte in I8 [r, c/2], ue8m0 scales [r, c/32] (routed experts).  Uniform
+ * random codes have rms sqrt(68.5/8) ~ 2.93. */
+static void add_fp4(tlist *l, int64_t r, int64_t c, const char *name)
+{
+    add(l, MD_I8, G_FP4, 0, r, c / 2, "%s.weight", name);
+    add(l, MD_F8_E8M0, G_BYTE, scale_byte(2.93, c), r, c / 32, "%s.scale", name);
+}
+
 static void build(tlist *l, const preset *p)
 {
     const int D = p->hidden, n = 4, mix = (2 + n) * n, H = p->heads, d = p->head_dim;
     const float lin = 1.7320508f; /* uniform(-a, a) has std a/sqrt(3): a = sqrt(3/fan_in) */
+    char nm[128];
 #define W(r, c, ...) add(l, MD_BF16, G_UNIFORM, lin / sqrtf((float)(c)), r, c, __VA_ARGS__)
+    /* FP8 in a quantized preset, else bf16 */
+#define WQ(r, c, ...)                                                                                                  \
+    do {                                                                                                               \
+        snprintf(nm, sizeof nm, __VA_ARGS__);                                                                          \
+        if (p->quant)                                                                                                  \
+            add_fp8(l, r, c, nm);                                                                                      \
+        else                                                                                                           \
+            W(r, c, "%s.weight", nm);                                                                                  \
+    } while (0)
     add(l, MD_BF16, G_UNIFORM, 1.0f, p->vocab, D, "embed.weight");
     W(p->vocab, D, "head.weight");
     add(l, MD_BF16, G_ONES_JITTER, 0.1f, D, 0, "norm.weight");
@@ -104,13 +142,13 @@ static void build(tlist *l, const preset *p)
         add(l, MD_F32, G_ONES_JITTER, 0.1f, 3, 0, "layers.%d.hc_ffn_scale", L);
         add(l, MD_BF16, G_ONES_JITTER, 0.1f, D, 0, "layers.%d.attn_norm.weight", L);
         add(l, MD_BF16, G_ONES_JITTER, 0.1f, D, 0, "layers.%d.ffn_norm.weight", L);
-        W(p->q_lora, D, "layers.%d.attn.wq_a.weight", L);
+        WQ(p->q_lora, D, "layers.%d.attn.wq_a", L);
         add(l, MD_BF16, G_ONES_JITTER, 0.1f, p->q_lora, 0, "layers.%d.attn.q_norm.weight", L);
-        W((int64_t)H * d, p->q_lora, "layers.%d.attn.wq_b.weight", L);
-        W(d, D, "layers.%d.attn.wkv.weight", L);
+        WQ((int64_t)H * d, p->q_lora, "layers.%d.attn.wq_b", L);
+        WQ(d, D, "layers.%d.attn.wkv", L);
         add(l, MD_BF16, G_ONES_JITTER, 0.1f, d, 0, "layers.%d.attn.kv_norm.weight", L);
-        W((int64_t)p->o_groups * p->o_lora, (int64_t)H * d / p->o_groups, "layers.%d.attn.wo_a.weight", L);
-        W(D, (int64_t)p->o_groups * p->o_lora, "layers.%d.attn.wo_b.weight", L);
+        WQ((int64_t)p->o_groups * p->o_lora, (int64_t)H * d / p->o_groups, "layers.%d.attn.wo_a", L);
+        WQ(D, (int64_t)p->o_groups * p->o_lora, "layers.%d.attn.wo_b", L);
         add(l, MD_F32, G_UNIFORM, 1.0f, H, 0, "layers.%d.attn.attn_sink", L);
         if (r) {
             W(cd, D, "layers.%d.attn.compressor.wkv.weight", L);
@@ -120,7 +158,7 @@ static void build(tlist *l, const preset *p)
         }
         if (ov) {
             const int IH = p->index_heads, ID = p->index_head_dim;
-            W((int64_t)IH * ID, p->q_lora, "layers.%d.attn.indexer.wq_b.weight", L);
+            WQ((int64_t)IH * ID, p->q_lora, "layers.%d.attn.indexer.wq_b", L);
             W(IH, D, "layers.%d.attn.indexer.weights_proj.weight", L);
             W(2 * ID, D, "layers.%d.attn.indexer.compressor.wkv.weight", L);
             W(2 * ID, D, "layers.%d.attn.indexer.compressor.wgate.weight", L);
@@ -133,15 +171,23 @@ static void build(tlist *l, const preset *p)
         else
             add(l, MD_F32, G_UNIFORM, 0.1f, p->experts, 0, "layers.%d.ffn.gate.bias", L);
         for (int e = 0; e < p->experts; e++) {
+            if (p->quant) {
+                for (int k = 1; k <= 3; k++) {
+                    snprintf(nm, sizeof nm, "layers.%d.ffn.experts.%d.w%d", L, e, k);
+                    add_fp4(l, k == 2 ? D : p->inter, k == 2 ? p->inter : D, nm);
+                }
+                continue;
+            }
             W(p->inter, D, "layers.%d.ffn.experts.%d.w1.weight", L, e);
             W(D, p->inter, "layers.%d.ffn.experts.%d.w2.weight", L, e);
             W(p->inter, D, "layers.%d.ffn.experts.%d.w3.weight", L, e);
         }
-        W(p->inter, D, "layers.%d.ffn.shared_experts.w1.weight", L);
-        W(D, p->inter, "layers.%d.ffn.shared_experts.w2.weight", L);
-        W(p->inter, D, "layers.%d.ffn.shared_experts.w3.weight", L);
+        WQ(p->inter, D, "layers.%d.ffn.shared_experts.w1", L);
+        WQ(D, p->inter, "layers.%d.ffn.shared_experts.w2", L);
+        WQ(p->inter, D, "layers.%d.ffn.shared_experts.w3", L);
     }
 #undef W
+#undef WQ
 }
 
 static int write_config(const char *dir, const preset *p)
@@ -165,10 +211,15 @@ static int write_config(const char *dir, const preset *p)
             "  \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536, \"beta_fast\": 32, \"beta_slow\": 1},\n"
             "  \"max_position_embeddings\": 1048576, \"bos_token_id\": 0, \"eos_token_id\": 1,\n"
             "  \"tie_word_embeddings\": false, \"num_nextn_predict_layers\": 0, \"torch_dtype\": \"bfloat16\",\n"
+            "%s"
             "  \"compress_ratios\": [",
             p->name, p->vocab, p->hidden, p->layers, p->heads, p->head_dim, p->rope_dim, p->q_lora, p->o_groups,
             p->o_lora, p->experts, p->top_k, p->inter, p->hash_layers, p->window, p->index_heads, p->index_head_dim,
-            p->index_topk);
+            p->index_topk,
+            p->quant ? "  \"expert_dtype\": \"fp4\",\n  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": "
+                       "\"e4m3\", \"scale_fmt\": \"ue8m0\", \"activation_scheme\": \"dynamic\", "
+                       "\"weight_block_size\": [128, 128]},\n"
+                     : "");
     for (int i = 0; i < p->layers; i++) fprintf(f, "%s%d", i ? ", " : "", p->ratios[i]);
     fprintf(f, "]\n}\n");
     return fclose(f);
@@ -190,13 +241,20 @@ static int copy_file(const char *from, const char *to)
 }
 
 static const char help[] =
-    "usage: deepinfer make-tiny-model DIR [--preset tiny|100m] [--seed N]\n\n"
+    "usage: deepinfer make-tiny-model DIR [--preset tiny|100m|v4-flash] [--layers N] [--seed N]\n\n"
     "Write a DeepSeek V4 architecture checkpoint with deterministic random weights into DIR\n"
     "(config.json, model.safetensors, tokenizer.json).  Its answers are noise: it exists so the\n"
     "server runs with no download and so benchmarks have a model of known size.  For real answers\n"
     "point --model at an official checkpoint (deepseek-ai/DeepSeek-V4-Flash).\n\n"
     "  --preset tiny   4 layers (SWA, CSA, HCA, CSA), hidden 128, real V4 vocabulary (~36M params, 70 MB)\n"
     "  --preset 100m   8 layers, hidden 256, 16 experts (~110M params, 220 MB)\n"
+    "  --preset v4-flash\n"
+    "                  a V4-Flash slice: the real dimensions (hidden 4096, 64 heads x 512, 256 experts x 2048,\n"
+    "                  index 64 x 128, top-512) and formats (FP8 e4m3 attention and shared expert with 128x128\n"
+    "                  ue8m0 scales, FP4 e2m1 routed experts with 1x32 ue8m0 scales), the first N layers of the\n"
+    "                  real 43 (SWA, SWA, CSA, HCA, CSA, ...; 3 hash-routed); 4 layers by default, about\n"
+    "                  3.5 GB a layer plus 2.1 GB of embedding and head.  For bench/gpu_layers.\n"
+    "  --layers N      how many layers (1 .. the preset's; default: the preset's own count)\n"
     "  --seed N        weight seed (default 0)\n";
 
 int cmd_make_model(int argc, char **argv)
@@ -204,6 +262,7 @@ int cmd_make_model(int argc, char **argv)
     const char *dir = NULL;
     const preset *p = &presets[0];
     uint64_t seed = 0;
+    int layers = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(help, stdout); return 0; }
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) {
@@ -211,7 +270,12 @@ int cmd_make_model(int argc, char **argv)
             p = NULL;
             for (size_t k = 0; k < sizeof presets / sizeof presets[0]; k++)
                 if (!strcmp(presets[k].name, v)) p = &presets[k];
-            if (!p) { fprintf(stderr, "make-tiny-model: unknown preset '%s' (tiny, 100m)\n", v); return 2; }
+            if (!p) { fprintf(stderr, "make-tiny-model: unknown preset '%s' (tiny, 100m, v4-flash)\n", v); return 2; }
+        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > 1000) { fprintf(stderr, "make-tiny-model: --layers wants a count, not '%s'\n", argv[i]); return 2; }
+            layers = (int)v;
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             seed = strtoull(argv[++i], NULL, 10);
         } else if (argv[i][0] != '-' && !dir) {
@@ -222,6 +286,16 @@ int cmd_make_model(int argc, char **argv)
         }
     }
     if (!dir) { fprintf(stderr, "%s", help); return 2; }
+    preset P = *p;
+    if (layers) {
+        if (layers > p->max_layers) {
+            fprintf(stderr, "make-tiny-model: preset %s has at most %d layers\n", p->name, p->max_layers);
+            return 2;
+        }
+        P.layers = layers;
+        if (P.hash_layers > layers) P.hash_layers = layers;
+    }
+    p = &P;
     if (mkdir(dir, 0755) && errno != EEXIST) { perror(dir); return 1; }
 
     tlist l = {0};
@@ -256,11 +330,35 @@ int cmd_make_model(int argc, char **argv)
     uint64_t rng = seed * 0xD1B54A32D192ED03ull + 1;
     size_t bufcap = 1 << 20;
     uint8_t *buf = malloc(bufcap);
-    int isatty_err = 0;
+    /* progress on stderr for the multi-gigabyte presets */
+    const int progress = off > ((uint64_t)1 << 31);
+    uint64_t wrote = 0, next_report = (uint64_t)2 << 30;
     for (size_t i = 0; i < l.n; i++) {
         tspec *t = &l.v[i];
         size_t es = md_dtype_size(t->dtype), cnt = (size_t)(t->nbytes / es), k = 0;
         int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+        if (t->kind == G_FP8 || t->kind == G_FP4 || t->kind == G_BYTE) {
+            /* raw codes, 8 random bytes per draw: gigabytes of experts in seconds */
+            for (uint64_t done = 0; done < t->nbytes;) {
+                size_t m = t->nbytes - done < bufcap ? (size_t)(t->nbytes - done) : bufcap;
+                if (t->kind == G_BYTE) {
+                    memset(buf, (int)t->a, m);
+                } else {
+                    for (size_t j = 0; j < m; j += 8) {
+                        uint64_t r = splitmix(&rng);
+                        if (t->kind == G_FP8) r &= 0xBFBFBFBFBFBFBFBFull; /* exponent field < 8: no NaN, |v| <= 1.875 */
+                        memcpy(buf + j, &r, m - j < 8 ? m - j : 8);
+                    }
+                }
+                if (fwrite(buf, 1, m, f) != m) { perror(tmp); return 1; }
+                done += m;
+                if (progress && (wrote += m) >= next_report) {
+                    fprintf(stderr, "make-tiny-model: %.1f / %.1f GB\n", (double)wrote / 1e9, (double)off / 1e9);
+                    next_report += (uint64_t)2 << 30;
+                }
+            }
+            continue;
+        }
         while (k < cnt) {
             size_t m = cnt - k < bufcap / es ? cnt - k : bufcap / es;
             for (size_t j = 0; j < m; j++, k++) {
@@ -286,7 +384,6 @@ int cmd_make_model(int argc, char **argv)
             }
             if (fwrite(buf, es, m, f) != m) { perror(tmp); return 1; }
         }
-        (void)isatty_err;
     }
     free(buf);
     if (fclose(f) || rename(tmp, path)) { perror(path); return 1; }

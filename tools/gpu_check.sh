@@ -40,6 +40,9 @@ pack() {
     # the grouped FP4 routed-expert FFN (moe.cu): its test and benchmark
     ninja -C "$b" test_cuda_moe bench_gpu_moe
     cp "$b/test_cuda_moe" "$b/bench_gpu_moe" .carry/bin/
+    # the V4-Flash slice benchmark (bench/gpu_layers.c; the slice is made there by deepinfer make-tiny-model)
+    ninja -C "$b" bench_gpu_layers
+    cp "$b/bench_gpu_layers" .carry/bin/
     ldd .carry/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
         case $(basename "$lib") in
         libjansson.so*|libcmocka.so*|libhttp_parser.so*|libcudart.so*) cp -L "$lib" .carry/lib/ ;;
@@ -64,6 +67,9 @@ SUM=$OUTDIR/gpu_check.txt
 : > "$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
 section() { say ""; say "== $*"; }
+
+# GPU_CHECK_ONLY="unit cli serve linear attn moe sanitizer sanmodel layers" picks sections (default: all)
+want() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 
 say "# tools/gpu_check.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 [ -f .carry/BUILD_INFO ] && sed 's/^/# /' .carry/BUILD_INFO | tee -a "$SUM"
@@ -122,12 +128,20 @@ if [ -n "${FORCE_REBUILD:-}" ] || [ ! -x "$BIN/test_cuda" ] || ! ldd "$BIN/test_
     rebuild || say "REBUILD FAILED"
 fi
 
+if want unit; then
 section "unit_cuda (test_cuda)"
 timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda.txt" 2>&1
 rc=$?
 grep -E "^\s+\[|bad device|unsupported weight|PASSED|FAILED|OK \]|ERROR|Failure|SKIPPED|rel error|differs|agreement" "$OUTDIR/unit_cuda.txt" | tee -a "$SUM"
 say "test_cuda exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+section "unit_cuda model tests again with 5-row attention launches (segments cut across launches)"
+DEEPINFER_CUDA_ATTN_ROWS=5 TEST_CUDA_FILTER='test_model_bf16x3' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_rows5.txt" 2>&1
+rc=$?
+grep -E "PASSED|FAILED|Failure|ERROR|rel error|differs|agreement" "$OUTDIR/unit_cuda_rows5.txt" | tee -a "$SUM"
+say "test_cuda (5-row launches) exit status: $rc"
 
+fi
+if want cli; then
 if [ -x "$BIN/deepinfer" ]; then
     section "deepinfer CLI: --backend cuda vs cpu (tiny-mixed, transformers semantics, 48 tokens)"
     ids=$(python3 -c 'import random; r=random.Random(5); print(",".join(str(r.randrange(512)) for _ in range(48)))')
@@ -161,6 +175,8 @@ PY
     [ -s "$OUTDIR/cli_err.txt" ] && { say "CLI stderr:"; head -5 "$OUTDIR/cli_err.txt" | tee -a "$SUM"; }
 fi
 
+fi
+if want serve; then
 if [ -x "$BIN/deepinfer" ]; then
     section "deepinfer serve --backend cuda vs cpu (e2e-v4vocab, transformers semantics, greedy chat, 16 tokens)"
     export DEEPINFER_TOKENIZER=$ROOT/assets/tokenizers/deepseek-v4/tokenizer.json
@@ -193,10 +209,14 @@ PY
     fi
 fi
 
+fi
+if want linear; then
 section "bench_cuda_linear"
 timeout 200 "$BIN/bench_cuda_linear" 2>&1 | tee "$OUTDIR/bench.txt" | tee -a "$SUM"
 say "bench exit status: $?"
 
+fi
+if want attn; then
 section "unit_cuda_attn (test_cuda_attn: attention + indexer kernels vs the double CPU reference)"
 if [ -x "$BIN/test_cuda_attn" ]; then
     timeout 400 "$BIN/test_cuda_attn" > "$OUTDIR/unit_cuda_attn.txt" 2>&1
@@ -219,6 +239,8 @@ else
     say "test_cuda_attn not built"
 fi
 
+fi
+if want moe; then
 section "unit_cuda_moe (test_cuda_moe: grouped FP4 routed-expert FFN vs the double CPU reference)"
 if [ -x "$BIN/test_cuda_moe" ]; then
     timeout 240 "$BIN/test_cuda_moe" > "$OUTDIR/unit_cuda_moe.txt" 2>&1
@@ -241,6 +263,8 @@ else
     say "test_cuda_moe not built"
 fi
 
+fi
+if want sanitizer; then
 section "compute-sanitizer memcheck on test_cuda (ops tests; the model tests are skipped here)"
 if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
     TEST_CUDA_SKIP='test_model_*' timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 "$BIN/test_cuda" > "$OUTDIR/sanitizer.txt" 2>&1
@@ -250,5 +274,47 @@ if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/nu
 else
     say "compute-sanitizer not found"
 fi
+fi
+if want sanmodel && [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+    section "compute-sanitizer memcheck on the model tests (test_model_bf16x3: the graph with GPU attention and MoE)"
+    TEST_CUDA_FILTER='test_model_bf16x3' timeout 300 compute-sanitizer --tool memcheck --error-exitcode 99 \
+        "$BIN/test_cuda" > "$OUTDIR/sanitizer_model.txt" 2>&1
+    src=$?
+    grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUTDIR/sanitizer_model.txt" | head -8 | tee -a "$SUM"
+    say "compute-sanitizer (model tests) exit status: $src"
+fi
+
+if want layers; then
+    section "V4-Flash slice: deepinfer make-tiny-model --preset v4-flash, bench/gpu_layers_hf.py, bench_gpu_layers"
+    SLICE=${GPU_LAYERS_DIR:-/tmp/v4flash-slice}
+    if [ -x "$BIN/deepinfer" ] && [ -x "$BIN/bench_gpu_layers" ]; then
+        t=$(date +%s)
+        "$BIN/deepinfer" make-tiny-model "$SLICE" --preset v4-flash --layers "${GPU_LAYERS_N:-4}" 2>&1 | tail -1 | tee -a "$SUM"
+        say "slice written in $(( $(date +%s) - t )) s; $(df -h "$SLICE" | tail -1)"
+        hfargs=()
+        if [ -f bench/gpu_layers_hf.py ] && [ -z "${GPU_LAYERS_NO_HF:-}" ]; then
+            t=$(date +%s)
+            timeout "${GPU_LAYERS_HF_TIMEOUT:-420}" python3 bench/gpu_layers_hf.py "$SLICE" --device cuda \
+                --out "$OUTDIR/gpu_layers_hf.json" ${GPU_LAYERS_HF_ARGS:-} > "$OUTDIR/gpu_layers_hf.txt" 2> "$OUTDIR/gpu_layers_hf.err"
+            say "gpu_layers_hf.py exit status: $? after $(( $(date +%s) - t )) s"
+            cat "$OUTDIR/gpu_layers_hf.txt" | tee -a "$SUM"
+            tail -5 "$OUTDIR/gpu_layers_hf.err" | tee -a "$SUM"
+            [ -s "$OUTDIR/gpu_layers_hf.json" ] && hfargs=(--hf "$OUTDIR/gpu_layers_hf.json")
+        fi
+        t=$(date +%s)
+        timeout "${GPU_LAYERS_TIMEOUT:-500}" "$BIN/bench_gpu_layers" "$SLICE" "${hfargs[@]}" --out "$OUTDIR/gpu_layers.md" \
+            ${GPU_LAYERS_ARGS:-} 2> "$OUTDIR/gpu_layers.err" | tee -a "$SUM"
+        say "bench_gpu_layers exit status: $? after $(( $(date +%s) - t )) s"
+        tail -20 "$OUTDIR/gpu_layers.err" | tee -a "$SUM"
+        rm -rf "$SLICE"
+    else
+        say "deepinfer or bench_gpu_layers not carried"
+    fi
+fi
+
 say ""
 say "summary in $SUM"
+# the device tool returns at most 8 files: the summary, the layer tables, and the rest in one archive
+( cd "$OUTDIR" && ls | grep -vxE 'gpu_check.txt|gpu_layers.md|gpu_layers_hf.json|details.tgz' > /tmp/gpu_check_rest.txt &&
+  [ -s /tmp/gpu_check_rest.txt ] && tar czf details.tgz -T /tmp/gpu_check_rest.txt && xargs rm -f < /tmp/gpu_check_rest.txt ) 2>/dev/null
+true

@@ -36,6 +36,37 @@ typedef struct be_weight {
 
 typedef struct be_backend be_backend;
 
+/* One sequence of an attention call (be_ops.attention).  Its query rows are
+ * T consecutive rows of the call, at positions p0 .. p0+T-1. */
+typedef struct be_attn_seq {
+    int64_t p0;
+    int64_t kstart;             /* first position in kwin: max(p0 - window + 1, win_lo, 0) */
+    int32_t T;
+    const float *kwin;          /* [p0 + T - kstart, head_dim] window keys (= values) */
+    const float *const *blocks; /* nblk KV block data pointers (v4.h layout), block i = tokens 128i .. 128i+127 */
+    const uint64_t *block_ids;  /* their md_block ids: equal ids, equal contents, while the block is full */
+    size_t nblk;
+    size_t nfull;               /* blocks [0, nfull) are complete for every layer and immutable; the rest may
+                                 * still change (a block this forward completes gets later layers' rows later) */
+} be_attn_seq;
+
+/* One layer's attention for a batch of sequences: the math of v4.c's
+ * indexer_task and attn_task (src/backend/cuda/attn.h states it), over the
+ * rows of all sequences stacked in order. */
+typedef struct be_attn_args {
+    int n_heads, head_dim, rope_dim, window;
+    int ratio;                  /* 0: window only */
+    int csa;                    /* ratio > 0: 1 = the indexer's top-k (CSA), 0 = every visible entry (HCA) */
+    size_t blk_floats;          /* floats per KV block */
+    size_t ent_off, key_off;    /* this layer's entries / indexer keys in a block */
+    int index_heads, index_dim, topk;
+    const float *q;             /* [ntok, n_heads, head_dim] roped queries */
+    const float *iq, *iw;       /* CSA: [ntok, index_heads, index_dim] indexer queries, [ntok, index_heads] weights */
+    const float *sink;          /* [n_heads] */
+    const float *inv_freq;      /* [rope_dim / 2] */
+    float *out;                 /* [ntok, n_heads, head_dim] */
+} be_attn_args;
+
 typedef struct be_ops {
     const char *name;
     /* y[t, 0:w->rows] = x[t, 0:w->cols] . W^T for t in [0, T). */
@@ -59,6 +90,11 @@ typedef struct be_ops {
     int (*moe)(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
                int weight_before_w2);
+    /* Optional (NULL: the graph runs its host loops).  One layer's attention
+     * (with the CSA indexer) for nseq sequences; ntok = sum of their T.
+     * Returns 0 when out holds the result, > 0 when this backend declines
+     * (the caller computes it), < 0 on a backend error (out is NaN). */
+    int (*attention)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
 } be_ops;
 
 struct be_backend {

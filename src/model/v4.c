@@ -152,6 +152,11 @@ const md_config *md_model_config(const md_model *m) { return &m->cfg; }
 md_semantics md_model_semantics(const md_model *m) { return m->sem; }
 void md_model_set_semantics(md_model *m, md_semantics sem) { m->sem = sem; }
 uint64_t md_model_param_count(const md_model *m) { return m->n_params; }
+void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg)
+{
+    m->hook = fn;
+    m->hook_arg = arg;
+}
 
 /* ------------------------------------------------------------------ state */
 
@@ -218,7 +223,13 @@ void md_model_set_block_alloc(md_model *m, const md_block_alloc *a)
     else m->balloc = (md_block_alloc){.ctx = m, .alloc = def_alloc, .release = def_release};
 }
 
-md_block *md_block_new(const md_model *m) { return m->balloc.alloc(m->balloc.ctx); }
+md_block *md_block_new(const md_model *m)
+{
+    static uint64_t next_id;
+    md_block *b = m->balloc.alloc(m->balloc.ctx);
+    if (b) b->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+    return b;
+}
 void md_block_ref(md_block *b) { b->refs++; }
 void md_block_unref(const md_model *m, md_block *b)
 {
@@ -763,6 +774,74 @@ static void *xalloc(size_t n, int *fail)
     return p;
 }
 
+/* Attention (and the CSA indexer) of layer l for every segment, the window keys of segment s in kbufs[s] from
+ * position kst[s]: in one backend call when the backend has the op, else on the host threads. */
+static int attend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *q,
+                  const float *iq, const float *iw, float *const *kbufs, const int64_t *kst, float *o)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    be_backend *be = m->be;
+    const int H = c->n_heads, d = c->head_dim, IH = c->index_heads, ID = c->index_head_dim;
+    int rc = 0;
+    if (be->ops->attention && nseg <= INT32_MAX && rw->R <= INT32_MAX) {
+        size_t nb = 0;
+        for (size_t s = 0; s < nseg; s++) nb += segs[s].seq->nblk;
+        be_attn_seq *as = malloc(nseg * sizeof *as);
+        const float **bp = malloc((nb ? nb : 1) * sizeof *bp);
+        uint64_t *bid = malloc((nb ? nb : 1) * sizeof *bid);
+        int r = 1;
+        if (as && bp && bid) {
+            size_t k = 0;
+            for (size_t s = 0; s < nseg; s++) {
+                const md_seq *sq = segs[s].seq;
+                const size_t n = segs[s].n;
+                /* the blocks the last row may read, and those complete before this call: a block this call
+                 * completes is not final yet for the layers after l (they write their rows later) */
+                size_t need = (size_t)((sq->len + (int64_t)n + MD_BLOCK_TOKENS - 1) / MD_BLOCK_TOKENS);
+                size_t full = (size_t)(sq->len / MD_BLOCK_TOKENS);
+                if (need > sq->nblk) need = sq->nblk;
+                if (full > need) full = need;
+                as[s] = (be_attn_seq){.p0 = sq->len, .kstart = kst[s], .T = (int32_t)n, .kwin = kbufs[s],
+                                      .blocks = bp + k, .block_ids = bid + k, .nblk = need, .nfull = full};
+                for (size_t i = 0; i < need; i++, k++) {
+                    bp[k] = sq->blk[i]->data;
+                    bid[k] = sq->blk[i]->id;
+                }
+            }
+            be_attn_args a = {.n_heads = H, .head_dim = d, .rope_dim = c->rope_dim, .window = c->window,
+                              .ratio = ly->ratio, .csa = ly->overlap, .blk_floats = m->blk_floats,
+                              .ent_off = m->blk_off[2 * l], .key_off = m->blk_off[2 * l + 1], .index_heads = IH,
+                              .index_dim = ID, .topk = c->index_topk, .q = q, .iq = iq, .iw = iw,
+                              .sink = ly->attn_sink, .inv_freq = ly->ratio ? m->inv_freq_comp : m->inv_freq_main,
+                              .out = o};
+            r = be->ops->attention(be, as, (int)nseg, (int)rw->R, &a);
+        }
+        free(as);
+        free(bp);
+        free(bid);
+        if (r <= 0) return 0; /* < 0: o is NaN and the backend keeps the error */
+    }
+    for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
+        md_seq *sq = segs[sgi].seq;
+        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
+        attn_job aj = {.m = m, .ly = ly, .sq = sq, .l = l, .p0 = sq->len, .n = n, .q = q + r0 * (size_t)H * d,
+                       .kbuf = kbufs[sgi], .kstart = kst[sgi], .o = o + r0 * (size_t)H * d, .topk = c->index_topk};
+        if (ly->overlap) {
+            aj.iq = iq + r0 * (size_t)IH * ID;
+            aj.iw = iw + r0 * (size_t)IH;
+            aj.sel = malloc(n * (size_t)c->index_topk * sizeof(int32_t));
+            aj.nsel = malloc(n * sizeof(int));
+            if (!aj.sel || !aj.nsel) rc = RC_ENOMEM;
+            else be_cpu_parallel(be, n, indexer_task, &aj);
+        }
+        if (!rc) be_cpu_parallel(be, n * (size_t)H, attn_task, &aj);
+        free(aj.sel);
+        free(aj.nsel);
+    }
+    return rc;
+}
+
 static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *x,
                      float *out)
 {
@@ -783,6 +862,8 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     float *o = xalloc(R * (size_t)H * d * sizeof(float), &fail);
     float *u = xalloc(R * (size_t)g * ol * sizeof(float), &fail);
     float *ckv = NULL, *cg = NULL, *ikv = NULL, *ig = NULL, *iq = NULL, *iw = NULL;
+    float **kbufs = NULL;
+    int64_t *kst = NULL;
     if (ly->ratio) {
         ckv = xalloc(R * (size_t)cd * sizeof(float), &fail);
         cg = xalloc(R * (size_t)cd * sizeof(float), &fail);
@@ -831,6 +912,10 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
             }
     }
 
+    /* per segment: its window keys, the compressors (a block completed by token t is visible to t), the ring */
+    kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
+    kst = calloc(nseg ? nseg : 1, sizeof *kst);
+    if (!kbufs || !kst) { rc = RC_ENOMEM; goto out; }
     for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
         md_seq *sq = segs[sgi].seq;
         seq_layer *sl = &sq->L[l];
@@ -843,11 +928,12 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
         const size_t nold = (size_t)(p0 - kstart);
         float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
         if (!kbuf) { rc = RC_ENOMEM; break; }
+        kbufs[sgi] = kbuf;
+        kst[sgi] = kstart;
         for (size_t k = 0; k < nold; k++)
             memcpy(kbuf + k * d, sl->win + (size_t)((kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
         memcpy(kbuf + nold * d, kv + r0 * d, n * (size_t)d * sizeof(float));
 
-        /* compressors first: a block completed by token t is visible to t */
         if (ly->ratio) {
             comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
                            .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
@@ -861,25 +947,12 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
                     rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
             }
         }
-        attn_job aj = {.m = m, .ly = ly, .sq = sq, .l = l, .p0 = p0, .n = n, .q = q + r0 * (size_t)H * d,
-                       .kbuf = kbuf, .kstart = kstart, .o = o + r0 * (size_t)H * d, .topk = c->index_topk};
-        if (!rc && ly->overlap) {
-            aj.iq = iq + r0 * (size_t)IH * ID;
-            aj.iw = iw + r0 * (size_t)IH;
-            aj.sel = malloc(n * (size_t)c->index_topk * sizeof(int32_t));
-            aj.nsel = malloc(n * sizeof(int));
-            if (!aj.sel || !aj.nsel) rc = RC_ENOMEM;
-            else be_cpu_parallel(be, n, indexer_task, &aj);
-        }
-        if (!rc) be_cpu_parallel(be, n * (size_t)H, attn_task, &aj);
-        free(aj.sel);
-        free(aj.nsel);
-        /* the ring keeps the last W positions */
+        /* the ring keeps the last W positions (kbuf already holds what attention needs) */
         size_t keep = n < (size_t)W ? n : (size_t)W;
         for (size_t k = n - keep; k < n; k++)
             memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
-        free(kbuf);
     }
+    if (!rc) rc = attend(m, l, segs, nseg, rw, q, iq, iw, kbufs, kst, o);
     if (rc) goto out;
 
     /* grouped output projection: group gi of heads -> o_lora_rank, then wo_b */
@@ -892,6 +965,9 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     }
     (void)D;
 out:
+    if (kbufs)
+        for (size_t i = 0; i < nseg; i++) free(kbufs[i]);
+    free(kbufs); free(kst);
     free(qr); free(q); free(kv); free(o); free(u);
     free(ckv); free(cg); free(ikv); free(ig); free(iq); free(iw);
     return rc;
@@ -1065,19 +1141,23 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
 
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const md_layer *ly = &m->layers[l];
+        if (m->hook) m->hook(m->hook_arg, l, 0);
         hc_job hj = {.c = c, .X = X, .coll = coll, .post = post, .comb = comb, .f = f};
         hj.fn = ly->hc_attn_fn; hj.base = ly->hc_attn_base; hj.scale = ly->hc_attn_scale;
         be_cpu_parallel(be, R, hc_pre_task, &hj);
         be->ops->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
         if ((rc = attention(m, l, segs, nseg, &rw, coll, f))) break;
         be_cpu_parallel(be, R, hc_post_task, &hj);
+        if (m->hook) m->hook(m->hook_arg, l, 1);
 
         hj.fn = ly->hc_ffn_fn; hj.base = ly->hc_ffn_base; hj.scale = ly->hc_ffn_scale;
         be_cpu_parallel(be, R, hc_pre_task, &hj);
         be->ops->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
         if ((rc = moe(m, l, &rw, coll, f))) break;
         be_cpu_parallel(be, R, hc_post_task, &hj);
+        if (m->hook) m->hook(m->hook_arg, l, 2);
     }
+    if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
     if (rc) { rc = rc_errf(err, rc, "forward failed: out of memory"); goto out; }
 
     /* logits for the rows asked for */

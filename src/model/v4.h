@@ -90,6 +90,7 @@ typedef struct md_block {
     uint32_t tag;     /* for the allocator */
     void *owner;      /* for the allocator */
     float *data;      /* md_block_floats(m) floats */
+    uint64_t id;      /* new for every md_block_new, process-wide: a device copy of a full block is keyed by it */
 } md_block;
 
 typedef struct {
@@ -142,5 +143,13 @@ typedef struct md_segment {
 } md_segment;
 
 int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err);
+
+/* Profiling: md_forward calls fn(arg, layer, part) as each layer starts
+ * (part 0), after its attention half (1) and after its FFN half (2), and
+ * with layer = n_layers, part 0 before the output head.  NULL turns it off.
+ * The backend may still be working when it is called: a timer must
+ * synchronise it first (bench/gpu_layers.c does). */
+typedef void (*md_layer_hook)(void *arg, int layer, int part);
+void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
 
 #endif

@@ -58,6 +58,8 @@ struct md_model {
     size_t *blk_off;
     int *blk_epb;
     md_block_alloc balloc;
+    md_layer_hook hook;
+    void *hook_arg;
 };
 
 int md_load_weights(md_model *m, md_progress_fn progress, void *progress_arg, rc_err *err);

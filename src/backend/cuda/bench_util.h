@@ -1,6 +1,7 @@
 /* bench_util.h - what the GPU benchmarks share: fail-fast CUDA checks, the
  * median of repeated timings, and the device-to-device copy bandwidth that
- * serves as every bandwidth floor's reference.  Define BENCH_NAME (the
+ * serves as every bandwidth floor's reference, and (with BENCH_WITH_CUBLAS) the
+ * GEMM peaks behind the FLOP floors.  Define BENCH_NAME (the
  * program's name, for messages) before including. */
 #ifndef BACKEND_CUDA_BENCH_UTIL_H
 #define BACKEND_CUDA_BENCH_UTIL_H
@@ -63,5 +64,58 @@ static double copy_bandwidth(void)
     CK(cudaEventDestroy(e1));
     return 2.0 * (double)n / median(t, N);
 }
+
+#ifdef BENCH_WITH_CUBLAS
+#include <cublas_v2.h>
+
+/* FLOP/s of a square n^3 GEMM on the default stream, median of 7 after 2 warm-ups: bf16 x bf16 -> fp32 with
+ * fp32 compute (the dense bf16 tensor-core peak as cuBLAS reaches it), or, bf16 = 0, cublasSgemm with
+ * pedantic math (no TF32: the fp32 SIMT peak). */
+static double gemm_peak(int bf16, int n)
+{
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, BENCH_NAME ": cublasCreate failed\n");
+        exit(1);
+    }
+    const size_t es = bf16 ? 2 : 4;
+    void *A, *B, *C;
+    CK(cudaMalloc(&A, (size_t)n * n * es));
+    CK(cudaMalloc(&B, (size_t)n * n * es));
+    CK(cudaMalloc(&C, (size_t)n * n * 4));
+    CK(cudaMemset(A, 0x3c, (size_t)n * n * es)); /* small finite values */
+    CK(cudaMemset(B, 0x3c, (size_t)n * n * es));
+    if (!bf16) cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const float one = 1.0f, zero = 0.0f;
+    double t[7];
+    for (int r = -2; r < 7; r++) {
+        CK(cudaEventRecord(e0, 0));
+        cublasStatus_t st =
+            bf16 ? cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero,
+                                C, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                 : cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (const float *)A, n, (const float *)B, n,
+                               &zero, (float *)C, n);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, BENCH_NAME ": the peak GEMM failed (%d)\n", (int)st);
+            exit(1);
+        }
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3;
+    }
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(C));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    cublasDestroy(h);
+    return 2.0 * (double)n * n * n / median(t, 7);
+}
+#endif
 
 #endif

@@ -1,0 +1,668 @@
+/* gpu_layers.c - bench_gpu_layers: the V4 forward pass on the CUDA backend,
+ * layer by layer, on a V4-Flash slice, beside its roofline floors and beside
+ * transformers' eager forward of the same slice.
+ *
+ *   deepinfer make-tiny-model DIR --preset v4-flash [--layers N]
+ *   bench_gpu_layers DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]
+ *                    [--contexts 4096,32768,131072] [--prefill 4096,16384]
+ *                    [--reps 3] [--budget-s 420] [--semantics official]
+ *
+ * What is timed: md_forward, the graph the server runs, with the CUDA
+ * backend (DEEPINFER_CUDA_MATH, default bf16x3).  The model's layer hook
+ * (md_model_set_layer_hook) synchronises the device and reads the clock as
+ * each layer starts, after its attention half (mHC pre + norm + attention +
+ * mHC post) and after its FFN half, so each layer's time is wall time of
+ * everything the step does for that layer, host work included.  A table row
+ * is the mean over the slice's layers of one kind (SWA, CSA ratio 4, HCA
+ * ratio 128), median over the repetitions.
+ *
+ * Decode at batch B and context P: P/128 blocks of random compressed entries
+ * and indexer keys are attached to a state (md_seq_attach, bounded replay),
+ * the last 128 tokens are fed to fill the window, and B clones of that state
+ * (sharing its blocks, as the prefix cache shares them) each decode one
+ * random token per step: one warm-up step, then --reps timed steps.
+ * Prefill: T random tokens through one md_forward from an empty state.
+ * Before the first case a 512-token forward uploads the weights (the backend
+ * uploads at first use) and its time is printed.
+ *
+ * Floors, per layer, from ceilings measured in this run (a 1 GiB device copy,
+ * a cuBLAS bf16 8192^3 GEMM):
+ *   bytes  every weight the layer reads at least once (attention, compressor,
+ *          indexer, mHC, router, shared expert: checkpoint formats, scales
+ *          included) + the routed experts a batch touches, E(1-(1-k/E)^B) of
+ *          them under uniform routing (prefill: all E) + per sequence the KV
+ *          it reads: the window (128 entries), CSA: P/4 indexer keys and the
+ *          top-k entries, HCA: P/128 entries -- as this engine stores them
+ *          (fp32; the packed V4 format of model-v4.md §7 is ~5x smaller)
+ *   flops  2 x parameters per token (shared + k routed experts) + attention
+ *          4 x heads x head_dim x keys + indexer 2 x heads x dim x P/4
+ *   floor  max(bytes / copy bandwidth, flops / bf16 peak); "% floor" is
+ *          floor / measured.
+ * --hf: the JSON of bench/gpu_layers_hf.py (transformers eager, bf16, same
+ * config); its per-layer ms per kind sit beside ours with the ratio
+ * HF / ours (> 1: we are faster).
+ *
+ * The table goes to stdout and to --out; progress goes to stderr. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_internal.h"
+#include "model/v4.h"
+#include "model/v4_internal.h"
+
+#define BENCH_NAME "bench_gpu_layers"
+#define BENCH_WITH_CUBLAS
+#include "backend/cuda/bench_util.h"
+
+#define MAXL 64
+#define MAXREP 16
+#define NKIND 3
+static const char *const kind_name[NKIND] = {"SWA", "CSA", "HCA"};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rs = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+
+/* ------------------------------------------------------------ the layer clock */
+
+typedef struct {
+    double start[MAXL], attn[MAXL], ffn[MAXL], head;
+} stamps;
+
+static md_model *M;
+static int on_gpu = 1; /* 0: --backend cpu, a dry run of the harness without a GPU */
+
+static void sync_dev(void)
+{
+    if (on_gpu) CK(cudaDeviceSynchronize());
+}
+
+static void hook(void *arg, int layer, int part)
+{
+    stamps *s = arg;
+    sync_dev();
+    double t = now();
+    if (layer >= M->cfg.n_layers) {
+        s->head = t;
+        return;
+    }
+    if (part == 0) s->start[layer] = t;
+    else if (part == 1) s->attn[layer] = t;
+    else s->ffn[layer] = t;
+}
+
+/* ------------------------------------------------------------ floors */
+
+static double wbytes(const be_weight *w)
+{
+    if (!w || !w->data) return 0;
+    double n = (double)w->rows * (double)w->cols;
+    if (w->fmt == BE_W_DENSE) return n * (double)md_dtype_size(w->dtype);
+    double bs = w->block, ss = (double)md_dtype_size(w->scale_dtype);
+    if (w->fmt == BE_W_FP8) return n + ceil((double)w->rows / bs) * ceil((double)w->cols / bs) * ss;
+    return n / 2 + (double)w->rows * ceil((double)w->cols / bs) * ss;
+}
+
+static double wparams(const be_weight *w) { return w && w->data ? (double)w->rows * (double)w->cols : 0; }
+
+typedef struct {
+    double fixed_bytes, fixed_params; /* read once per step whatever the batch */
+    double expert_bytes, expert_params;
+} layer_cost;
+
+static layer_cost cost_of(const md_model *m, int l)
+{
+    const md_layer *ly = &m->layers[l];
+    const md_config *c = &m->cfg;
+    const be_weight *fixed[] = {&ly->wq_a, &ly->wq_b, &ly->wkv, &ly->wo_a, &ly->wo_b, &ly->c_wkv, &ly->c_wgate,
+                                &ly->i_wq_b, &ly->i_wproj, &ly->i_wkv, &ly->i_wgate, &ly->gate, &ly->sw1, &ly->sw2,
+                                &ly->sw3};
+    layer_cost k = {0};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        k.fixed_bytes += wbytes(fixed[i]);
+        k.fixed_params += wparams(fixed[i]);
+    }
+    const double n = c->hc_mult, mix = (2 + n) * n;
+    k.fixed_bytes += 2 * mix * n * c->hidden_size * 4.0; /* hc_attn_fn, hc_ffn_fn (f32) */
+    k.expert_bytes = wbytes(&ly->w1[0]) + wbytes(&ly->w2[0]) + wbytes(&ly->w3[0]);
+    k.expert_params = wparams(&ly->w1[0]) + wparams(&ly->w2[0]) + wparams(&ly->w3[0]);
+    return k;
+}
+
+static int kind_of(const md_model *m, int l)
+{
+    int r = m->layers[l].ratio;
+    return r == 0 ? 0 : m->layers[l].overlap ? 1 : 2;
+}
+
+/* keys one query at position p attends to, and indexer entries it scores */
+static void keys_at(const md_model *m, int l, double p, double *keys, double *idx)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    double win = fmin(p + 1, (double)c->window), ent = ly->ratio ? floor((p + 1) / ly->ratio) : 0;
+    *idx = ly->overlap ? ent : 0;
+    *keys = win + (ly->overlap ? fmin(ent, (double)c->index_topk) : ent);
+}
+
+static double layer_flops_token(const md_model *m, int l, double p)
+{
+    const md_config *c = &m->cfg;
+    layer_cost k = cost_of(m, l);
+    double keys, idx;
+    keys_at(m, l, p, &keys, &idx);
+    return 2 * (k.fixed_params + c->top_k * k.expert_params) + 4.0 * c->n_heads * c->head_dim * keys +
+           2.0 * c->index_heads * c->index_head_dim * idx;
+}
+
+static double kv_bytes_seq(const md_model *m, int l, double P)
+{
+    const md_config *c = &m->cfg;
+    double keys, idx;
+    keys_at(m, l, P, &keys, &idx);
+    return 4.0 * (keys * c->head_dim + idx * c->index_head_dim);
+}
+
+static double unique_experts(const md_config *c, double B)
+{
+    return c->n_experts * (1 - pow(1 - (double)c->top_k / c->n_experts, B));
+}
+
+/* ------------------------------------------------------------ results */
+
+typedef struct {
+    int prefill; /* 0 decode */
+    int B;
+    long P; /* decode: context; prefill: tokens */
+    int done;
+    char skipped[160];
+    double ms[NKIND], attn_ms[NKIND], ffn_ms[NKIND], floor_ms[NKIND], bw_ms[NKIND];
+    int nkind[NKIND];
+    double step_ms, head_ms, reps;
+    double hf_ms[NKIND];
+    char hf_skip[160];
+} result;
+
+static double med_of(double *v, int n) { return n ? median(v, n) : NAN; }
+
+/* per-layer medians of reps stamps -> per-kind means in r */
+static void reduce(const md_model *m, const stamps *st, int nrep, const double *t0, const double *t1, result *r)
+{
+    const int L = m->cfg.n_layers;
+    double a[MAXREP], f[MAXREP];
+    memset(r->ms, 0, sizeof r->ms);
+    memset(r->attn_ms, 0, sizeof r->attn_ms);
+    memset(r->ffn_ms, 0, sizeof r->ffn_ms);
+    memset(r->nkind, 0, sizeof r->nkind);
+    for (int l = 0; l < L; l++) {
+        for (int i = 0; i < nrep; i++) {
+            a[i] = 1e3 * (st[i].attn[l] - st[i].start[l]);
+            f[i] = 1e3 * (st[i].ffn[l] - st[i].attn[l]);
+        }
+        int k = kind_of(m, l);
+        double am = med_of(a, nrep), fm = med_of(f, nrep);
+        r->attn_ms[k] += am;
+        r->ffn_ms[k] += fm;
+        r->ms[k] += am + fm;
+        r->nkind[k]++;
+    }
+    for (int k = 0; k < NKIND; k++)
+        if (r->nkind[k]) {
+            r->ms[k] /= r->nkind[k];
+            r->attn_ms[k] /= r->nkind[k];
+            r->ffn_ms[k] /= r->nkind[k];
+        }
+    double s[MAXREP], h[MAXREP];
+    for (int i = 0; i < nrep; i++) {
+        s[i] = 1e3 * (t1[i] - t0[i]);
+        h[i] = 1e3 * (t1[i] - st[i].head);
+    }
+    r->step_ms = med_of(s, nrep);
+    r->head_ms = med_of(h, nrep);
+    r->reps = nrep;
+    r->done = 1;
+}
+
+static void floors(const md_model *m, double bw, double pk, result *r)
+{
+    const md_config *c = &m->cfg;
+    double fl[NKIND] = {0}, bwm[NKIND] = {0};
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_cost k = cost_of(m, l);
+        double bytes, flops = 0;
+        if (r->prefill) {
+            bytes = k.fixed_bytes + c->n_experts * k.expert_bytes;
+            /* sum over positions 0..T-1 of the per-token FLOPs: exact for the linear terms, the key counts in steps */
+            for (long p = 0; p < r->P; p += 64) flops += 64 * layer_flops_token(m, l, (double)p + 32);
+        } else {
+            bytes = k.fixed_bytes + unique_experts(c, r->B) * k.expert_bytes + r->B * kv_bytes_seq(m, l, (double)r->P);
+            flops = r->B * layer_flops_token(m, l, (double)r->P);
+        }
+        double tb = bytes / bw, tf = flops / pk;
+        int kd = kind_of(m, l);
+        fl[kd] += 1e3 * fmax(tb, tf);
+        bwm[kd] += 1e3 * tb;
+    }
+    for (int k = 0; k < NKIND; k++) {
+        int n = 0;
+        for (int l = 0; l < c->n_layers; l++) n += kind_of(m, l) == k;
+        r->floor_ms[k] = n ? fl[k] / n : NAN;
+        r->bw_ms[k] = n ? bwm[k] / n : NAN;
+    }
+}
+
+/* ------------------------------------------------------------ cases */
+
+static stamps ST[MAXREP];
+
+static int forward_timed(md_segment *segs, size_t n, stamps *st, double *t0, double *t1)
+{
+    rc_err err = {0};
+    md_model_set_layer_hook(M, hook, st);
+    sync_dev();
+    *t0 = now();
+    int rc = md_forward(M, segs, n, &err);
+    sync_dev();
+    *t1 = now();
+    md_model_set_layer_hook(M, NULL, NULL);
+    if (rc) fprintf(stderr, BENCH_NAME ": forward failed: %s\n", err.msg);
+    const char *ce = on_gpu ? be_cuda_error(M->be) : NULL;
+    if (ce) {
+        fprintf(stderr, BENCH_NAME ": %s\n", ce);
+        exit(1);
+    }
+    return rc;
+}
+
+static void random_ids(int32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(rnd() % (uint32_t)M->cfg.vocab_size);
+}
+
+/* a state at context P: P/128 random blocks attached, the last 128 tokens fed */
+static md_seq *state_at(long P)
+{
+    const size_t nb = (size_t)P / MD_BLOCK_TOKENS, nf = md_block_floats(M);
+    md_block **blk = malloc(nb * sizeof *blk);
+    for (size_t i = 0; i < nb; i++) {
+        blk[i] = md_block_new(M);
+        if (!blk[i]) {
+            fprintf(stderr, BENCH_NAME ": out of memory for %zu blocks\n", nb);
+            exit(1);
+        }
+        for (size_t j = 0; j < nf; j++) blk[i]->data[j] = (float)((int32_t)rnd()) * (1.0f / 2147483648.0f);
+    }
+    md_seq *s = md_seq_create(M);
+    rc_err err = {0};
+    if (!s || md_seq_attach(s, blk, nb, NULL, 0, MD_BLOCK_TOKENS, &err)) {
+        fprintf(stderr, BENCH_NAME ": attach: %s\n", err.msg);
+        exit(1);
+    }
+    for (size_t i = 0; i < nb; i++) md_block_unref(M, blk[i]);
+    free(blk);
+    int32_t ids[MD_BLOCK_TOKENS];
+    random_ids(ids, MD_BLOCK_TOKENS);
+    md_segment sg = {s, ids, MD_BLOCK_TOKENS, NULL, 0};
+    if (md_forward(M, &sg, 1, &err)) {
+        fprintf(stderr, BENCH_NAME ": filling the window: %s\n", err.msg);
+        exit(1);
+    }
+    return s;
+}
+
+static void run_decode(md_seq *base, result *r, int reps)
+{
+    const int B = r->B, V = M->cfg.vocab_size;
+    md_seq **cl = calloc((size_t)B, sizeof *cl);
+    md_segment *sg = calloc((size_t)B, sizeof *sg);
+    int32_t *ids = malloc((size_t)B * sizeof *ids);
+    float *lg = malloc((size_t)B * (size_t)V * sizeof(float));
+    if (!cl || !sg || !ids || !lg) {
+        snprintf(r->skipped, sizeof r->skipped, "out of host memory");
+        goto out;
+    }
+    for (int b = 0; b < B; b++) {
+        if (!(cl[b] = md_seq_clone(base))) {
+            snprintf(r->skipped, sizeof r->skipped, "out of host memory for %d states", B);
+            goto out;
+        }
+        sg[b] = (md_segment){cl[b], &ids[b], 1, lg + (size_t)b * V, 0};
+    }
+    double t0[MAXREP], t1[MAXREP];
+    int n = 0;
+    for (int i = -1; i < reps && n < MAXREP; i++) {
+        random_ids(ids, (size_t)B);
+        stamps st;
+        double a, z;
+        if (forward_timed(sg, (size_t)B, &st, &a, &z)) {
+            snprintf(r->skipped, sizeof r->skipped, "forward failed");
+            goto out;
+        }
+        if (i < 0) {
+            if (z - a > 3.0) reps = 1; /* slow steps: one timed repetition */
+            continue;
+        }
+        ST[n] = st;
+        t0[n] = a;
+        t1[n] = z;
+        n++;
+    }
+    reduce(M, ST, n, t0, t1, r);
+out:
+    if (cl)
+        for (int b = 0; b < B; b++)
+            if (cl[b]) md_seq_free(cl[b]);
+    free(cl);
+    free(sg);
+    free(ids);
+    free(lg);
+}
+
+static void run_prefill(result *r)
+{
+    md_seq *s = md_seq_create(M);
+    int32_t *ids = malloc((size_t)r->P * sizeof *ids);
+    float *lg = malloc((size_t)M->cfg.vocab_size * sizeof(float));
+    random_ids(ids, (size_t)r->P);
+    md_segment sg = {s, ids, (size_t)r->P, lg, 0};
+    double t0, t1;
+    if (forward_timed(&sg, 1, &ST[0], &t0, &t1)) snprintf(r->skipped, sizeof r->skipped, "forward failed");
+    else reduce(M, ST, 1, &t0, &t1, r);
+    md_seq_free(s);
+    free(ids);
+    free(lg);
+}
+
+/* ------------------------------------------------------------ transformers' numbers */
+
+static void load_hf(const char *path, result *res, int nres, char *hf_info, size_t cap)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        fprintf(stderr, BENCH_NAME ": %s: %s (line %d); no transformers column\n", path, je.text, je.line);
+        snprintf(hf_info, cap, "transformers: %s could not be read", path);
+        return;
+    }
+    snprintf(hf_info, cap, "transformers %s, torch %s, eager, bf16, %s",
+             json_string_value(json_object_get(root, "transformers")) ?: "?",
+             json_string_value(json_object_get(root, "torch")) ?: "?",
+             json_string_value(json_object_get(root, "device")) ?: "?");
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(root, "cases"), i, c) {
+        const char *kind = json_string_value(json_object_get(c, "kind"));
+        if (!kind) continue;
+        int pre = !strcmp(kind, "prefill");
+        long B = (long)json_integer_value(json_object_get(c, "batch"));
+        long P = (long)json_integer_value(json_object_get(c, pre ? "tokens" : "context"));
+        for (int k = 0; k < nres; k++) {
+            result *r = &res[k];
+            if (r->prefill != pre || r->P != P || (!pre && r->B != B)) continue;
+            const char *sk = json_string_value(json_object_get(c, "skipped"));
+            if (sk) snprintf(r->hf_skip, sizeof r->hf_skip, "%s", sk);
+            json_t *pl = json_object_get(c, "per_layer_ms");
+            for (int q = 0; q < NKIND; q++) {
+                json_t *v = json_object_get(pl, kind_name[q]);
+                if (json_is_number(v)) r->hf_ms[q] = json_number_value(v);
+            }
+        }
+    }
+    json_decref(root);
+}
+
+/* ------------------------------------------------------------ main */
+
+static int parse_list(const char *s, long *out, int cap)
+{
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v <= 0) return -1;
+        out[n++] = v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static const char usage[] =
+    "usage: bench_gpu_layers MODEL_DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]\n"
+    "                        [--contexts 4096,32768,131072] [--prefill 4096,16384] [--reps 3]\n"
+    "                        [--budget-s 420] [--semantics official|transformers] [--threads N]\n"
+    "                        [--backend cuda|cpu]\n\n"
+    "Per-layer decode and prefill times of the V4 forward on the CUDA backend (GPU 0), beside the\n"
+    "bandwidth and FLOP floors measured in the same run and transformers' eager numbers (--hf, from\n"
+    "bench/gpu_layers_hf.py).  MODEL_DIR: deepinfer make-tiny-model DIR --preset v4-flash.\n"
+    "Cases past --budget-s of wall time are reported as skipped.  --backend cpu is a dry run of the\n"
+    "harness on the CPU backend (no GPU, no floors).  The header of bench/gpu_layers.c says how\n"
+    "everything is measured.\n";
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *hf = NULL, *out = NULL;
+    long batches[8] = {1, 8, 64, 256}, contexts[8] = {4096, 32768, 131072}, prefill[8] = {4096, 16384};
+    int nb = 4, nc = 3, np = 2, reps = 3, threads = 0;
+    double budget = 420;
+    md_semantics sem = MD_SEM_OFFICIAL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
+        if (a[0] != '-') { dir = a; continue; }
+        if (!v) { fprintf(stderr, BENCH_NAME ": %s needs a value\n\n%s", a, usage); return 2; }
+        i++;
+        if (!strcmp(a, "--hf")) hf = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--batches")) nb = parse_list(v, batches, 8);
+        else if (!strcmp(a, "--contexts")) nc = parse_list(v, contexts, 8);
+        else if (!strcmp(a, "--prefill")) np = parse_list(v, prefill, 8);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--backend")) on_gpu = strcmp(v, "cpu") != 0;
+        else if (!strcmp(a, "--budget-s")) budget = atof(v);
+        else if (!strcmp(a, "--semantics")) {
+            if (md_semantics_parse(v, &sem)) { fprintf(stderr, BENCH_NAME ": --semantics official|transformers\n"); return 2; }
+        } else { fprintf(stderr, BENCH_NAME ": unknown option %s\n\n%s", a, usage); return 2; }
+        if (nb < 0 || nc < 0 || np < 0) { fprintf(stderr, BENCH_NAME ": %s: a comma-separated list of positive numbers\n", a); return 2; }
+    }
+    if (!dir) { fputs(usage, stderr); return 2; }
+    if (reps < 1 || reps > MAXREP - 1) reps = 3;
+    for (int i = 0; i < nc; i++)
+        if (contexts[i] % MD_BLOCK_TOKENS || contexts[i] < MD_BLOCK_TOKENS) {
+            fprintf(stderr, BENCH_NAME ": contexts must be multiples of %d\n", MD_BLOCK_TOKENS);
+            return 2;
+        }
+
+    int ndev = 0;
+    if (on_gpu && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= 0)) {
+        printf("SKIPPED: no CUDA device\n");
+        return 77;
+    }
+    const double T0 = now();
+    /* the CPU dry run has no ceilings: its floors print as nan */
+    const double bw = on_gpu ? copy_bandwidth() : NAN, pk = on_gpu ? gemm_peak(1, 8192) : NAN;
+    char err[512];
+    int math = bcu_math_from_env();
+    if (math < 0) { fprintf(stderr, BENCH_NAME ": bad DEEPINFER_CUDA_MATH\n"); return 2; }
+    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    be_backend *be = on_gpu ? bcu_create(0, threads, (bcu_math)math, err, sizeof err) : be_cpu_create(threads);
+    if (!be) { fprintf(stderr, BENCH_NAME ": %s\n", err); return 1; }
+    rc_err rerr = {0};
+    fprintf(stderr, BENCH_NAME ": loading %s\n", dir);
+    double tl = now();
+    if (md_model_load(dir, be, sem, NULL, NULL, &M, &rerr)) {
+        fprintf(stderr, BENCH_NAME ": %s\n", rerr.msg);
+        return 1;
+    }
+    const md_config *c = &M->cfg;
+    if (c->n_layers > MAXL) { fprintf(stderr, BENCH_NAME ": at most %d layers\n", MAXL); return 2; }
+    tl = now() - tl;
+    /* warm-up: uploads every weight the graph touches (a 512-token prefill routes to every expert) */
+    double tw;
+    {
+        md_seq *s = md_seq_create(M);
+        int32_t ids[512];
+        random_ids(ids, 512);
+        md_segment sg = {s, ids, 512, NULL, 0};
+        double a, z;
+        stamps st;
+        tw = now();
+        forward_timed(&sg, 1, &st, &a, &z);
+        tw = now() - tw;
+        md_seq_free(s);
+    }
+    const double dev_gb = on_gpu ? (double)bcu_weight_bytes(be) / 1e9 : 0;
+    fprintf(stderr, BENCH_NAME ": loaded in %.1f s, warm-up forward (weight upload) %.1f s, %.2f GB on the device\n",
+            tl, tw, dev_gb);
+
+    result res[64];
+    int nres = 0;
+    memset(res, 0, sizeof res);
+    for (int ic = 0; ic < nc; ic++)
+        for (int ib = 0; ib < nb; ib++) {
+            res[nres].B = (int)batches[ib];
+            res[nres++].P = contexts[ic];
+        }
+    for (int ip = 0; ip < np; ip++) {
+        res[nres].prefill = 1;
+        res[nres].B = 1;
+        res[nres++].P = prefill[ip];
+    }
+    /* the first prefill, decode by context (one base state per context), the other prefills; a case starts
+     * only while the budget lasts, and a prefill only if the first one's time, scaled by (T/T0)^1.5, fits */
+    double pre0_s = 0;
+    long pre0_T = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 1) {
+            for (int ic = 0; ic < nc; ic++) {
+                md_seq *base = NULL;
+                for (int k = 0; k < nres; k++) {
+                    result *r = &res[k];
+                    if (r->prefill || r->P != contexts[ic]) continue;
+                    if (now() - T0 > budget) {
+                        snprintf(r->skipped, sizeof r->skipped, "budget (%.0f s) spent", budget);
+                        continue;
+                    }
+                    if (!base) {
+                        double tb = now();
+                        base = state_at(r->P);
+                        fprintf(stderr, BENCH_NAME ": state at context %ld built in %.1f s\n", r->P, now() - tb);
+                    }
+                    fprintf(stderr, BENCH_NAME ": decode B=%d P=%ld ...", r->B, r->P);
+                    run_decode(base, r, reps);
+                    floors(M, bw, pk, r);
+                    fprintf(stderr, " %.1f ms/step\n", r->step_ms);
+                }
+                if (base) md_seq_free(base);
+            }
+            continue;
+        }
+        for (int k = 0; k < nres; k++) {
+            result *r = &res[k];
+            if (!r->prefill || r->done || r->skipped[0] || (pass == 0 && k != nres - np)) continue;
+            double left = budget - (now() - T0);
+            if (left <= 0 || (pre0_T && pre0_s * pow((double)r->P / pre0_T, 1.5) > left)) {
+                snprintf(r->skipped, sizeof r->skipped, "budget (%.0f s): would not fit", budget);
+                continue;
+            }
+            fprintf(stderr, BENCH_NAME ": prefill T=%ld ...", r->P);
+            double ts = now();
+            run_prefill(r);
+            floors(M, bw, pk, r);
+            if (!pre0_T) {
+                pre0_T = r->P;
+                pre0_s = now() - ts;
+            }
+            fprintf(stderr, " %.0f ms\n", r->step_ms);
+        }
+    }
+
+    char hf_info[256] = "transformers: not run (--hf)";
+    for (int k = 0; k < nres; k++)
+        for (int q = 0; q < NKIND; q++) res[k].hf_ms[q] = NAN;
+    if (hf) load_hf(hf, res, nres, hf_info, sizeof hf_info);
+
+    FILE *fo = out ? fopen(out, "w") : NULL;
+    if (out && !fo) fprintf(stderr, BENCH_NAME ": %s: %s\n", out, strerror(errno));
+    FILE *dst[2] = {stdout, fo};
+    for (int d = 0; d < 2; d++) {
+        FILE *f = dst[d];
+        if (!f) continue;
+        if (on_gpu)
+            fprintf(f, "device: %s; math %s; semantics %s; %d host threads\n", bcu_device_name(be),
+                    bcu_math_name(bcu_get_math(be)), md_semantics_name(sem), threads);
+        else
+            fprintf(f, "CPU backend (dry run of the harness, no floors); semantics %s; %d threads\n",
+                    md_semantics_name(sem), threads);
+        fprintf(f, "model: %s: %d layers (", dir, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) fprintf(f, "%s%s", l ? " " : "", kind_name[kind_of(M, l)]);
+        fprintf(f, "), hidden %d, %d experts x %d, top-%d; %.2f GB of weights on the device\n", c->hidden_size,
+                c->n_experts, c->moe_inter, c->top_k, dev_gb);
+        fprintf(f, "ceilings: copy %.0f GB/s (1 GiB device-to-device), bf16 GEMM %.0f TFLOP/s (cuBLAS 8192^3)\n",
+                bw / 1e9, pk / 1e12);
+        fprintf(f, "%s\n\n", hf_info);
+        fprintf(f, "| case | B | ctx / tokens | kind | ms / layer | attn ms | ffn ms | floor ms | bound | %% floor | "
+                   "HF eager ms | HF / ours |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int k = 0; k < nres; k++) {
+            result *r = &res[k];
+            const char *cs = r->prefill ? "prefill" : "decode";
+            if (!r->done) {
+                fprintf(f, "| %s | %d | %ld | all | skipped: %s | | | | | | | |\n", cs, r->B, r->P,
+                        r->skipped[0] ? r->skipped : "not run");
+                continue;
+            }
+            for (int q = 0; q < NKIND; q++) {
+                if (!r->nkind[q]) continue;
+                char hfs[64] = "n/a", ratio[32] = "";
+                if (isfinite(r->hf_ms[q])) {
+                    snprintf(hfs, sizeof hfs, "%.2f", r->hf_ms[q]);
+                    snprintf(ratio, sizeof ratio, "%.2f", r->hf_ms[q] / r->ms[q]);
+                } else if (r->hf_skip[0]) {
+                    snprintf(hfs, sizeof hfs, "skipped (%.40s)", r->hf_skip);
+                }
+                fprintf(f, "| %s | %d | %ld | %s | %.2f | %.2f | %.2f | %.3f | %s | %.1f%% | %s | %s |\n", cs, r->B,
+                        r->P, kind_name[q], r->ms[q], r->attn_ms[q], r->ffn_ms[q], r->floor_ms[q],
+                        r->bw_ms[q] >= r->floor_ms[q] * 0.999 ? "bytes" : "FLOPs", 100 * r->floor_ms[q] / r->ms[q],
+                        hfs, ratio);
+            }
+        }
+        fprintf(f, "\nwhole steps (all layers + embedding + head):\n");
+        for (int k = 0; k < nres; k++) {
+            result *r = &res[k];
+            if (!r->done) continue;
+            if (r->prefill)
+                fprintf(f, "  prefill %ld tokens: %.0f ms (%.0f tokens/s for this %d-layer slice; head %.1f ms)\n", r->P,
+                        r->step_ms, r->P / (r->step_ms * 1e-3), c->n_layers, r->head_ms);
+            else
+                fprintf(f, "  decode B=%d ctx %ld: %.1f ms per step (%.0f tokens/s; head %.1f ms; median of %.0f)\n",
+                        r->B, r->P, r->step_ms, r->B / (r->step_ms * 1e-3), r->head_ms, r->reps);
+        }
+    }
+    if (fo) fclose(fo);
+    md_model_free(M);
+    if (on_gpu) be_cuda_destroy(be);
+    else be_destroy(be);
+    return 0;
+}
