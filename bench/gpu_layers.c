@@ -42,7 +42,11 @@
  * config); its per-layer ms per kind sit beside ours with the ratio
  * HF / ours (> 1: we are faster).
  *
- * The table goes to stdout and to --out; progress goes to stderr. */
+ * A second table splits each step by where it goes: the wall time of the
+ * backend's ops by class (src/backend/cuda/profile.h; each op is synchronous,
+ * so that is its whole cost) and the rest, the graph's own host work.
+ *
+ * The tables go to stdout and to --out; progress goes to stderr. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -56,6 +60,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/profile.h"
 #include "model/v4.h"
 #include "model/v4_internal.h"
 
@@ -91,7 +96,8 @@ typedef struct {
 } stamps;
 
 static md_model *M;
-static int on_gpu = 1; /* 0: --backend cpu, a dry run of the harness without a GPU */
+static int on_gpu = 1;
+ /* 0: --backend cpu, a dry run of the harness without a GPU */
 
 static void sync_dev(void)
 {
@@ -202,6 +208,7 @@ typedef struct {
     double step_ms, head_ms, reps;
     double hf_ms[NKIND];
     char hf_skip[160];
+    bcu_profile prof; /* the timed repetitions' backend ops (GPU runs) */
 } result;
 
 static double med_of(double *v, int n) { return n ? median(v, n) : NAN; }
@@ -275,6 +282,18 @@ static void floors(const md_model *m, double bw, double pk, result *r)
 /* ------------------------------------------------------------ cases */
 
 static stamps ST[MAXREP];
+static void prof_start(void)
+{
+    if (on_gpu) bcu_profile_enable(M->be, 1);
+}
+
+static void prof_stop(result *r)
+{
+    if (!on_gpu) return;
+    bcu_profile_get(M->be, &r->prof);
+    bcu_profile_enable(M->be, 0);
+}
+
 
 static int forward_timed(md_segment *segs, size_t n, stamps *st, double *t0, double *t1)
 {
@@ -361,6 +380,7 @@ static void run_decode(md_seq *base, result *r, int reps)
         }
         if (i < 0) {
             if (z - a > 3.0) reps = 1; /* slow steps: one timed repetition */
+            prof_start();
             continue;
         }
         ST[n] = st;
@@ -368,6 +388,7 @@ static void run_decode(md_seq *base, result *r, int reps)
         t1[n] = z;
         n++;
     }
+    prof_stop(r);
     reduce(M, ST, n, t0, t1, r);
 out:
     if (cl)
@@ -387,7 +408,10 @@ static void run_prefill(result *r)
     random_ids(ids, (size_t)r->P);
     md_segment sg = {s, ids, (size_t)r->P, lg, 0};
     double t0, t1;
-    if (forward_timed(&sg, 1, &ST[0], &t0, &t1)) snprintf(r->skipped, sizeof r->skipped, "forward failed");
+    prof_start();
+    int rc = forward_timed(&sg, 1, &ST[0], &t0, &t1);
+    prof_stop(r);
+    if (rc) snprintf(r->skipped, sizeof r->skipped, "forward failed");
     else reduce(M, ST, 1, &t0, &t1, r);
     md_seq_free(s);
     free(ids);
@@ -647,6 +671,27 @@ int main(int argc, char **argv)
                         r->bw_ms[q] >= r->floor_ms[q] * 0.999 ? "bytes" : "FLOPs", 100 * r->floor_ms[q] / r->ms[q],
                         hfs, ratio);
             }
+        }
+        if (on_gpu) {
+            fprintf(f, "\nwhere a step goes: ms per step in the backend's ops (each synchronous: copies, launches, "
+                       "kernels), and the rest, the graph's own host work\n\n| case | B | ctx / tokens | step ms |");
+            for (int q = 0; q < BCU_PROF_COUNT; q++) fprintf(f, " %s |", bcu_profile_name(q));
+            fprintf(f, " host graph work |\n|---|---|---|---|");
+            for (int q = 0; q <= BCU_PROF_COUNT; q++) fprintf(f, "---|");
+            fprintf(f, "\n");
+            for (int k = 0; k < nres; k++) {
+                result *r = &res[k];
+                if (!r->done) continue;
+                double sum = 0;
+                fprintf(f, "| %s | %d | %ld | %.1f |", r->prefill ? "prefill" : "decode", r->B, r->P, r->step_ms);
+                for (int q = 0; q < BCU_PROF_COUNT; q++) {
+                    double ms = 1e3 * r->prof.seconds[q] / r->reps;
+                    sum += ms;
+                    fprintf(f, " %.1f (%ld) |", ms, (long)(r->prof.calls[q] / r->reps));
+                }
+                fprintf(f, " %.1f |\n", r->step_ms - sum);
+            }
+            fprintf(f, "\n(in parentheses: calls per step)\n");
         }
         fprintf(f, "\nwhole steps (all layers + embedding + head):\n");
         for (int k = 0; k < nres; k++) {

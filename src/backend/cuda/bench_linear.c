@@ -13,7 +13,12 @@
  *   GB/s       (weight + x + y bytes) / dev time, and % of the copy bandwidth:
  *              decode GEMMs are bandwidth-bound, so this is the roofline %;
  *   TFLOP/s    2*rows*cols*T / dev time (bf16x3 does 3x these FLOPs).
- * Medians of 15 repetitions.  Prints one table. */
+ * Medians of 15 repetitions (fewer calls per repetition at T >= 256).  The
+ * host round trip is not timed where x and y exceed 64 MB ("-").
+ *
+ * A second table times bcu_rowdot itself on device copies of FP8 / FP4
+ * weights, its simple kernel against its mma kernel (the one be_linear
+ * uses), at the V4-Flash shapes; the simple kernel only up to T = 64. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,20 +137,24 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
             ws[k].scale = bufs[2 * k + 1];
         }
     }
-    float *x = malloc(T * (size_t)s->cols * sizeof *x), *y = malloc(T * (size_t)s->rows * sizeof *y);
+    /* the host round trip is timed only where x and y are small enough to copy 300 times */
+    const int host = 4.0 * (double)T * (double)(s->rows + s->cols) <= 64.0 * 1024 * 1024;
+    const size_t hT = host ? T : 1;
+    const int inner = T >= 1024 ? 2 : T >= 256 ? 5 : INNER;
+    float *x = malloc(T * (size_t)s->cols * sizeof *x), *y = malloc(hT * (size_t)s->rows * sizeof *y);
     for (size_t i = 0; i < T * (size_t)s->cols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
     float *dx, *dy;
     CK(cudaMalloc((void **)&dx, T * (size_t)s->cols * 4));
     CK(cudaMalloc((void **)&dy, T * (size_t)s->rows * 4));
     CK(cudaMemcpy(dx, x, T * (size_t)s->cols * 4, cudaMemcpyHostToDevice));
     /* upload every copy, warm up cuBLAS */
-    for (int k = 0; k < ncopy; k++) be->ops->linear(be, y, x, T, &ws[k]);
+    for (int k = 0; k < ncopy; k++) be->ops->linear(be, y, x, hT, &ws[k]);
     if (be_cuda_error(be)) {
         fprintf(stderr, "bench_cuda_linear: %s\n", be_cuda_error(be));
         exit(1);
     }
     double top[REPS], tdev[REPS];
-    for (int r = 0; r < REPS; r++) {
+    for (int r = 0; r < REPS && host; r++) {
         double t0 = now_s();
         for (int i = 0; i < INNER; i++) be->ops->linear(be, y, x, T, &ws[(r * INNER + i) % ncopy]);
         top[r] = (now_s() - t0) / INNER;
@@ -156,8 +165,8 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
     CK(cudaEventCreate(&e1));
     for (int r = -1; r < REPS; r++) {
         CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < INNER; i++)
-            if (bcu_linear_dev(be, dy, dx, T, &ws[((r + 1) * INNER + i) % ncopy])) {
+        for (int i = 0; i < inner; i++)
+            if (bcu_linear_dev(be, dy, dx, T, &ws[((r + 1) * inner + i) % ncopy])) {
                 fprintf(stderr, "bench_cuda_linear: %s\n", be_cuda_error(be));
                 exit(1);
             }
@@ -165,16 +174,19 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 0) tdev[r] = ms * 1e-3 / INNER;
+        if (r >= 0) tdev[r] = ms * 1e-3 / inner;
     }
-    double to = median(top, REPS), td = median(tdev, REPS);
+    double to = host ? median(top, REPS) : 0, td = median(tdev, REPS);
     double bytes = (double)wb + 4.0 * (double)T * (double)(s->rows + s->cols);
     double gbs = bytes / td / 1e9;
     double tf = 2.0 * (double)s->rows * (double)s->cols * (double)T / td / 1e12;
     const char *fmt = s->fmt == BE_W_DENSE ? "bf16" : s->fmt == BE_W_FP8 ? "fp8" : "fp4";
-    printf("| %-14s | %5lldx%-5lld | %-4s | %-6s | %3zu | %9.1f | %9.2f | %7.0f | %5.1f%% | %7.2f |\n", s->label,
+    char ops[16];
+    if (host) snprintf(ops, sizeof ops, "%9.1f", to * 1e6);
+    else snprintf(ops, sizeof ops, "%9s", "-");
+    printf("| %-16s | %5lldx%-5lld | %-4s | %-6s | %4zu | %s | %9.2f | %7.0f | %5.1f%% | %7.2f |\n", s->label,
            (long long)s->rows, (long long)s->cols, fmt, s->fmt == BE_W_DENSE ? bcu_math_name(bcu_get_math(be)) : "-", T,
-           to * 1e6, td * 1e6, gbs, 100.0 * bytes / td / bw, tf);
+           ops, td * 1e6, gbs, 100.0 * bytes / td / bw, tf);
     fflush(stdout);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
@@ -185,6 +197,92 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
     free(ws);
     free(x);
     free(y);
+    free(d0);
+    free(s0);
+}
+
+/* bcu_rowdot on device copies of the weight: the simple kernel vs the mma kernel */
+static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, int path, int inner)
+{
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    a.path = path;
+    double t[REPS];
+    for (int r = -1; r < REPS; r++) {
+        CK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < inner; i++) {
+            const int k = ((r + 1) * inner + i) % ncopy;
+            a.w = dw[k];
+            a.scale = ds[k];
+            CK(bcu_rowdot(&a, 0));
+        }
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3 / inner;
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return median(t, REPS);
+}
+
+static void run_ab(const shape *s, size_t T, double bw)
+{
+    be_weight w0;
+    void *d0, *s0;
+    make_weight(s, &w0, &d0, &s0);
+    const size_t wb = wbytes(&w0);
+    const size_t db = s->fmt == BE_W_FP8 ? (size_t)(s->rows * s->cols) : (size_t)(s->rows * s->cols) / 2, sb = wb - db;
+    int ncopy = (int)((256u << 20) / wb) + 1;
+    if (ncopy > 64) ncopy = 64;
+    void *dw[64], *ds[64];
+    for (int k = 0; k < ncopy; k++) {
+        CK(cudaMalloc(&dw[k], db));
+        CK(cudaMalloc(&ds[k], sb));
+        CK(cudaMemcpy(dw[k], d0, db, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ds[k], s0, sb, cudaMemcpyHostToDevice));
+    }
+    float *x = malloc(T * (size_t)s->cols * sizeof *x), *dx, *dy;
+    for (size_t i = 0; i < T * (size_t)s->cols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
+    CK(cudaMalloc((void **)&dx, T * (size_t)s->cols * 4));
+    CK(cudaMalloc((void **)&dy, T * (size_t)s->rows * 4));
+    CK(cudaMemcpy(dx, x, T * (size_t)s->cols * 4, cudaMemcpyHostToDevice));
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
+    a.sc_dtype = BCU_SC_E8M0;
+    a.wrows = s->rows;
+    a.wcols = s->cols;
+    a.block = w0.block;
+    a.n = s->rows;
+    a.K = s->cols;
+    a.x = dx;
+    a.T = (int64_t)T;
+    a.y = dy;
+    a.w = dw[0];
+    a.scale = ds[0];
+    const int inner = T >= 1024 ? 2 : T >= 256 ? 5 : INNER;
+    const double bytes = (double)wb + 4.0 * (double)T * (double)(s->rows + s->cols);
+    const double flop = 2.0 * (double)s->rows * (double)s->cols * (double)T;
+    const double tm = time_rowdot(a, dw, ds, ncopy, BCU_ROWDOT_MMA, inner);
+    char simple[64] = "        - |       - |";
+    if (T <= 64) {
+        const double ts = time_rowdot(a, dw, ds, ncopy, BCU_ROWDOT_SIMPLE, inner);
+        snprintf(simple, sizeof simple, "%9.2f | %6.1f%% |", ts * 1e6, 100.0 * bytes / ts / bw);
+    }
+    printf("| %-16s | %5lldx%-5lld | %-4s | %4zu | %s %9.2f | %6.1f%% | %7.2f | %s |\n", s->label, (long long)s->rows,
+           (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", T, simple, tm * 1e6, 100.0 * bytes / tm / bw,
+           flop / tm / 1e12, bcu_rowdot_path(&a) == BCU_ROWDOT_MMA ? "mma" : "simple");
+    fflush(stdout);
+    for (int k = 0; k < ncopy; k++) {
+        CK(cudaFree(dw[k]));
+        CK(cudaFree(ds[k]));
+    }
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    free(x);
     free(d0);
     free(s0);
 }
@@ -201,13 +299,17 @@ int main(void)
     be_cuda_destroy(probe);
     const double bw = copy_bandwidth();
     printf("device-to-device copy: %.0f GB/s (read + write, 1 GiB, median of %d)\n\n", bw / 1e9, REPS);
-    printf("| case           | rows x cols | fmt  | math   |   T |     op us |    dev us |    GB/s | %% copy | TFLOP/s |\n");
-    printf("|----------------|-------------|------|--------|-----|-----------|-----------|---------|--------|---------|\n");
+    printf("| case             | rows x cols | fmt  | math   |    T |     op us |    dev us |    GB/s | %% copy | TFLOP/s |\n");
+    printf("|------------------|-------------|------|--------|------|-----------|-----------|---------|--------|---------|\n");
     const shape tiny[] = {{"tiny wq_a", 64, 128, BE_W_DENSE}, {"tiny head", 512, 128, BE_W_DENSE},
                           {"tiny wq_b fp8", 512, 64, BE_W_FP8}, {"tiny expert fp4", 64, 128, BE_W_FP4}};
     const shape v4[] = {{"v4 4096x1024", 4096, 1024, BE_W_DENSE}, {"v4 8192x4096", 8192, 4096, BE_W_DENSE}};
     const shape q[] = {{"v4 fp8", 8192, 4096, BE_W_FP8}, {"v4 expert fp4", 2048, 4096, BE_W_FP4},
                        {"v4 fp4 big", 8192, 4096, BE_W_FP4}};
+    const shape v4q[] = {{"v4 fp8 q_a-like", 1024, 4096, BE_W_FP8},
+                         {"v4 fp8 wq_b", 32768, 1024, BE_W_FP8},
+                         {"v4 fp8 wo_b", 4096, 8192, BE_W_FP8},
+                         {"v4 fp4 expert", 2048, 4096, BE_W_FP4}};
     const bcu_math modes[] = {BCU_MATH_BF16, BCU_MATH_BF16X3, BCU_MATH_FP32};
     const size_t Ts[] = {1, 64};
     be_backend *be = bcu_create(0, 1, BCU_MATH_BF16X3, err, sizeof err);
@@ -227,6 +329,15 @@ int main(void)
     be = bcu_create(0, 1, BCU_MATH_BF16X3, err, sizeof err);
     for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
         for (int t = 0; t < 2; t++) run_case(be, &q[i], Ts[t], bw);
+    /* the V4-Flash FP8 / FP4 GEMMs of bcu_rowdot, decode to prefill */
+    const size_t Tq[] = {1, 8, 64, 256, 4096};
+    for (size_t i = 0; i < sizeof v4q / sizeof v4q[0]; i++)
+        for (size_t t = 0; t < sizeof Tq / sizeof Tq[0]; t++) run_case(be, &v4q[i], Tq[t], bw);
     be_cuda_destroy(be);
+    printf("\nbcu_rowdot on device pointers: the simple kernel vs the mma kernel (%% copy as above; TFLOP/s of mma)\n\n");
+    printf("| case             | rows x cols | fmt  |    T | simple us | %% copy | mma us    | %% copy | TFLOP/s | auto   |\n");
+    printf("|------------------|-------------|------|------|-----------|---------|-----------|--------|---------|--------|\n");
+    for (size_t i = 0; i < sizeof v4q / sizeof v4q[0]; i++)
+        for (size_t t = 0; t < sizeof Tq / sizeof Tq[0]; t++) run_ab(&v4q[i], Tq[t], bw);
     return 0;
 }

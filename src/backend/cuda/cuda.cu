@@ -35,10 +35,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cuda/attn.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/profile.h"
 
 typedef struct {
     const void *key; /* host pointer: be_weight.data, or an rmsnorm weight; NULL = free slot */
@@ -93,6 +95,8 @@ typedef struct {
     char *stage;
     size_t stage_cap;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
+    int prof_on;
+    bcu_profile prof;
     int failed;
     char err[512];
     char name[384];
@@ -100,6 +104,21 @@ typedef struct {
 
 
 static cuda_be *get(const be_backend *be) { return (cuda_be *)be; }
+
+static double wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* with profiling on: the time since t0 goes to class cls (ops are synchronous, so this is their whole cost) */
+static void prof_add(cuda_be *c, int cls, double t0)
+{
+    if (!c->prof_on) return;
+    c->prof.seconds[cls] += wall() - t0;
+    c->prof.calls[cls]++;
+}
 
 static int fail(cuda_be *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(cuda_be *c, const char *fmt, ...)
@@ -459,10 +478,14 @@ static void cu_linear_rows(be_backend *be, float *y, size_t ldy, const float *x,
                            const be_weight *w, int64_t r0, int64_t n, int64_t c0)
 {
     cuda_be *c = get(be);
+    const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
     int rc = linear_rows_locked(c, y, ldy, x, ldx, T, w, r0, n, c0);
     pthread_mutex_unlock(&c->lock);
     if (rc && n > 0) nan_fill(y, ldy, T, (size_t)n);
+    const int whole = r0 == 0 && n == w->rows && c0 == 0;
+    prof_add(c, !whole ? BCU_PROF_ROWS : w->fmt == BE_W_FP8 ? BCU_PROF_LINEAR_FP8
+                                       : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16, t0);
 }
 
 static void cu_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
@@ -490,10 +513,12 @@ static int rmsnorm_locked(cuda_be *c, float *y, const float *x, size_t rows, siz
 static void cu_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps)
 {
     cuda_be *c = get(be);
+    const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
     int rc = rmsnorm_locked(c, y, x, rows, dim, w, eps);
     pthread_mutex_unlock(&c->lock);
     if (rc) nan_fill(y, dim, rows, dim);
+    prof_add(c, BCU_PROF_RMSNORM, t0);
 }
 
 /* ---- the routed experts in one grouped call (moe.cu) */
@@ -611,10 +636,12 @@ static int cu_moe(be_backend *be, float *y, const float *x, size_t T, const int3
 {
     cuda_be *c = get(be);
     if (!T) return 0;
+    const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
     int rc = moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0) nan_fill(y, (size_t)w1[0].cols, T, (size_t)w1[0].cols);
+    prof_add(c, BCU_PROF_MOE, t0);
     return rc;
 }
 
@@ -892,10 +919,12 @@ static int cu_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int n
 {
     cuda_be *c = get(be);
     if (ntok < 1) return 0;
+    const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
     int rc = attn_locked(c, seqs, nseq, ntok, a);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0) nan_fill(a->out, (size_t)a->n_heads * a->head_dim, (size_t)ntok, (size_t)a->n_heads * a->head_dim);
+    prof_add(c, BCU_PROF_ATTENTION, t0);
     return rc;
 }
 
@@ -1050,6 +1079,23 @@ extern "C" const char *be_cuda_error(const be_backend *be)
     if (!be || be->ops != &cuda_ops) return NULL;
     const cuda_be *c = get(be);
     return c->failed ? c->err : NULL;
+}
+
+extern "C" void bcu_profile_enable(be_backend *be, int on)
+{
+    cuda_be *c = get(be);
+    if (on) memset(&c->prof, 0, sizeof c->prof);
+    c->prof_on = on != 0;
+}
+
+extern "C" void bcu_profile_get(const be_backend *be, bcu_profile *out) { *out = get(be)->prof; }
+
+extern "C" const char *bcu_profile_name(int cls)
+{
+    static const char *const names[BCU_PROF_COUNT] = {"linear bf16 (cuBLAS)", "linear FP8", "linear FP4",
+                                                      "linear_rows (wo_a groups)", "rmsnorm", "moe (grouped FP4)",
+                                                      "attention + indexer"};
+    return cls >= 0 && cls < BCU_PROF_COUNT ? names[cls] : "?";
 }
 
 extern "C" bcu_math bcu_get_math(const be_backend *be) { return get(be)->math; }

@@ -49,10 +49,19 @@ enum { BCU_SC_E8M0 = 0, BCU_SC_F32 = 1, BCU_SC_BF16 = 2 };
 /* weight formats of the row kernel */
 enum { BCU_RW_BF16 = 0, BCU_RW_F16 = 1, BCU_RW_F32 = 2, BCU_RW_FP8 = 3, BCU_RW_FP4 = 4 };
 
-/* One warp per output feature, fp32 accumulation, the weight dequantised in
- * registers.  Output o in [0, n) is row r0+o of W [wrows, wcols]; it reads
- * columns [c0, c0+K) of W and x[t, 0:K] (x dense, ld K); y dense [T, n].
- * scale: FP8 [ceil(wrows/bs), ceil(wcols/bs)] of sc_dtype; FP4 [wrows, wcols/bs] E8M0. */
+/* y[t, o] = x[t, 0:K] . W[r0 + o, c0 : c0 + K] for o in [0, n), t in [0, T):
+ * FP8 / FP4 / f16 (and bf16 / f32) weights in their stored format, fp32
+ * activations, fp32 sums.  W is [wrows, wcols]; x dense (ld K), y dense [T, n].
+ * scale: FP8 [ceil(wrows/bs), ceil(wcols/bs)] of sc_dtype; FP4 [wrows, wcols/bs] E8M0.
+ * Two kernels (kernels.cu): "mma" (tensor cores, bf16x3 activations, the
+ * default for FP8 with power-of-two blocks >= 64 and FP4 with 1x32 ue8m0
+ * scales, 16-byte aligned rows, c0 and K multiples of 16 (FP8) / 32 (FP4))
+ * and "simple" (one warp per output, fp32 FFMA; everything else).  Each is
+ * batch-invariant: y[t] does not depend on T or on the other rows of x.
+ * path / tile / split are for tests and benchmarks; zero (what the backend
+ * passes) means automatic, and DEEPINFER_CUDA_ROWDOT=simple (read once)
+ * makes automatic mean simple. */
+enum { BCU_ROWDOT_AUTO = 0, BCU_ROWDOT_SIMPLE = 1, BCU_ROWDOT_MMA = 2 };
 typedef struct {
     int fmt;
     const void *w;
@@ -64,8 +73,13 @@ typedef struct {
     const float *x;
     int64_t T;
     float *y;
+    int path;  /* BCU_ROWDOT_*; MMA on a weight it cannot take returns cudaErrorInvalidValue */
+    int tile;  /* mma: 1, 3 or 6 m16 tiles of x rows per block (5, 16, 32 tokens); 0: by T */
+    int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
+/* the kernel bcu_rowdot would run: BCU_ROWDOT_SIMPLE or BCU_ROWDOT_MMA */
+int bcu_rowdot_path(const bcu_rowdot_args *a);
 
 /* y[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)); w may be NULL; in place allowed */
 cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t dim, const float *w, float eps,

@@ -4,24 +4,199 @@
  * around the cuBLAS GEMMs.
  *
  * The decoders are bit-for-bit those of src/model/dtype.c (e4m3fn with its
- * subnormals and NaN, ue8m0 with 2^-127 as an f32 subnormal), and the scale
- * is applied by one fp32 multiply as there, so every weight the GPU sees is
- * the f32 value the CPU reference sees.  Nothing is built with fast-math:
- * subnormals are kept and sqrtf/division are IEEE.
+ * subnormals and NaN, ue8m0 with 2^-127 as an f32 subnormal), so every weight
+ * the GPU multiplies is the value the CPU reference decodes.  Nothing is built
+ * with fast-math: subnormals are kept and sqrtf/division are IEEE.
  *
- * bcu_rowdot is batch-invariant: the order in which a warp sums output o for
- * token t does not depend on T or on which tile t falls in.  It is the simple
- * correct kernel (issue 7 still wants the grouped FP4 expert GEMM); it reads
- * each weight row once per tile of BCU_TT tokens. */
+ * bcu_rowdot (y[t, o] = x[t, :] . W[r0 + o, c0 : c0 + K]) has two kernels:
+ *
+ *  - mma, the default for FP8 (power-of-two blocks >= 64) and FP4 (1x32 ue8m0
+ *    scales) whose rows allow 16-byte loads.  Tensor cores, mma.sync m16n8k16
+ *    bf16 -> fp32.  The weights are the B operand: each lane streams 16 bytes
+ *    of one weight row per 64-byte chunk, straight from global memory into
+ *    registers (several chunks in flight), and decodes them there to bf16,
+ *    which holds every e4m3 and e2m1 value exactly (FP8: cvt e4m3x2 -> f16x2
+ *    -> f32 -> top 16 bits; FP4: a byte-table lookup with prmt, then the
+ *    power-of-two ue8m0 scale by one exact bf16x2 multiply).  The activations
+ *    are the A operand: each token is split into three bf16 planes, x = hi +
+ *    mid + lo exactly (rows 3t, 3t+1, 3t+2 of the tile), staged per chunk in
+ *    shared memory, so the products are exact and the sums fp32.  The order
+ *    of the k16 steps inside a chunk is a fixed permutation of its columns
+ *    that both operands follow (it lets a lane use one 16-byte load).
+ *    The fixed summation order, for every (t, o) and whatever the tiling:
+ *      P   = the tensor-core sum over one 64-byte chunk of the row (FP8 64
+ *            columns, inside one scale block; FP4 128), from zero;
+ *      S_j = fmaf(P, scale, S_j) over the chunks of slice j, from zero (FP8:
+ *            the block scale; FP4: 1, the scale is already in the weight);
+ *            a row's chunks are cut into at most 8 slices;
+ *      A   = ((0 + S_0) + S_1) + ... per plane;  y = A_hi + (A_mid + A_lo).
+ *    Slices are a function of (c0, K) only.  Three tilings (5, 16 or 32
+ *    tokens per block, picked by T) and the K split (one slice per block of
+ *    a thread-block cluster, reduced through distributed shared memory in
+ *    slice order, when the grid would otherwise not fill the GPU) therefore
+ *    all give the same bits: the result for token t does not depend on T or
+ *    on the other tokens, provided the tensor core computes each output
+ *    element from its own row and column only, wherever they sit in the
+ *    tile (what cuBLAS's bit-exact chunked prefill on the H200 suggests;
+ *    unit_cuda checks it).
+ *  - simple, for everything else (f16, unaligned slices, other block sizes)
+ *    and for DEEPINFER_CUDA_ROWDOT=simple (read once): one warp per output
+ *    feature, 8 tokens per warp, 8 weights per lane per step decoded in
+ *    registers, fp32 FFMA on fp32 activations, a fixed warp reduction.  It
+ *    reads each weight row once per tile of BCU_TT tokens.
+ * The two kernels agree to rounding (~1e-7 relative), not bit for bit; which
+ * one runs depends on the weight's format and alignment and on x being
+ * 16-byte aligned (the backend's always is), never on T.
+ *
+ * The row-dot's inline PTX, cluster calls and launches sit between the
+ * "rowdot primitives" markers.  Before any device time, the code after them
+ * was compiled as C++ and run on the build machine under a CPU emulation of
+ * those primitives and of the CUDA execution model (threads as fibers, real
+ * barriers, mma from the PTX ISA's fragment tables); the emulator is not in
+ * the tree. */
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
 
 #include "backend/cuda/cuda_internal.h"
 
-#define BCU_WARPS 4 /* warps (output rows) per block */
-#define BCU_TT 8    /* tokens per warp */
+/* ==== rowdot primitives (begin) ==== */
+namespace {
+
+/* D += A.B, m16n8k16, bf16 inputs, fp32 accumulate.  PTX ISA fragment layout,
+ * g = lane / 4, q = lane % 4, the lower half of a register holding the lower
+ * index: a[0] = A[g][2q, 2q+1], a[1] = A[g+8][2q, 2q+1], a[2] = A[g][2q+8, 2q+9],
+ * a[3] = A[g+8][2q+8, 2q+9]; b0 = B[2q, 2q+1][g], b1 = B[2q+8, 2q+9][g];
+ * d[0], d[1] = D[g][2q, 2q+1]; d[2], d[3] = D[g+8][2q, 2q+1]. */
+__device__ __forceinline__ void rd_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two e4m3 codes (bits 0-7, 8-15) -> two bf16 (low half, high half).  Exact:
+ * e4m3 -> f16 is exact for every code (NaN stays NaN), f16 -> f32 is exact,
+ * and the f32 has at most 4 significant bits, so its top half is the bf16. */
+__device__ __forceinline__ uint32_t rd_e4m3x2(uint32_t v)
+{
+    uint32_t h;
+    float lo, hi;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)(v & 0xffffu)));
+    asm("{.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
+/* bf16x2 product, round to nearest (only ever exact here: a power of two times
+ * an e2m1 value) */
+__device__ __forceinline__ uint32_t rd_hmul2(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* byte i of the result = byte (s >> 4i) & 7 of {b, a} (selector nibbles < 8) */
+__device__ __forceinline__ uint32_t rd_prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
+
+__device__ __forceinline__ uint4 rd_ldg16(const void *p) { return __ldg((const uint4 *)p); }
+__device__ __forceinline__ float4 rd_ldg_f4(const float *p) { return __ldg((const float4 *)p); }
+
+/* the thread-block cluster of a split launch (cluster dims (gridDim.x, 1, 1)) */
+__device__ __forceinline__ void rd_cluster_sync() { cooperative_groups::this_cluster().sync(); }
+__device__ __forceinline__ const float *rd_cluster_peer(float *p, int rank)
+{
+    return cooperative_groups::this_cluster().map_shared_rank(p, (unsigned)rank);
+}
+
+/* allow kern more than 48 KB of dynamic shared memory (on the current device) */
+template <typename... P>
+cudaError_t rd_smem_attr(void (*kern)(P...), size_t smem)
+{
+    if (smem <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+}
+
+/* whether a cluster of cluster_x blocks of kern can be resident at all */
+template <typename... P>
+bool rd_cluster_fits(void (*kern)(P...), int cluster_x, int threads, size_t smem)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)cluster_x, 1, 1);
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cluster_x;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
+/* launch kern<<<grid, block, smem, st>>>(args), as a cluster of cluster_x
+ * blocks along x when cluster_x > 1 */
+template <typename... P, typename... A>
+cudaError_t rd_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, int cluster_x, cudaStream_t st,
+                      A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1] = {};
+    if (cluster_x > 1) {
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)cluster_x;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
+/* the current device, 0 if unknown */
+int rd_device(void)
+{
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess ? dev : 0;
+}
+
+/* SMs of the current device (cached per device) */
+int rd_sm_count(void)
+{
+    static std::atomic<int> cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+    int v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) v = 132;
+    cache[dev].store(v, std::memory_order_relaxed);
+    return v;
+}
+
+} /* namespace */
+/* ==== rowdot primitives (end) ==== */
+
+#define BCU_WARPS 4 /* simple kernel: warps (output rows) per block */
+#define BCU_TT 8    /* simple kernel: tokens per warp */
 
 /* ---- decoders (src/model/dtype.c) */
 
@@ -62,7 +237,7 @@ __device__ __forceinline__ float scale_at(const void *s, int dt, size_t i)
     }
 }
 
-/* ---- the row-dot */
+/* ---- the simple row-dot */
 
 struct RowArgs {
     const void *w, *scale;
@@ -179,14 +354,12 @@ template <int FMT>
 static cudaError_t launch_rowdot(const RowArgs &a, bool vec, cudaStream_t st)
 {
     dim3 grid((unsigned)((a.n + BCU_WARPS - 1) / BCU_WARPS), (unsigned)((a.T + BCU_TT - 1) / BCU_TT));
-    if (vec) rowdot_kernel<FMT, true><<<grid, 32 * BCU_WARPS, 0, st>>>(a);
-    else rowdot_kernel<FMT, false><<<grid, 32 * BCU_WARPS, 0, st>>>(a);
-    return cudaGetLastError();
+    if (vec) return rd_launch(rowdot_kernel<FMT, true>, grid, dim3(32 * BCU_WARPS), 0, 1, st, a);
+    return rd_launch(rowdot_kernel<FMT, false>, grid, dim3(32 * BCU_WARPS), 0, 1, st, a);
 }
 
-extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
+static cudaError_t simple_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
 {
-    if (p->n <= 0 || p->T <= 0) return cudaSuccess;
     if ((p->n + BCU_WARPS - 1) / BCU_WARPS > 0x7fffffff || (p->T + BCU_TT - 1) / BCU_TT > 65535)
         return cudaErrorInvalidConfiguration;
     RowArgs a;
@@ -215,6 +388,506 @@ extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     case BCU_RW_FP4: return launch_rowdot<BCU_RW_FP4>(a, vec, st);
     }
     return cudaErrorInvalidValue;
+}
+
+/* ---- the tensor-core row-dot (see the top of the file for the numbers) */
+
+struct MmArgs {
+    const uint8_t *w; /* W [wrows, rowbytes] */
+    const void *scale;
+    const float *x;
+    float *y;
+    int64_t rowbytes;
+    int64_t r0, n, c0, K, T;
+    int64_t cb;       /* the first 64-byte chunk of a row that columns [c0, c0+K) touch */
+    int nch, cps;     /* chunks, chunks per slice */
+    int sc_dtype;     /* FP8 */
+    int bshift;       /* FP8: log2(block) */
+    int64_t nsb;      /* FP8: scale blocks per scale row; FP4: scales per row */
+};
+
+/* A block: WGM x WGN warps; warp (wm, wn) owns x rows [16 MTW wm, 16 MTW (wm+1)) (MTW m16 tiles)
+ * and weight rows [8 WN wn, 8 WN (wn+1)) (WN n8 tiles) of the block's tile. */
+template <int FMT, int MTW, int WN, int WGM, int WGN>
+struct MmCfg {
+    static constexpr int NT = 32 * WGM * WGN;
+    static constexpr int MROWS = 16 * MTW * WGM;           /* x rows: token tau's planes are rows 3 tau + p */
+    static constexpr int TB = MROWS / 3;                   /* tokens per block */
+    static constexpr int RB = 8 * WN * WGN;                /* outputs (weight rows) per block */
+    static constexpr int RBP = RB + 8;                     /* Sx row stride, floats (RBP % 32 == 8: no conflicts) */
+    static constexpr int EPB = FMT == BCU_RW_FP4 ? 2 : 1;  /* elements per byte */
+    static constexpr int STEPS = 4 * EPB;                  /* k16 steps per 64-byte chunk */
+    static constexpr int RS = FMT == BCU_RW_FP4 ? 288 : 144; /* Xs row stride, bytes (see xoff) */
+    static constexpr int XPT = (16 * TB + NT - 1) / NT;    /* staging items (4 EPB columns) per thread */
+    static constexpr int PD = MTW * WGM == 1 ? 8 : MTW * WGM == 3 ? 4 : 2; /* chunks of weights in flight */
+    static constexpr int MINB = NT == 128 ? 3 : 1;
+    static constexpr size_t SMEM = (size_t)MROWS * RBP * 4 + 2 * (size_t)MROWS * RS;
+};
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &v, int k)
+{
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+/* x = hi + mid + lo, three bf16 (the top 16 bits of x, of the rest, of the
+ * rest), exact for finite x; inf and NaN go to hi alone */
+__device__ __forceinline__ void rd_split3(float v, uint32_t s[3])
+{
+    const uint32_t u = __float_as_uint(v);
+    const float r = v - __uint_as_float(u & 0xffff0000u);
+    const uint32_t ru = __float_as_uint(r);
+    const float r2 = r - __uint_as_float(ru & 0xffff0000u);
+    const bool fin = (u & 0x7f800000u) != 0x7f800000u;
+    s[0] = fin ? u >> 16 : (u >> 16) | ((u & 0x007fffffu) ? 0x40u : 0u);
+    s[1] = fin ? ru >> 16 : 0u;
+    s[2] = fin ? __float_as_uint(r2) >> 16 : 0u;
+}
+
+/* 8 e2m1 codes (element j in bits 4j..4j+3) -> bf16 pairs (e0,e4), (e2,e6),
+ * (e1,e5), (e3,e7), exactly: the magnitudes' low and high bytes from two
+ * 8-entry byte tables (prmt), the signs or-ed into the high bytes */
+__device__ __forceinline__ void rd_fp4x8(uint32_t w, uint32_t r[4])
+{
+    const uint32_t TL0 = 0xC0800000u, TL1 = 0xC0804000u; /* low bytes of bf16 0, .5, 1, 1.5 | 2, 3, 4, 6 */
+    const uint32_t TH0 = 0x3F3F3F00u, TH1 = 0x40404040u; /* high bytes */
+    const uint32_t t = w & 0x07070707u, u = (w >> 4) & 0x07070707u;
+    const uint32_t se = t | (t >> 12), so = u | (u >> 12); /* selector nibbles: e0 e4 e2 e6 | e1 e5 e3 e7 */
+    const uint32_t le = rd_prmt(TL0, TL1, se), lo = rd_prmt(TL0, TL1, so);
+    uint32_t he = rd_prmt(TH0, TH1, se), ho = rd_prmt(TH0, TH1, so);
+    he |= rd_prmt(w << 4, 0u, 0x3120u) & 0x80808080u; /* sign of element 2k: bit 8k+3 */
+    ho |= rd_prmt(w, 0u, 0x3120u) & 0x80808080u;      /* sign of element 2k+1: bit 8k+7 */
+    r[0] = rd_prmt(le, he, 0x5140u);
+    r[1] = rd_prmt(le, he, 0x7362u);
+    r[2] = rd_prmt(lo, ho, 0x5140u);
+    r[3] = rd_prmt(lo, ho, 0x7362u);
+}
+
+/* 2^(b-127) as a bf16 pair (dtype.c's ue8m0: 0 -> 2^-127, 255 -> NaN) */
+__device__ __forceinline__ uint32_t ue8m0_bf16x2(uint32_t b)
+{
+    uint32_t p = b << 7;
+    if (b == 0) p = 0x0040u;
+    if (b == 255) p = 0x7fc0u;
+    return p | (p << 16);
+}
+
+/* Byte offset, in an Xs row, of the 16 bytes that hold the A operand of
+ * lane q for the step pair h.  FP8: chunk column c at byte 2c, lane q's 16
+ * columns at 32q.  FP4: 8-column groups (x0 x4 x1 x5 x2 x6 x3 x7) of 16
+ * bytes, 16 bytes of padding after the 8th group; lane q owns groups 4q..4q+3.
+ * With RS = 144 / 288 the 16-byte loads of a quarter warp hit distinct banks. */
+template <int FMT>
+__device__ __forceinline__ int xoff(int q, int h)
+{
+    if (FMT == BCU_RW_FP4) return 64 * q + 16 * h + 16 * ((4 * q + h) >> 3);
+    return 32 * q + 16 * h;
+}
+
+template <int FMT, int MTW, int WN, int WGM, int WGN>
+__global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, MTW, WN, WGM, WGN>::MINB)
+    rowmma_kernel(MmArgs a)
+{
+    typedef MmCfg<FMT, MTW, WN, WGM, WGN> C;
+    extern __shared__ __align__(16) unsigned char rd_smem[];
+    float *Sx = (float *)rd_smem; /* [MROWS][RBP]: per-lane accumulators, then the block's partial result */
+    unsigned char *Xs = rd_smem + (size_t)C::MROWS * C::RBP * 4; /* 2 x [MROWS][RS]: x planes of a chunk */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WGN, wn = warp - wm * WGN;
+    const int g = lane >> 2, q = lane & 3;
+    const int ns = (int)gridDim.x; /* blocks of the K split (a cluster), 1 = none */
+    const int64_t ob = (int64_t)blockIdx.y * C::RB;
+    const int64_t t0 = (int64_t)blockIdx.z * C::TB;
+    const int tbv = a.T - t0 < C::TB ? (int)(a.T - t0) : C::TB;
+    const int mtv = (3 * tbv + 15) >> 4; /* m16 tiles that hold a token */
+    const int cs = ns == 1 ? 0 : (int)blockIdx.x * a.cps;
+    const int ce = ns == 1 ? a.nch : min(a.nch, cs + a.cps);
+
+    /* the weight row this lane streams in each of its n8 tiles (row g of the tile) */
+    const uint8_t *wp[WN];
+    bool wok[WN];
+    int64_t srow[WN]; /* FP4: the row's first scale */
+#pragma unroll
+    for (int nt = 0; nt < WN; nt++) {
+        const int64_t o = ob + 8 * (wn * WN + nt) + g;
+        wok[nt] = o < a.n;
+        const int64_t r = a.r0 + (wok[nt] ? o : 0);
+        wp[nt] = a.w + r * a.rowbytes + 16 * q;
+        srow[nt] = r * a.nsb;
+    }
+    /* FP8: the scale row of the outputs this lane accumulates (columns 2q, 2q+1 of each n8 tile), -1 if none
+     * (the host checks that the scale table has fewer than 2^31 entries) */
+    int sbase[WN][2];
+#pragma unroll
+    for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int64_t o = ob + 8 * (wn * WN + nt) + 2 * q + hh;
+            sbase[nt][hh] = o < a.n ? (int)(((a.r0 + o) >> a.bshift) * a.nsb) : -1;
+        }
+
+    /* the x rows of no token (past the last token of the tile, and row 15 of a 5-token tile) are zero in both
+     * buffers for the whole kernel; only the tile's tokens are staged per chunk */
+    const int xi = 16 * tbv;                          /* staging items per chunk */
+    const int zu = (C::MROWS - 3 * tbv) * C::RS / 16; /* 16-byte units per buffer */
+    for (int i = tid; i < 2 * zu; i += C::NT) {
+        const int b = i >= zu, k = i - b * zu;
+        *(uint4 *)(Xs + (size_t)b * C::MROWS * C::RS + 3 * tbv * C::RS + 16 * k) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    /* this lane's accumulator slots of Sx start at 0 */
+#pragma unroll
+    for (int im = 0; im < MTW; im++)
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++) {
+            const int m = 16 * (wm * MTW + im) + g, nl = 8 * (wn * WN + nt) + 2 * q;
+            *(float2 *)&Sx[m * C::RBP + nl] = make_float2(0.0f, 0.0f);
+            *(float2 *)&Sx[(m + 8) * C::RBP + nl] = make_float2(0.0f, 0.0f);
+        }
+
+    /* the lane's 16 bytes of chunk c in each of its rows (zero outside [c0, c0+K) and past n) */
+    auto wload = [&](int c, uint4(&dst)[WN]) {
+        const int64_t col = (64 * (a.cb + c) + 16 * q) * C::EPB;
+        const bool cok = col >= a.c0 && col < a.c0 + a.K;
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++)
+            dst[nt] = cok && wok[nt] ? rd_ldg16(wp[nt] + 64 * (a.cb + c)) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    /* the x values of chunk c this thread stages: item it = (token it / 16, columns 4 EPB (it % 16) ...),
+     * zero outside [c0, c0+K) */
+    auto xload = [&](int c, float4(&xr)[C::XPT][C::EPB]) {
+        const int64_t col0 = 64 * (a.cb + c) * C::EPB - a.c0;
+#pragma unroll
+        for (int k = 0; k < C::XPT; k++) {
+            const int it = tid + k * C::NT, tau = it >> 4, j = it & 15;
+            const int64_t xc = col0 + 4 * C::EPB * j;
+            const bool ok = it < xi && xc >= 0 && xc < a.K;
+            const float *src = a.x + (ok ? (t0 + tau) * a.K + xc : 0);
+#pragma unroll
+            for (int e = 0; e < C::EPB; e++)
+                xr[k][e] = ok ? rd_ldg_f4(src + 4 * e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    /* ... split into three bf16 planes, in the layout xoff reads */
+    auto xstore = [&](const float4(&xr)[C::XPT][C::EPB], unsigned char *xb) {
+        constexpr int H4 = 4 * C::EPB - 4; /* FP4: the pairs (x0, x4), (x1, x5), (x2, x6), (x3, x7) */
+#pragma unroll
+        for (int k = 0; k < C::XPT; k++) {
+            const int it = tid + k * C::NT, tau = it >> 4, j = it & 15;
+            if (it < xi) {
+                float v[4 * C::EPB];
+#pragma unroll
+                for (int e = 0; e < C::EPB; e++) {
+                    v[4 * e] = xr[k][e].x;
+                    v[4 * e + 1] = xr[k][e].y;
+                    v[4 * e + 2] = xr[k][e].z;
+                    v[4 * e + 3] = xr[k][e].w;
+                }
+                uint32_t s[4 * C::EPB][3];
+#pragma unroll
+                for (int e = 0; e < 4 * C::EPB; e++) rd_split3(v[e], s[e]);
+#pragma unroll
+                for (int p = 0; p < 3; p++) {
+                    unsigned char *row = xb + (3 * tau + p) * C::RS;
+                    if (FMT == BCU_RW_FP4)
+                        *(uint4 *)(row + 16 * j + 16 * (j >> 3)) =
+                            make_uint4(s[0][p] | (s[H4][p] << 16), s[1][p] | (s[H4 + 1][p] << 16),
+                                       s[2][p] | (s[H4 + 2][p] << 16), s[3][p] | (s[H4 + 3][p] << 16));
+                    else
+                        *(uint2 *)(row + 8 * j) = make_uint2(s[0][p] | (s[1][p] << 16), s[2][p] | (s[3][p] << 16));
+                }
+            }
+        }
+    };
+
+    float S[MTW][WN][4];
+    uint4 wr[C::PD][WN];
+    float4 xr[C::XPT][C::EPB];
+#pragma unroll
+    for (int i = 0; i < C::PD; i++)
+        if (cs + i < ce) wload(cs + i, wr[i]);
+    xload(cs, xr);
+    int sp = 0;           /* position of the chunk in its slice */
+    float sc[WN][2];      /* the scales of this lane's outputs for the column block sc_cb */
+    int64_t sc_cb = -1;
+    for (int c = cs; c < ce; c += C::PD) {
+#pragma unroll
+        for (int i = 0; i < C::PD; i++) {
+            const int cc = c + i;
+            if (cc >= ce) break; /* block-uniform */
+            unsigned char *xb = Xs + (size_t)((cc - cs) & 1) * C::MROWS * C::RS;
+            xstore(xr, xb);
+            __syncthreads(); /* also: every thread is past chunk cc - 2, which read this buffer */
+            if (cc + 1 < ce) xload(cc + 1, xr);
+            uint4 wv[WN];
+#pragma unroll
+            for (int nt = 0; nt < WN; nt++) wv[nt] = wr[i][nt];
+            if (cc + C::PD < ce) wload(cc + C::PD, wr[i]);
+            if (sp == 0) {
+#pragma unroll
+                for (int im = 0; im < MTW; im++)
+#pragma unroll
+                    for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) S[im][nt][e] = 0.0f;
+            }
+            float P[MTW][WN][4];
+#pragma unroll
+            for (int im = 0; im < MTW; im++)
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) P[im][nt][e] = 0.0f;
+            uint32_t s2[WN]; /* FP4: the lane's scale, as a bf16 pair */
+            if (FMT == BCU_RW_FP4) {
+                const int64_t col = (64 * (a.cb + cc) + 16 * q) * 2;
+                const bool cok = col >= a.c0 && col < a.c0 + a.K;
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++)
+                    s2[nt] = cok && wok[nt]
+                                 ? ue8m0_bf16x2(((const uint8_t *)a.scale)[srow[nt] + 4 * (a.cb + cc) + q])
+                                 : 0u;
+            }
+#pragma unroll
+            for (int h = 0; h < C::STEPS / 2; h++) {
+                /* B for the steps 2h (b[nt][0..1]) and 2h+1 (b[nt][2..3]) */
+                uint32_t b[WN][4];
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++) {
+                    if (FMT == BCU_RW_FP4) {
+                        uint32_t r[4];
+                        rd_fp4x8(word_of(wv[nt], h), r);
+                        b[nt][0] = rd_hmul2(r[0], s2[nt]);
+                        b[nt][1] = rd_hmul2(r[2], s2[nt]);
+                        b[nt][2] = rd_hmul2(r[1], s2[nt]);
+                        b[nt][3] = rd_hmul2(r[3], s2[nt]);
+                    } else {
+                        const uint32_t w0 = word_of(wv[nt], 2 * h), w1 = word_of(wv[nt], 2 * h + 1);
+                        b[nt][0] = rd_e4m3x2(w0);
+                        b[nt][1] = rd_e4m3x2(w0 >> 16);
+                        b[nt][2] = rd_e4m3x2(w1);
+                        b[nt][3] = rd_e4m3x2(w1 >> 16);
+                    }
+                }
+                const int off = xoff<FMT>(q, h);
+#pragma unroll
+                for (int im = 0; im < MTW; im++) {
+                    const int mt = wm * MTW + im;
+                    if (mt < mtv) { /* warp-uniform */
+                        const uint4 va = *(const uint4 *)(xb + (16 * mt + g) * C::RS + off);
+                        uint4 vb = make_uint4(0u, 0u, 0u, 0u);
+                        if (16 * mt + 8 < 3 * tbv) vb = *(const uint4 *)(xb + (16 * mt + 8 + g) * C::RS + off);
+                        const uint32_t ae[4] = {va.x, vb.x, va.y, vb.y}, ao[4] = {va.z, vb.z, va.w, vb.w};
+#pragma unroll
+                        for (int nt = 0; nt < WN; nt++) {
+                            rd_mma(P[im][nt], ae, b[nt][0], b[nt][1]);
+                            rd_mma(P[im][nt], ao, b[nt][2], b[nt][3]);
+                        }
+                    }
+                }
+            }
+            /* S += P * scale (FP8: the chunk's column block and each output's row block, reloaded when the
+             * column block changes; FP4: 1) */
+            const int64_t cbk = FMT == BCU_RW_FP4 ? 0 : (64 * (a.cb + cc)) >> a.bshift;
+            if (cbk != sc_cb) { /* block-uniform */
+                sc_cb = cbk;
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        if (FMT == BCU_RW_FP4) sc[nt][hh] = 1.0f;
+                        else
+                            sc[nt][hh] = sbase[nt][hh] >= 0
+                                             ? scale_at(a.scale, a.sc_dtype, (size_t)sbase[nt][hh] + (size_t)cbk)
+                                             : 0.0f;
+                    }
+            }
+            const bool flush = ++sp == a.cps || cc + 1 == a.nch;
+#pragma unroll
+            for (int im = 0; im < MTW; im++) {
+                if (wm * MTW + im >= mtv) continue; /* warp-uniform */
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) S[im][nt][e] = fmaf(P[im][nt][e], sc[nt][e & 1], S[im][nt][e]);
+                    if (flush) {
+                        const int m = 16 * (wm * MTW + im) + g, nl = 8 * (wn * WN + nt) + 2 * q;
+                        float2 *d0 = (float2 *)&Sx[m * C::RBP + nl], *d1 = (float2 *)&Sx[(m + 8) * C::RBP + nl];
+                        float2 v0 = *d0, v1 = *d1;
+                        v0.x = v0.x + S[im][nt][0];
+                        v0.y = v0.y + S[im][nt][1];
+                        v1.x = v1.x + S[im][nt][2];
+                        v1.y = v1.y + S[im][nt][3];
+                        *d0 = v0;
+                        *d1 = v1;
+                    }
+                }
+            }
+            if (flush) sp = 0;
+        }
+    }
+
+    /* y = A_hi + (A_mid + A_lo), A = ((0 + S_0) + S_1) + ... over the slices;
+     * in a split the blocks of the cluster share the outputs */
+    if (ns > 1) rd_cluster_sync();
+    else __syncthreads();
+    const int rank = ns > 1 ? (int)blockIdx.x : 0;
+    for (int e = rank * C::NT + tid; e < tbv * C::RB; e += ns * C::NT) {
+        const int tau = e / C::RB, ol = e - tau * C::RB;
+        const int64_t o = ob + ol;
+        if (o >= a.n) continue;
+        float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
+        for (int j = 0; j < ns; j++) {
+            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + 3 * tau * C::RBP + ol;
+            A0 = A0 + src[0];
+            A1 = A1 + src[C::RBP];
+            A2 = A2 + src[2 * C::RBP];
+        }
+        a.y[(t0 + tau) * a.n + o] = A0 + (A1 + A2);
+    }
+    if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
+}
+
+/* the chunking of [c0, c0+K) and the slices: a function of the weight and the slice only */
+struct MmGeom {
+    int64_t cb;
+    int nch, cps, nsl;
+};
+
+static MmGeom mm_geom(const bcu_rowdot_args *p)
+{
+    const int epb = p->fmt == BCU_RW_FP4 ? 2 : 1;
+    const int64_t b0 = p->c0 / epb, b1 = (p->c0 + p->K) / epb; /* bytes [b0, b1) of a row */
+    MmGeom g;
+    g.cb = b0 >> 6;
+    g.nch = (int)(((b1 + 63) >> 6) - g.cb);
+    int nsl = (g.nch + 7) / 8;
+    if (nsl > 8) nsl = 8;
+    g.cps = (g.nch + nsl - 1) / nsl;
+    g.nsl = (g.nch + g.cps - 1) / g.cps;
+    return g;
+}
+
+static bool mm_supported(const bcu_rowdot_args *p)
+{
+    if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + p->n > p->wrows) return false;
+    if ((uintptr_t)p->x % 16 || (uintptr_t)p->w % 16 || !p->scale) return false;
+    if ((p->K + 63) / 64 > 0x3fffffff) return false;
+    if (p->fmt == BCU_RW_FP8) {
+        const int b = p->block;
+        if (b < 64 || (b & (b - 1))) return false;
+        if (((p->wrows + b - 1) / b) * ((p->wcols + b - 1) / b) >= ((int64_t)1 << 31)) return false;
+        if (p->sc_dtype != BCU_SC_E8M0 && p->sc_dtype != BCU_SC_F32 && p->sc_dtype != BCU_SC_BF16) return false;
+        return p->wcols % 16 == 0 && p->c0 % 16 == 0 && p->K % 16 == 0;
+    }
+    if (p->fmt == BCU_RW_FP4)
+        return p->block == 32 && p->sc_dtype == BCU_SC_E8M0 && p->wcols % 32 == 0 && p->c0 % 32 == 0 &&
+               p->K % 32 == 0;
+    return false;
+}
+
+template <int FMT, int MTW, int WN, int WGM, int WGN>
+static cudaError_t mm_launch_cfg(const MmArgs &a, int64_t n, int64_t T, int nsl, int split, cudaStream_t st)
+{
+    typedef MmCfg<FMT, MTW, WN, WGM, WGN> C;
+    void (*kern)(MmArgs) = rowmma_kernel<FMT, MTW, WN, WGM, WGN>;
+    const int64_t gy = (n + C::RB - 1) / C::RB, gz = (T + C::TB - 1) / C::TB;
+    if (gy > 65535 || gz > 65535) return cudaErrorInvalidConfiguration;
+    static std::atomic<unsigned long long> attr_set(0); /* devices whose shared-memory limit is raised */
+    const int dev = rd_device();
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (!(attr_set.load(std::memory_order_relaxed) & bit)) {
+        cudaError_t e = rd_smem_attr(kern, C::SMEM);
+        if (e != cudaSuccess) return e;
+        attr_set.fetch_or(bit, std::memory_order_relaxed);
+    }
+    int ns = 1;
+    if (nsl > 1 && (split == 2 || (split == 0 && gy * gz < 2 * (int64_t)rd_sm_count()))) ns = nsl;
+    if (ns > 1 && split != 2) {
+        static std::atomic<int> fits[9]; /* per cluster size: 0 not asked, 1 fits, 2 does not */
+        int f = fits[ns].load(std::memory_order_relaxed);
+        if (!f) {
+            f = rd_cluster_fits(kern, ns, C::NT, C::SMEM) ? 1 : 2;
+            fits[ns].store(f, std::memory_order_relaxed);
+        }
+        if (f != 1) ns = 1; /* the same sums, without the split */
+    }
+    cudaError_t e = rd_launch(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(C::NT), C::SMEM, ns, st, a);
+    if (e != cudaSuccess && ns > 1 && split != 2) {
+        (void)cudaGetLastError(); /* a cluster launch refused: the same sums without the split */
+        e = rd_launch(kern, dim3(1u, (unsigned)gy, (unsigned)gz), dim3(C::NT), C::SMEM, 1, st, a);
+    }
+    return e;
+}
+
+static int mm_tile(const bcu_rowdot_args *p)
+{
+    if (p->tile == 1 || p->tile == 3 || p->tile == 6) return p->tile;
+    return p->T <= 5 ? 1 : p->T <= 16 ? 3 : 6;
+}
+
+template <int FMT>
+static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st)
+{
+    switch (mm_tile(p)) {
+    case 1: return mm_launch_cfg<FMT, 1, 2, 1, 4>(a, p->n, p->T, nsl, p->split, st);
+    case 3: return mm_launch_cfg<FMT, 3, 2, 1, 4>(a, p->n, p->T, nsl, p->split, st);
+    default: return mm_launch_cfg<FMT, 3, 4, 2, 4>(a, p->n, p->T, nsl, p->split, st);
+    }
+}
+
+static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
+{
+    const MmGeom gm = mm_geom(p);
+    MmArgs a;
+    memset(&a, 0, sizeof a);
+    a.w = (const uint8_t *)p->w;
+    a.scale = p->scale;
+    a.x = p->x;
+    a.y = p->y;
+    a.rowbytes = p->fmt == BCU_RW_FP4 ? p->wcols / 2 : p->wcols;
+    a.r0 = p->r0;
+    a.n = p->n;
+    a.c0 = p->c0;
+    a.K = p->K;
+    a.T = p->T;
+    a.cb = gm.cb;
+    a.nch = gm.nch;
+    a.cps = gm.cps;
+    a.sc_dtype = p->sc_dtype;
+    int bs = 0;
+    while ((1 << bs) < p->block) bs++;
+    a.bshift = bs;
+    a.nsb = p->fmt == BCU_RW_FP4 ? p->wcols / 32 : (p->wcols + p->block - 1) / p->block;
+    if (p->fmt == BCU_RW_FP4) return mm_launch_fmt<BCU_RW_FP4>(a, p, gm.nsl, st);
+    return mm_launch_fmt<BCU_RW_FP8>(a, p, gm.nsl, st);
+}
+
+/* DEEPINFER_CUDA_ROWDOT, read once: "simple" forces the simple kernel */
+static int rowdot_env(void)
+{
+    static std::atomic<int> mode(-1);
+    int m = mode.load(std::memory_order_relaxed);
+    if (m < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_ROWDOT");
+        m = e && !strcmp(e, "simple") ? BCU_ROWDOT_SIMPLE : BCU_ROWDOT_AUTO;
+        mode.store(m, std::memory_order_relaxed);
+    }
+    return m;
+}
+
+extern "C" int bcu_rowdot_path(const bcu_rowdot_args *p)
+{
+    const int path = p->path ? p->path : rowdot_env();
+    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) ? BCU_ROWDOT_MMA : BCU_ROWDOT_SIMPLE;
+}
+
+extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
+{
+    if (p->n <= 0 || p->T <= 0) return cudaSuccess;
+    const int path = p->path ? p->path : rowdot_env();
+    if (path != BCU_ROWDOT_SIMPLE && mm_supported(p)) return mm_rowdot(p, st);
+    if (path == BCU_ROWDOT_MMA) return cudaErrorInvalidValue; /* forced, but this weight cannot take it */
+    return simple_rowdot(p, st);
 }
 
 /* ---- RMSNorm: one block per row; the sum of squares in double, as the CPU
