@@ -95,6 +95,12 @@ typedef struct be_ops {
      * Returns 0 when out holds the result, > 0 when this backend declines
      * (the caller computes it), < 0 on a backend error (out is NaN). */
     int (*attention)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
+    /* Optional (NULL: the graph calls linear_rows per group).  The grouped
+     * projection (wo_a): for g in [0, groups), with n = w->rows / groups and
+     * K = w->cols, y[t, g*n : (g+1)*n] = x[t, g*K : (g+1)*K] . W[g*n : (g+1)*n, :]^T;
+     * x is [T, groups*K], y [T, groups*n].  Each group's result must equal
+     * linear_rows on that slice. */
+    void (*linear_grouped)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups);
 } be_ops;
 
 struct be_backend {

@@ -958,9 +958,12 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     /* grouped output projection: group gi of heads -> o_lora_rank, then wo_b */
     {
         const int64_t per = (int64_t)H * d / g;
-        for (int gi = 0; gi < g; gi++)
-            be->ops->linear_rows(be, u + (size_t)gi * ol, (size_t)g * ol, o + (size_t)gi * per, (size_t)H * d, R,
-                                 &ly->wo_a, (int64_t)gi * ol, ol, 0);
+        if (be->ops->linear_grouped && ly->wo_a.rows == (int64_t)g * ol && ly->wo_a.cols == per)
+            be->ops->linear_grouped(be, u, o, R, &ly->wo_a, g);
+        else
+            for (int gi = 0; gi < g; gi++)
+                be->ops->linear_rows(be, u + (size_t)gi * ol, (size_t)g * ol, o + (size_t)gi * per, (size_t)H * d, R,
+                                     &ly->wo_a, (int64_t)gi * ol, ol, 0);
         be->ops->linear(be, out, u, R, &ly->wo_b);
     }
     (void)D;

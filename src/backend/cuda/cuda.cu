@@ -488,6 +488,46 @@ static void cu_linear_rows(be_backend *be, float *y, size_t ldy, const float *x,
                                        : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16, t0);
 }
 
+/* the grouped projection in one round trip: x up once, each group's slice of it made dense on the device, the
+ * same core() as linear_rows per group (so the same bits), y down once */
+static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const be_weight *w, int groups)
+{
+    if (c->failed) return -1;
+    if (groups < 1 || w->rows % groups) return fail(c, "linear_grouped: %lld rows in %d groups", (long long)w->rows, groups);
+    if (!T) return 0;
+    CU(cudaSetDevice(c->device));
+    const int64_t n = w->rows / groups, K = w->cols;
+    const wentry *e = weight(c, w);
+    if (!e) return -1;
+    const size_t xall = up256(T * (size_t)K * groups * 4), yall = up256(T * (size_t)n * groups * 4),
+                 xb = up256(T * (size_t)K * 4), yb = up256(T * (size_t)n * 4);
+    if (scratch(c, xall + yall + xb + yb + core_tmp_bytes(c, w, T, n, K))) return -1;
+    float *dxa = (float *)c->scratch, *dya = (float *)(c->scratch + xall);
+    float *dx = (float *)(c->scratch + xall + yall), *dy = (float *)(c->scratch + xall + yall + xb);
+    CU(cudaMemcpyAsync(dxa, x, T * (size_t)K * groups * 4, cudaMemcpyHostToDevice, c->st));
+    for (int g = 0; g < groups; g++) {
+        CU(cudaMemcpy2DAsync(dx, (size_t)K * 4, dxa + (size_t)g * K, (size_t)K * groups * 4, (size_t)K * 4, T,
+                             cudaMemcpyDeviceToDevice, c->st));
+        if (core(c, e, w, dy, dx, T, (int64_t)g * n, n, 0, K, c->scratch + xall + yall + xb + yb)) return -1;
+        CU(cudaMemcpy2DAsync(dya + (size_t)g * n, (size_t)n * groups * 4, dy, (size_t)n * 4, (size_t)n * 4, T,
+                             cudaMemcpyDeviceToDevice, c->st));
+    }
+    CU(cudaMemcpyAsync(y, dya, T * (size_t)n * groups * 4, cudaMemcpyDeviceToHost, c->st));
+    CU(cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static void cu_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
+{
+    cuda_be *c = get(be);
+    const double t0 = c->prof_on ? wall() : 0;
+    pthread_mutex_lock(&c->lock);
+    int rc = grouped_locked(c, y, x, T, w, groups);
+    pthread_mutex_unlock(&c->lock);
+    if (rc) nan_fill(y, (size_t)w->rows, T, (size_t)w->rows);
+    prof_add(c, BCU_PROF_ROWS, t0);
+}
+
 static void cu_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
     cu_linear_rows(be, y, (size_t)w->rows, x, (size_t)w->cols, T, w, 0, w->rows, 0);
@@ -938,6 +978,7 @@ static const be_ops cuda_ops = {
     /* .destroy = */ be_cuda_destroy,
     /* .moe = */ cu_moe,
     /* .attention = */ cu_attention,
+    /* .linear_grouped = */ cu_linear_grouped,
 };
 
 /* ---- device-pointer entry point (benchmark; the future device-resident graph) */
@@ -1093,7 +1134,7 @@ extern "C" void bcu_profile_get(const be_backend *be, bcu_profile *out) { *out =
 extern "C" const char *bcu_profile_name(int cls)
 {
     static const char *const names[BCU_PROF_COUNT] = {"linear bf16 (cuBLAS)", "linear FP8", "linear FP4",
-                                                      "linear_rows (wo_a groups)", "rmsnorm", "moe (grouped FP4)",
+                                                      "grouped wo_a", "rmsnorm", "moe (grouped FP4)",
                                                       "attention + indexer"};
     return cls >= 0 && cls < BCU_PROF_COUNT ? names[cls] : "?";
 }

@@ -21,7 +21,7 @@ enum {
     BCU_PROF_LINEAR_BF16, /* dense bf16 / f16 / f32 weights (cuBLAS) */
     BCU_PROF_LINEAR_FP8,
     BCU_PROF_LINEAR_FP4,
-    BCU_PROF_ROWS,        /* linear_rows on a slice (the grouped wo_a) */
+    BCU_PROF_ROWS,        /* the grouped wo_a (linear_grouped), and linear_rows on a slice */
     BCU_PROF_RMSNORM,
     BCU_PROF_MOE,
     BCU_PROF_ATTENTION,
