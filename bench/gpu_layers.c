@@ -73,21 +73,7 @@
 #define NKIND 3
 static const char *const kind_name[NKIND] = {"SWA", "CSA", "HCA"};
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
 
 /* ------------------------------------------------------------ the layer clock */
 
@@ -108,7 +94,7 @@ static void hook(void *arg, int layer, int part)
 {
     stamps *s = arg;
     sync_dev();
-    double t = now();
+    double t = bench_now();
     if (layer >= M->cfg.n_layers) {
         s->head = t;
         return;
@@ -300,10 +286,10 @@ static int forward_timed(md_segment *segs, size_t n, stamps *st, double *t0, dou
     rc_err err = {0};
     md_model_set_layer_hook(M, hook, st);
     sync_dev();
-    *t0 = now();
+    *t0 = bench_now();
     int rc = md_forward(M, segs, n, &err);
     sync_dev();
-    *t1 = now();
+    *t1 = bench_now();
     md_model_set_layer_hook(M, NULL, NULL);
     if (rc) fprintf(stderr, BENCH_NAME ": forward failed: %s\n", err.msg);
     const char *ce = on_gpu ? be_cuda_error(M->be) : NULL;
@@ -524,7 +510,7 @@ int main(int argc, char **argv)
         printf("SKIPPED: no CUDA device\n");
         return 77;
     }
-    const double T0 = now();
+    const double T0 = bench_now();
     /* the CPU dry run has no ceilings: its floors print as nan */
     const double bw = on_gpu ? copy_bandwidth() : NAN, pk = on_gpu ? gemm_peak(1, 8192) : NAN;
     char err[512];
@@ -535,14 +521,14 @@ int main(int argc, char **argv)
     if (!be) { fprintf(stderr, BENCH_NAME ": %s\n", err); return 1; }
     rc_err rerr = {0};
     fprintf(stderr, BENCH_NAME ": loading %s\n", dir);
-    double tl = now();
+    double tl = bench_now();
     if (md_model_load(dir, be, sem, NULL, NULL, &M, &rerr)) {
         fprintf(stderr, BENCH_NAME ": %s\n", rerr.msg);
         return 1;
     }
     const md_config *c = &M->cfg;
     if (c->n_layers > MAXL) { fprintf(stderr, BENCH_NAME ": at most %d layers\n", MAXL); return 2; }
-    tl = now() - tl;
+    tl = bench_now() - tl;
     /* warm-up: uploads every weight the graph touches (a 512-token prefill routes to every expert) */
     double tw;
     {
@@ -552,9 +538,9 @@ int main(int argc, char **argv)
         md_segment sg = {s, ids, 512, NULL, 0};
         double a, z;
         stamps st;
-        tw = now();
+        tw = bench_now();
         forward_timed(&sg, 1, &st, &a, &z);
-        tw = now() - tw;
+        tw = bench_now() - tw;
         md_seq_free(s);
     }
     const double dev_gb = on_gpu ? (double)bcu_weight_bytes(be) / 1e9 : 0;
@@ -585,14 +571,14 @@ int main(int argc, char **argv)
                 for (int k = 0; k < nres; k++) {
                     result *r = &res[k];
                     if (r->prefill || r->P != contexts[ic]) continue;
-                    if (now() - T0 > budget) {
+                    if (bench_now() - T0 > budget) {
                         snprintf(r->skipped, sizeof r->skipped, "budget (%.0f s) spent", budget);
                         continue;
                     }
                     if (!base) {
-                        double tb = now();
+                        double tb = bench_now();
                         base = state_at(r->P);
-                        fprintf(stderr, BENCH_NAME ": state at context %ld built in %.1f s\n", r->P, now() - tb);
+                        fprintf(stderr, BENCH_NAME ": state at context %ld built in %.1f s\n", r->P, bench_now() - tb);
                     }
                     fprintf(stderr, BENCH_NAME ": decode B=%d P=%ld ...", r->B, r->P);
                     run_decode(base, r, reps);
@@ -606,18 +592,18 @@ int main(int argc, char **argv)
         for (int k = 0; k < nres; k++) {
             result *r = &res[k];
             if (!r->prefill || r->done || r->skipped[0] || (pass == 0 && k != nres - np)) continue;
-            double left = budget - (now() - T0);
+            double left = budget - (bench_now() - T0);
             if (left <= 0 || (pre0_T && pre0_s * pow((double)r->P / pre0_T, 1.5) > left)) {
                 snprintf(r->skipped, sizeof r->skipped, "budget (%.0f s): would not fit", budget);
                 continue;
             }
             fprintf(stderr, BENCH_NAME ": prefill T=%ld ...", r->P);
-            double ts = now();
+            double ts = bench_now();
             run_prefill(r);
             floors(M, bw, pk, r);
             if (!pre0_T) {
                 pre0_T = r->P;
-                pre0_s = now() - ts;
+                pre0_s = bench_now() - ts;
             }
             fprintf(stderr, " %.0f ms\n", r->step_ms);
         }

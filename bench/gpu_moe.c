@@ -38,14 +38,6 @@
 
 
 
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
 
 static cudaEvent_t ev0, ev1;
 static double elapsed(void)

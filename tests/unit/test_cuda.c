@@ -262,23 +262,7 @@ static const wcase qcases[] = {{"fp8/e8m0 200x304", mk_q_fp8_ragged}, {"fp8/f32 
 static bcu_rowdot_args q_args(const be_weight *w, const void *dw, const void *ds, int64_t r0, int64_t n, int64_t c0,
                               const float *dx, size_t T, float *dy)
 {
-    bcu_rowdot_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
-    a.w = dw;
-    a.scale = ds;
-    a.sc_dtype = w->scale_dtype == MD_F8_E8M0 ? BCU_SC_E8M0 : w->scale_dtype == MD_F32 ? BCU_SC_F32 : BCU_SC_BF16;
-    a.wrows = w->rows;
-    a.wcols = w->cols;
-    a.block = w->block;
-    a.r0 = r0;
-    a.n = n;
-    a.c0 = c0;
-    a.K = w->cols - c0;
-    a.x = dx;
-    a.T = (int64_t)T;
-    a.y = dy;
-    return a;
+    return bcu_rowdot_for(w, dw, ds, r0, n, c0, dx, (int64_t)T, dy);
 }
 
 static int64_t q_align(const be_weight *w) { return w->fmt == BE_W_FP8 ? 48 : 96; } /* inside a 128-column block */

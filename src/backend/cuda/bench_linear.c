@@ -37,21 +37,7 @@
 
 
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 32);
-}
 
 
 typedef struct {
@@ -155,9 +141,9 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
     }
     double top[REPS], tdev[REPS];
     for (int r = 0; r < REPS && host; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         for (int i = 0; i < INNER; i++) be->ops->linear(be, y, x, T, &ws[(r * INNER + i) % ncopy]);
-        top[r] = (now_s() - t0) / INNER;
+        top[r] = (bench_now() - t0) / INNER;
     }
     cudaStream_t st = bcu_stream(be);
     cudaEvent_t e0, e1;

@@ -1,13 +1,15 @@
 /* bench_util.h - what the GPU benchmarks share: fail-fast CUDA checks, the
  * median of repeated timings, and the device-to-device copy bandwidth that
  * serves as every bandwidth floor's reference, and (with BENCH_WITH_CUBLAS) the
- * GEMM peaks behind the FLOP floors.  Define BENCH_NAME (the
+ * GEMM peaks behind the FLOP floors; a clock and reproducible random bits.  Define BENCH_NAME (the
  * program's name, for messages) before including. */
 #ifndef BACKEND_CUDA_BENCH_UTIL_H
 #define BACKEND_CUDA_BENCH_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -23,6 +25,24 @@ static void die_cuda(cudaError_t r, const char *what)
     }
 }
 #define CK(call) die_cuda((call), #call)
+
+/* monotonic wall clock, seconds (needs _GNU_SOURCE or _POSIX_C_SOURCE for clock_gettime under -std=c11) */
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* xorshift64: the benchmarks' reproducible random bits */
+static uint64_t bench_rs = 88172645463325252ull;
+static inline uint32_t rnd(void)
+{
+    bench_rs ^= bench_rs << 13;
+    bench_rs ^= bench_rs >> 7;
+    bench_rs ^= bench_rs << 17;
+    return (uint32_t)(bench_rs >> 32);
+}
 
 static int cmp_d(const void *a, const void *b)
 {

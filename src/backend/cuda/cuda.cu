@@ -288,21 +288,25 @@ static wentry *slot(cuda_be *c, const void *key)
 
 /* At least n bytes of device scratch.  Grows by doubling, so a steady
  * workload stops allocating after its first steps. */
-static int scratch(cuda_be *c, size_t n)
+/* a buffer that grows by doubling (device memory, or pinned host memory), waiting for the stream before a
+ * reallocation frees what it may still be using */
+static int grow(cuda_be *c, char **buf, size_t *cap, size_t n, int pinned)
 {
-    if (n <= c->scratch_cap) return 0;
-    size_t cap = c->scratch_cap ? c->scratch_cap : (size_t)1 << 20;
-    while (cap < n) cap *= 2;
-    if (c->scratch) {
+    if (n <= *cap) return 0;
+    size_t nc = *cap ? *cap : (size_t)1 << 20;
+    while (nc < n) nc *= 2;
+    if (*buf) {
         CU(cudaStreamSynchronize(c->st));
-        CU(cudaFree(c->scratch));
-        c->scratch = NULL;
-        c->scratch_cap = 0;
+        CU(pinned ? cudaFreeHost(*buf) : cudaFree(*buf));
+        *buf = NULL;
+        *cap = 0;
     }
-    CU(cudaMalloc((void **)&c->scratch, cap));
-    c->scratch_cap = cap;
+    CU(pinned ? cudaMallocHost((void **)buf, nc) : cudaMalloc((void **)buf, nc));
+    *cap = nc;
     return 0;
 }
+
+static int scratch(cuda_be *c, size_t n) { return grow(c, &c->scratch, &c->scratch_cap, n, 0); }
 
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -424,22 +428,8 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
         if (planes == 3) CU(bcu_sum3(dy, part, T * (size_t)n, c->st));
         return 0;
     }
-    bcu_rowdot_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = w->fmt == BE_W_FP8 ? BCU_RW_FP8 : w->fmt == BE_W_FP4 ? BCU_RW_FP4 : BCU_RW_F16;
-    a.w = e->d;
-    a.scale = e->ds;
-    a.sc_dtype = w->scale_dtype == MD_F8_E8M0 ? BCU_SC_E8M0 : w->scale_dtype == MD_F32 ? BCU_SC_F32 : BCU_SC_BF16;
-    a.wrows = w->rows;
-    a.wcols = w->cols;
-    a.block = w->block;
-    a.r0 = r0;
-    a.n = n;
-    a.c0 = c0;
-    a.K = K;
-    a.x = dx;
-    a.T = (int64_t)T;
-    a.y = dy;
+    if (K != w->cols - c0) return fail(c, "row-dot: K %lld is not cols - c0", (long long)K);
+    bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, r0, n, c0, dx, (int64_t)T, dy);
     CU(bcu_rowdot(&a, c->st));
     return 0;
 }
@@ -786,21 +776,7 @@ static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
     return d;
 }
 
-static int stage_room(cuda_be *c, size_t n)
-{
-    if (n <= c->stage_cap) return 0;
-    size_t cap = c->stage_cap ? c->stage_cap : (size_t)1 << 20;
-    while (cap < n) cap *= 2;
-    if (c->stage) {
-        CU(cudaStreamSynchronize(c->st));
-        CU(cudaFreeHost(c->stage));
-        c->stage = NULL;
-        c->stage_cap = 0;
-    }
-    CU(cudaMallocHost((void **)&c->stage, cap));
-    c->stage_cap = cap;
-    return 0;
-}
+static int stage_room(cuda_be *c, size_t n) { return grow(c, &c->stage, &c->stage_cap, n, 1); }
 
 static int aws_room(cuda_be *c, const bcu_attn_limits *need)
 {

@@ -78,6 +78,10 @@ typedef struct {
     int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
+/* the arguments for rows [r0, r0+n), columns [c0, cols) of an FP8 / FP4 / f16 weight w whose device copies are
+ * dw (codes) and ds (scales), on x [T, cols - c0] -> y [T, n] (automatic path, tile and split) */
+bcu_rowdot_args bcu_rowdot_for(const be_weight *w, const void *dw, const void *ds, int64_t r0, int64_t n, int64_t c0,
+                               const float *dx, int64_t T, float *dy);
 /* the kernel bcu_rowdot would run: BCU_ROWDOT_SIMPLE or BCU_ROWDOT_MMA */
 int bcu_rowdot_path(const bcu_rowdot_args *a);
 

@@ -127,6 +127,17 @@ cudaError_t rd_smem_attr(void (*kern)(P...), size_t smem)
 }
 
 /* whether a cluster of cluster_x blocks of kern can be resident at all */
+/* cfg launches clusters of cluster_x blocks along x (at: the caller's one attribute slot) */
+static void rd_cluster_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, int cluster_x)
+{
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cluster_x;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
 template <typename... P>
 bool rd_cluster_fits(void (*kern)(P...), int cluster_x, int threads, size_t smem)
 {
@@ -135,12 +146,7 @@ bool rd_cluster_fits(void (*kern)(P...), int cluster_x, int threads, size_t smem
     cfg.blockDim = dim3((unsigned)threads, 1, 1);
     cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cluster_x;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    rd_cluster_attr(&cfg, at, cluster_x);
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -161,14 +167,7 @@ cudaError_t rd_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, in
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute at[1] = {};
-    if (cluster_x > 1) {
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)cluster_x;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-    }
+    if (cluster_x > 1) rd_cluster_attr(&cfg, at, cluster_x);
     return cudaLaunchKernelEx(&cfg, kern, args...);
 }
 
@@ -879,6 +878,28 @@ extern "C" int bcu_rowdot_path(const bcu_rowdot_args *p)
 {
     const int path = p->path ? p->path : rowdot_env();
     return path != BCU_ROWDOT_SIMPLE && mm_supported(p) ? BCU_ROWDOT_MMA : BCU_ROWDOT_SIMPLE;
+}
+
+extern "C" bcu_rowdot_args bcu_rowdot_for(const be_weight *w, const void *dw, const void *ds, int64_t r0, int64_t n,
+                                          int64_t c0, const float *dx, int64_t T, float *dy)
+{
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = w->fmt == BE_W_FP8 ? BCU_RW_FP8 : w->fmt == BE_W_FP4 ? BCU_RW_FP4 : BCU_RW_F16;
+    a.w = dw;
+    a.scale = ds;
+    a.sc_dtype = w->scale_dtype == MD_F8_E8M0 ? BCU_SC_E8M0 : w->scale_dtype == MD_F32 ? BCU_SC_F32 : BCU_SC_BF16;
+    a.wrows = w->rows;
+    a.wcols = w->cols;
+    a.block = w->block;
+    a.r0 = r0;
+    a.n = n;
+    a.c0 = c0;
+    a.K = w->cols - c0;
+    a.x = dx;
+    a.T = T;
+    a.y = dy;
+    return a;
 }
 
 extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
