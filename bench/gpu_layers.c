@@ -511,7 +511,7 @@ int main(int argc, char **argv)
         return 77;
     }
     const double T0 = bench_now();
-    /* the CPU dry run has no ceilings: its floors print as nan */
+    /* the CPU dry run has no ceilings: its floors print as "-" */
     const double bw = on_gpu ? copy_bandwidth() : NAN, pk = on_gpu ? gemm_peak(1, 8192) : NAN;
     char err[512];
     int math = bcu_math_from_env();
@@ -652,10 +652,15 @@ int main(int argc, char **argv)
                 } else if (r->hf_skip[0]) {
                     snprintf(hfs, sizeof hfs, "skipped (%.40s)", r->hf_skip);
                 }
-                fprintf(f, "| %s | %d | %ld | %s | %.2f | %.2f | %.2f | %.3f | %s | %.1f%% | %s | %s |\n", cs, r->B,
-                        r->P, kind_name[q], r->ms[q], r->attn_ms[q], r->ffn_ms[q], r->floor_ms[q],
-                        r->bw_ms[q] >= r->floor_ms[q] * 0.999 ? "bytes" : "FLOPs", 100 * r->floor_ms[q] / r->ms[q],
-                        hfs, ratio);
+                char fl[32] = "-", pct[32] = "-";
+                const char *bound = "-";
+                if (isfinite(r->floor_ms[q])) { /* the CPU dry run has none */
+                    snprintf(fl, sizeof fl, "%.3f", r->floor_ms[q]);
+                    snprintf(pct, sizeof pct, "%.1f%%", 100 * r->floor_ms[q] / r->ms[q]);
+                    bound = r->bw_ms[q] >= r->floor_ms[q] * 0.999 ? "bytes" : "FLOPs";
+                }
+                fprintf(f, "| %s | %d | %ld | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cs, r->B, r->P,
+                        kind_name[q], r->ms[q], r->attn_ms[q], r->ffn_ms[q], fl, bound, pct, hfs, ratio);
             }
         }
         if (on_gpu) {
