@@ -309,7 +309,11 @@ static void random_ids(int32_t *ids, size_t n)
 static md_seq *state_at(long P)
 {
     const size_t nb = (size_t)P / MD_BLOCK_TOKENS, nf = md_block_floats(M);
-    md_block **blk = malloc(nb * sizeof *blk);
+    md_block **blk = malloc((nb ? nb : 1) * sizeof *blk);
+    if (!blk) {
+        fprintf(stderr, BENCH_NAME ": out of memory for %zu block pointers\n", nb);
+        exit(1);
+    }
     for (size_t i = 0; i < nb; i++) {
         blk[i] = md_block_new(M);
         if (!blk[i]) {
@@ -391,6 +395,13 @@ static void run_prefill(result *r)
     md_seq *s = md_seq_create(M);
     int32_t *ids = malloc((size_t)r->P * sizeof *ids);
     float *lg = malloc((size_t)M->cfg.vocab_size * sizeof(float));
+    if (!s || !ids || !lg) {
+        snprintf(r->skipped, sizeof r->skipped, "out of host memory");
+        if (s) md_seq_free(s);
+        free(ids);
+        free(lg);
+        return;
+    }
     random_ids(ids, (size_t)r->P);
     md_segment sg = {s, ids, (size_t)r->P, lg, 0};
     double t0, t1;
@@ -547,7 +558,7 @@ int main(int argc, char **argv)
     fprintf(stderr, BENCH_NAME ": loaded in %.1f s, warm-up forward (weight upload) %.1f s, %.2f GB on the device\n",
             tl, tw, dev_gb);
 
-    result res[64];
+    result res[8 * 8 + 8]; /* contexts x batches + prefills, 8 each at most (parse_list) */
     int nres = 0;
     memset(res, 0, sizeof res);
     for (int ic = 0; ic < nc; ic++)

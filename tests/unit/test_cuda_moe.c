@@ -43,18 +43,7 @@
 
 /* ------------------------------------------------------------------ random */
 
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void)
-{
-    uint64_t x = rng_state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    rng_state = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-static double unif01(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
-static float unif(void) { return (float)(unif01() * 2.0 - 1.0); }
+#include "test_rng.h" /* rnd, unif01, unif; main seeds rng_state as this test always has */
 
 static void *xmalloc(size_t n)
 {
@@ -724,6 +713,7 @@ static void test_gpu_refuses_bad_calls(void **st)
 
 int main(void)
 {
+    rng_state = 0x243F6A8885A308D3ull; /* this test's data since it was written */
     const char *filter = getenv("TEST_CUDA_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);
     const char *skip = getenv("TEST_CUDA_SKIP");

@@ -1,5 +1,5 @@
 /* test_rng.h - the GPU tests' deterministic random numbers (xorshift64*):
- * rnd() 64 bits, unif() uniform in [-1, 1).  One state per test program
+ * rnd() 64 bits, unif01() uniform in [0, 1), unif() in [-1, 1).  One state per test program
  * (rng_state), reseedable by assigning it. */
 #ifndef TESTS_UNIT_TEST_RNG_H
 #define TESTS_UNIT_TEST_RNG_H
@@ -18,6 +18,8 @@ static inline uint64_t rnd(void)
     return x * 0x2545F4914F6CDD1Dull;
 }
 
-static inline float unif(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+/* uniform in [0, 1) and in [-1, 1), from the top 53 bits */
+static inline double unif01(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
+static inline float unif(void) { return (float)(unif01() * 2.0 - 1.0); }
 
 #endif
