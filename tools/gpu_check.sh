@@ -30,10 +30,10 @@ pack() {
     set -e
     local b=${BUILD_DIR:-/tmp/cub}
     cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-    ninja -C "$b" test_cuda bench_cuda_linear deepinfer deepinfer_cuda
+    ninja -C "$b" test_cuda test_cuda_graph test_cuda_dequant bench_cuda_linear deepinfer deepinfer_cuda
     rm -rf .carry
     mkdir -p .carry/bin .carry/lib .carry/include
-    cp "$b/test_cuda" "$b/bench_cuda_linear" "$b/deepinfer" "$b/libdeepinfer_cuda.so" .carry/bin/
+    cp "$b/test_cuda" "$b/test_cuda_graph" "$b/test_cuda_dequant" "$b/bench_cuda_linear" "$b/deepinfer" "$b/libdeepinfer_cuda.so" .carry/bin/
     # attention and indexer kernels (attn.cu): their test and benchmark
     ninja -C "$b" test_cuda_attn bench_gpu_attn
     cp "$b/test_cuda_attn" "$b/bench_gpu_attn" .carry/bin/
@@ -107,7 +107,8 @@ rebuild() {
         gcc $cf -O3 -c "$s" -o "$b/$(basename "$s").o" || return 1
         objs+=("$b/$(basename "$s").o")
     done
-    for s in src/backend/cuda/cuda.cu src/backend/cuda/kernels.cu; do
+    for s in src/backend/cuda/cuda.cu src/backend/cuda/kernels.cu src/backend/cuda/attn.cu src/backend/cuda/moe.cu \
+             src/backend/cuda/graph.cu src/backend/cuda/dequant.cu; do
         nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c "$s" -o "$b/$(basename "$s").o" || return 1
         objs+=("$b/$(basename "$s").o")
     done
@@ -115,12 +116,12 @@ rebuild() {
     gcc $cf -DMODEL_FIXTURE_DIR="\"$MODEL_FIXTURE_DIR\"" tests/unit/test_cuda.c "${objs[@]}" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda" || return 1
     gcc $cf src/backend/cuda/bench_linear.c "${objs[@]}" "${libs[@]}" -o "$b/bench_cuda_linear" || return 1
     # attention and indexer kernels (attn.cu): their test and benchmark need only attn.cu
-    { nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c src/backend/cuda/attn.cu -o "$b/attn.cu.o" &&
-      gcc $cf -I"$cuda/include" tests/unit/test_cuda_attn.c "$b/attn.cu.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_attn" &&
+    gcc $cf -I"$cuda/include" -DMODEL_FIXTURE_DIR="\"$MODEL_FIXTURE_DIR\"" tests/unit/test_cuda_graph.c "${objs[@]}" \
+        -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_graph" || say "test_cuda_graph rebuild failed"
+    { gcc $cf -I"$cuda/include" tests/unit/test_cuda_attn.c "$b/attn.cu.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_attn" &&
       gcc $cf -I"$cuda/include" bench/gpu_attn.c "$b/attn.cu.o" "${libs[@]}" -o "$b/bench_gpu_attn"; } || say "attn rebuild failed"
     # the grouped FP4 routed-expert FFN (moe.cu): the test decodes with dtype.c (in objs), the benchmark times cuBLAS
-    { nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c src/backend/cuda/moe.cu -o "$b/moe.cu.o" &&
-      gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
+    { gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
       gcc $cf -I"$cuda/include" bench/gpu_moe.c "$b/moe.cu.o" "${libs[@]}" -o "$b/bench_gpu_moe"; } || say "moe rebuild failed"
     BIN=$b
     say "rebuilt test_cuda and bench_cuda_linear in $b (no deepinfer CLI in this mode)"
@@ -133,16 +134,31 @@ if [ -n "${FORCE_REBUILD:-}" ] || [ ! -x "$BIN/test_cuda" ] || ! ldd "$BIN/test_
 fi
 
 if want unit; then
+section "unit_cuda_graph (test_cuda_graph: the graph's non-GEMM kernels vs host references)"
+timeout 200 "$BIN/test_cuda_graph" > "$OUTDIR/unit_cuda_graph.txt" 2>&1
+rc=$?
+grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_graph.txt" | head -60 | tee -a "$SUM"
+say "test_cuda_graph exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+section "unit_cuda_dequant (test_cuda_dequant: FP8 / FP4 -> bf16, bit-exact vs dtype.c)"
+timeout 200 "$BIN/test_cuda_dequant" > "$OUTDIR/unit_cuda_dequant.txt" 2>&1
+rc=$?
+grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_dequant.txt" | head -40 | tee -a "$SUM"
+say "test_cuda_dequant exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
 section "unit_cuda (test_cuda)"
 timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda.txt" 2>&1
 rc=$?
 grep -E "^\s+\[|bad device|unsupported weight|PASSED|FAILED|OK \]|ERROR|Failure|SKIPPED|rel error|differs|agreement" "$OUTDIR/unit_cuda.txt" | tee -a "$SUM"
 say "test_cuda exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
 section "unit_cuda model tests again with 5-row attention launches (segments cut across launches)"
-DEEPINFER_CUDA_ATTN_ROWS=5 TEST_CUDA_FILTER='test_model_bf16x3' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_rows5.txt" 2>&1
+DEEPINFER_CUDA_ATTN_ROWS=5 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_rows5.txt" 2>&1
 rc=$?
-grep -E "PASSED|FAILED|Failure|ERROR|rel error|differs|agreement" "$OUTDIR/unit_cuda_rows5.txt" | tee -a "$SUM"
+grep -E "PASSED|FAILED|Failure|ERROR|max rel|differs|agreement" "$OUTDIR/unit_cuda_rows5.txt" | tee -a "$SUM"
 say "test_cuda (5-row launches) exit status: $rc"
+section "unit_cuda model tests again with every FP8 / FP4 GEMM through dequantise + cuBLAS (DEEPINFER_CUDA_DEQUANT_T=1)"
+DEEPINFER_CUDA_DEQUANT_T=1 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_deq1.txt" 2>&1
+rc=$?
+grep -E "PASSED|FAILED|Failure|ERROR|max rel|differs|agreement" "$OUTDIR/unit_cuda_deq1.txt" | tee -a "$SUM"
+say "test_cuda (dequant GEMMs) exit status: $rc"
 
 fi
 if want cli; then

@@ -67,6 +67,8 @@ typedef struct be_attn_args {
     float *out;                 /* [ntok, n_heads, head_dim] */
 } be_attn_args;
 
+struct be_dev_ops;
+
 typedef struct be_ops {
     const char *name;
     /* y[t, 0:w->rows] = x[t, 0:w->cols] . W^T for t in [0, T). */
@@ -101,7 +103,74 @@ typedef struct be_ops {
      * x is [T, groups*K], y [T, groups*n].  Each group's result must equal
      * linear_rows on that slice. */
     void (*linear_grouped)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups);
+    /* Optional (NULL: the graph keeps its activations in host memory).  The
+     * device-resident graph: md_forward then keeps every activation in this
+     * backend's memory and calls these ops instead (below). */
+    const struct be_dev_ops *dev;
 } be_ops;
+
+/* mHC parameters of one site (v4.c hc_pre_task); fn, base, scale are the model's host arrays */
+typedef struct be_hc {
+    int n, D, iters;
+    float hc_eps, rms_eps;
+    const float *fn, *base, *scale; /* [(2+n)n, n*D], [(2+n)n], [3] (the head: [n, n*D], [n], [1]) */
+} be_hc;
+
+/* MoE routing of one layer (v4.c moe()); bias / tid2eid are the model's host arrays */
+typedef struct be_route {
+    int E, K, score_func, official, vocab;
+    float route_scale;
+    const float *bias;      /* [E], NULL on hash layers */
+    const int32_t *tid2eid; /* [vocab, K] on hash layers, else NULL */
+} be_route;
+
+/* The device-resident graph (src/model/v4.c forward_dev).  Activation
+ * pointers ("device") come from alloc and stay valid until the next reset;
+ * parameter arrays (norm weights, mHC, RoPE frequencies, routing bias, hash
+ * table, sinks) are the model's host arrays, which the backend mirrors once.
+ * The math ops are asynchronous and return nothing: a failure is sticky
+ * (failed() != 0, be_cuda_error says why) and later ops do nothing.  Each op
+ * is the math of the v4.c host code or be_ops entry it is named after. */
+typedef struct be_dev_ops {
+    void (*reset)(be_backend *be);                 /* start of a forward: every earlier alloc is void */
+    void *(*alloc)(be_backend *be, size_t bytes);  /* NULL when out of device memory */
+    void (*upload)(be_backend *be, void *dst, const void *src, size_t bytes);   /* host -> device; src reusable */
+    int (*download)(be_backend *be, void *dst, const void *src, size_t bytes);  /* device -> host, waits; 0 or -1 */
+    int (*failed)(be_backend *be);
+    void (*zero)(be_backend *be, void *p, size_t bytes);
+    void (*linear)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
+    void (*linear_grouped)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups);
+    void (*rmsnorm)(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps);
+    /* X[t, s] = embedding row ids[t] for each of n_streams streams; ids device */
+    void (*embed)(be_backend *be, float *X, const int32_t *ids, size_t R, const be_weight *e, int n_streams);
+    void (*hc_pre)(be_backend *be, const be_hc *h, const float *X, size_t R, float *coll, float *post, float *comb);
+    void (*hc_head)(be_backend *be, const be_hc *h, const float *X, size_t R, float *coll);
+    void (*hc_post)(be_backend *be, float *X, const float *f, const float *post, const float *comb, int n, int D,
+                    size_t R);
+    /* v4.c rope() on x + r*stride + off, r < rows, at position pos[r / per] (pos device) */
+    void (*rope)(be_backend *be, float *x, size_t rows, size_t stride, size_t off, int rd, const float *inv_freq,
+                 const int64_t *pos, int per);
+    /* v4.c fq_fp8 (fp4 = 0) / fq_fp4 (fp4 = 1) on the first n floats of each row */
+    void (*fq)(be_backend *be, float *x, size_t rows, size_t stride, size_t n, int block, int fp4);
+    void (*hadamard)(be_backend *be, float *x, size_t rows, size_t n);
+    /* v4.c swiglu() on rows x I; rw (device, may be NULL) scales row r afterwards */
+    void (*swiglu)(be_backend *be, float *g, const float *up, size_t rows, int I, float limit, const float *rw);
+    void (*scale)(be_backend *be, float *x, size_t n, float s);
+    void (*add)(be_backend *be, float *y, const float *x, size_t n);
+    /* idx [R, K], wt [R, K] from the gate's logits [R, E]; ids [R] device */
+    void (*route)(be_backend *be, const be_route *r, const float *logits, const int32_t *ids, size_t R, int32_t *idx,
+                  float *wt);
+    void (*gather)(be_backend *be, float *dst, const float *src, const int32_t *rows, size_t n, size_t width);
+    /* y[rows[r]] += src[r] * (rw ? rw[r] : 1) for r < n (rows distinct; all device) */
+    void (*scatter_add)(be_backend *be, float *y, const float *src, const int32_t *rows, const float *rw, size_t n,
+                        size_t width);
+    /* be_ops.moe and be_ops.attention over device activations (attention: q, iq, iw, out device; the
+     * sequences' window keys and blocks are host memory, as there) */
+    int (*moe)(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
+               const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
+               int weight_before_w2);
+    int (*attention)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
+} be_dev_ops;
 
 struct be_backend {
     const be_ops *ops;

@@ -139,6 +139,7 @@ fail:
 void md_model_free(md_model *m)
 {
     if (!m) return;
+    md_model_set_host_dev_graph(m, 0);
     md_free_weights(m);
     free(m->blk_off);
     free(m->blk_epb);
@@ -459,47 +460,68 @@ static void hadamard(float *x, size_t n)
 }
 
 
+/* Embedding rows ids[0..R) into X [R, n, D], copied into every stream. */
+static void embed_rows(const be_weight *e, const int32_t *ids, size_t R, int n, float *X)
+{
+    const size_t D = (size_t)e->cols;
+    for (size_t t = 0; t < R; t++) {
+        float *x0 = X + t * (size_t)n * D;
+        if (e->dtype == MD_F32)
+            memcpy(x0, (const float *)e->data + (size_t)ids[t] * D, D * sizeof(float));
+        else if (e->dtype == MD_BF16)
+            md_bf16_row_to_f32((const uint16_t *)e->data + (size_t)ids[t] * D, x0, D);
+        else
+            md_f16_row_to_f32((const uint16_t *)e->data + (size_t)ids[t] * D, x0, D);
+        for (int i = 1; i < n; i++) memcpy(x0 + (size_t)i * D, x0, D * sizeof(float));
+    }
+}
+
 /* ------------------------------------------------------------------- mHC */
 
 typedef struct {
-    const md_config *c;
+    be_hc h;                  /* sizes, epsilons and the site's parameters */
     float *X;                 /* [R, n, D] streams */
-    const float *fn, *base, *scale;
     float *coll, *post, *comb; /* [R, D], [R, n], [R, n, n] */
     const float *f;           /* sublayer output [R, D] (post step) */
 } hc_job;
+
+static be_hc hc_params(const md_config *c, const float *fn, const float *base, const float *scale)
+{
+    return (be_hc){.n = c->hc_mult, .D = c->hidden_size, .iters = c->hc_iters, .hc_eps = c->hc_eps,
+                   .rms_eps = c->rms_eps, .fn = fn, .base = base, .scale = scale};
+}
 
 /* pre/post/comb from one site's parameters, collapse to one row (hc_pre). */
 static void hc_pre_task(void *arg, size_t t)
 {
     const hc_job *j = arg;
-    const int n = j->c->hc_mult, D = j->c->hidden_size, mix = (2 + n) * n;
-    const float eps = j->c->hc_eps;
+    const int n = j->h.n, D = j->h.D, mix = (2 + n) * n;
+    const float eps = j->h.hc_eps;
     const float *x = j->X + t * (size_t)n * D;
     double ss = 0;
     for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
-    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->c->rms_eps);
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->h.rms_eps);
     float mixes[(2 + 16) * 16];
-    for (int k = 0; k < mix; k++) mixes[k] = be_dot_f32(j->fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
+    for (int k = 0; k < mix; k++) mixes[k] = be_dot_f32(j->h.fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
     float pre[16];
     float *post = j->post + t * n, *C = j->comb + t * n * n;
     for (int i = 0; i < n; i++) {
-        pre[i] = sigmoidf(mixes[i] * j->scale[0] + j->base[i]) + eps;
-        post[i] = 2.0f * sigmoidf(mixes[n + i] * j->scale[1] + j->base[n + i]);
+        pre[i] = sigmoidf(mixes[i] * j->h.scale[0] + j->h.base[i]) + eps;
+        post[i] = 2.0f * sigmoidf(mixes[n + i] * j->h.scale[1] + j->h.base[n + i]);
     }
     /* C[i][k]: from stream i (row) to stream k (column); softmax along rows,
      * then Sinkhorn: column, (row, column) x (iters - 1) */
     for (int i = 0; i < n; i++) {
         float mx = -INFINITY;
         for (int k = 0; k < n; k++) {
-            C[i * n + k] = mixes[2 * n + i * n + k] * j->scale[2] + j->base[2 * n + i * n + k];
+            C[i * n + k] = mixes[2 * n + i * n + k] * j->h.scale[2] + j->h.base[2 * n + i * n + k];
             mx = fmaxf(mx, C[i * n + k]);
         }
         float s = 0;
         for (int k = 0; k < n; k++) s += (C[i * n + k] = expf(C[i * n + k] - mx));
         for (int k = 0; k < n; k++) C[i * n + k] = C[i * n + k] / s + eps;
     }
-    for (int it = 0; it < j->c->hc_iters; it++) {
+    for (int it = 0; it < j->h.iters; it++) {
         if (it > 0)
             for (int i = 0; i < n; i++) {
                 float s = 0;
@@ -524,7 +546,7 @@ static void hc_pre_task(void *arg, size_t t)
 static void hc_post_task(void *arg, size_t t)
 {
     const hc_job *j = arg;
-    const int n = j->c->hc_mult, D = j->c->hidden_size;
+    const int n = j->h.n, D = j->h.D;
     float *x = j->X + t * (size_t)n * D;
     const float *post = j->post + t * n, *C = j->comb + t * n * n, *f = j->f + t * (size_t)D;
     float *tmp = rc_scratch(RC_SCRATCH_HC, (size_t)n * D * sizeof *tmp);
@@ -540,15 +562,15 @@ static void hc_post_task(void *arg, size_t t)
 static void hc_head_task(void *arg, size_t t)
 {
     const hc_job *j = arg;
-    const int n = j->c->hc_mult, D = j->c->hidden_size;
+    const int n = j->h.n, D = j->h.D;
     const float *x = j->X + t * (size_t)n * D;
     double ss = 0;
     for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
-    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->c->rms_eps);
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + j->h.rms_eps);
     float pre[16];
     for (int i = 0; i < n; i++)
-        pre[i] = sigmoidf(be_dot_f32(j->fn + (size_t)i * n * D, x, (size_t)n * D) * rs * j->scale[0] + j->base[i]) +
-                 j->c->hc_eps;
+        pre[i] = sigmoidf(be_dot_f32(j->h.fn + (size_t)i * n * D, x, (size_t)n * D) * rs * j->h.scale[0] + j->h.base[i]) +
+                 j->h.hc_eps;
     float *y = j->coll + t * (size_t)D;
     for (int d = 0; d < D; d++) {
         float acc = 0;
@@ -776,21 +798,25 @@ static void *xalloc(size_t n, int *fail)
 
 /* Attention (and the CSA indexer) of layer l for every segment, the window keys of segment s in kbufs[s] from
  * position kst[s]: in one backend call when the backend has the op, else on the host threads. */
-static int attend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *q,
-                  const float *iq, const float *iw, float *const *kbufs, const int64_t *kst, float *o)
+typedef int (*attn_op)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
+
+/* The backend's attention op (be_ops.attention, or the device graph's) for every segment: <= 0 when it did the
+ * work (< 0: o is NaN and the backend keeps the error), > 0 when it declined or there is none. */
+static int attend_backend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, attn_op op,
+                          const float *q, const float *iq, const float *iw, float *const *kbufs, const int64_t *kst,
+                          float *o)
 {
     const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
     be_backend *be = m->be;
     const int H = c->n_heads, d = c->head_dim, IH = c->index_heads, ID = c->index_head_dim;
-    int rc = 0;
-    if (be->ops->attention && nseg <= INT32_MAX && rw->R <= INT32_MAX) {
+    int r = 1;
+    if (op && nseg <= INT32_MAX && rw->R <= INT32_MAX) {
         size_t nb = 0;
         for (size_t s = 0; s < nseg; s++) nb += segs[s].seq->nblk;
         be_attn_seq *as = malloc(nseg * sizeof *as);
         const float **bp = malloc((nb ? nb : 1) * sizeof *bp);
         uint64_t *bid = malloc((nb ? nb : 1) * sizeof *bid);
-        int r = 1;
         if (as && bp && bid) {
             size_t k = 0;
             for (size_t s = 0; s < nseg; s++) {
@@ -815,13 +841,24 @@ static int attend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_
                               .index_dim = ID, .topk = c->index_topk, .q = q, .iq = iq, .iw = iw,
                               .sink = ly->attn_sink, .inv_freq = ly->ratio ? m->inv_freq_comp : m->inv_freq_main,
                               .out = o};
-            r = be->ops->attention(be, as, (int)nseg, (int)rw->R, &a);
+            r = op(be, as, (int)nseg, (int)rw->R, &a);
         }
         free(as);
         free(bp);
         free(bid);
-        if (r <= 0) return 0; /* < 0: o is NaN and the backend keeps the error */
     }
+    return r;
+}
+
+/* The same on the host threads. */
+static int attend_host(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *q,
+                       const float *iq, const float *iw, float *const *kbufs, const int64_t *kst, float *o)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    be_backend *be = m->be;
+    const int H = c->n_heads, d = c->head_dim, IH = c->index_heads, ID = c->index_head_dim;
+    int rc = 0;
     for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
         md_seq *sq = segs[sgi].seq;
         const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
@@ -838,6 +875,57 @@ static int attend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_
         if (!rc) be_cpu_parallel(be, n * (size_t)H, attn_task, &aj);
         free(aj.sel);
         free(aj.nsel);
+    }
+    return rc;
+}
+
+/* Per segment, in order: its window keys (kbufs[s] from position kst[s]: the ring's positions before the
+ * segment, then its own), the compressors (a block completed by token t is visible to t), the ring.  kv [R, d],
+ * ckv / cg [R, cd] (ratio > 0) and ikv / ig [R, 2 ID] (CSA) are host rows. */
+static int state_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv,
+                      const float *ckv, const float *cg, const float *ikv, const float *ig, float **kbufs,
+                      int64_t *kst)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    const int d = c->head_dim, ID = c->index_head_dim;
+    const int cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0;
+    int rc = 0;
+    for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
+        md_seq *sq = segs[sgi].seq;
+        seq_layer *sl = &sq->L[l];
+        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
+        const int64_t p0 = sq->len;
+        const int W = c->window;
+        /* window keys: the ring's positions before the segment, then its own */
+        int64_t kstart = p0 - W + 1;
+        if (kstart < sq->win_lo) kstart = sq->win_lo;
+        const size_t nold = (size_t)(p0 - kstart);
+        float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
+        if (!kbuf) { rc = RC_ENOMEM; break; }
+        kbufs[sgi] = kbuf;
+        kst[sgi] = kstart;
+        for (size_t k = 0; k < nold; k++)
+            memcpy(kbuf + k * d, sl->win + (size_t)((kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
+        memcpy(kbuf + nold * d, kv + r0 * d, n * (size_t)d * sizeof(float));
+
+        if (ly->ratio) {
+            comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
+                           .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
+                           .ape = ly->c_ape, .norm = ly->c_norm};
+            comp_ref ci = {.ratio = ly->ratio, .overlap = 1, .hd = ID, .kv = sl->i_kv, .gate = sl->i_gate,
+                           .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
+                           .ape = ly->i_ape, .norm = ly->i_norm};
+            for (size_t i = 0; i < n && !rc; i++) {
+                rc = comp_push(m, &cr, 0, ckv + (r0 + i) * cd, cg + (r0 + i) * cd, p0 + (int64_t)i);
+                if (!rc && ly->overlap)
+                    rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
+            }
+        }
+        /* the ring keeps the last W positions (kbuf already holds what attention needs) */
+        size_t keep = n < (size_t)W ? n : (size_t)W;
+        for (size_t k = n - keep; k < n; k++)
+            memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
     }
     return rc;
 }
@@ -912,47 +1000,12 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
             }
     }
 
-    /* per segment: its window keys, the compressors (a block completed by token t is visible to t), the ring */
     kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
     kst = calloc(nseg ? nseg : 1, sizeof *kst);
     if (!kbufs || !kst) { rc = RC_ENOMEM; goto out; }
-    for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
-        md_seq *sq = segs[sgi].seq;
-        seq_layer *sl = &sq->L[l];
-        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
-        const int64_t p0 = sq->len;
-        const int W = c->window;
-        /* window keys: the ring's positions before the segment, then its own */
-        int64_t kstart = p0 - W + 1;
-        if (kstart < sq->win_lo) kstart = sq->win_lo;
-        const size_t nold = (size_t)(p0 - kstart);
-        float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
-        if (!kbuf) { rc = RC_ENOMEM; break; }
-        kbufs[sgi] = kbuf;
-        kst[sgi] = kstart;
-        for (size_t k = 0; k < nold; k++)
-            memcpy(kbuf + k * d, sl->win + (size_t)((kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
-        memcpy(kbuf + nold * d, kv + r0 * d, n * (size_t)d * sizeof(float));
-
-        if (ly->ratio) {
-            comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
-                           .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
-                           .ape = ly->c_ape, .norm = ly->c_norm};
-            comp_ref ci = {.ratio = ly->ratio, .overlap = 1, .hd = ID, .kv = sl->i_kv, .gate = sl->i_gate,
-                           .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
-                           .ape = ly->i_ape, .norm = ly->i_norm};
-            for (size_t i = 0; i < n && !rc; i++) {
-                rc = comp_push(m, &cr, 0, ckv + (r0 + i) * cd, cg + (r0 + i) * cd, p0 + (int64_t)i);
-                if (!rc && ly->overlap)
-                    rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
-            }
-        }
-        /* the ring keeps the last W positions (kbuf already holds what attention needs) */
-        size_t keep = n < (size_t)W ? n : (size_t)W;
-        for (size_t k = n - keep; k < n; k++)
-            memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
-    }
-    if (!rc) rc = attend(m, l, segs, nseg, rw, q, iq, iw, kbufs, kst, o);
+    rc = state_step(m, l, segs, nseg, rw, kv, ckv, cg, ikv, ig, kbufs, kst);
+    if (!rc && attend_backend(m, l, segs, nseg, rw, be->ops->attention, q, iq, iw, kbufs, kst, o) > 0)
+        rc = attend_host(m, l, segs, nseg, rw, q, iq, iw, kbufs, kst, o);
     if (rc) goto out;
 
     /* grouped output projection: group gi of heads -> o_lora_rank, then wo_b */
@@ -992,6 +1045,49 @@ static void swiglu(float *gt, const float *up, size_t n, float limit)
     }
 }
 
+static be_route route_params(const md_model *m, int l)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    return (be_route){.E = c->n_experts, .K = c->top_k, .score_func = c->score_func,
+                      .official = m->sem == MD_SEM_OFFICIAL, .vocab = c->vocab_size, .route_scale = c->route_scale,
+                      .bias = ly->hash ? NULL : ly->gate_bias, .tid2eid = ly->hash ? ly->tid2eid : NULL};
+}
+
+/* routing: sqrt(softplus(x . gate)) (or sigmoid), top-k of score + bias (or the hash table), weights
+ * renormalised over the chosen k and scaled.  logit [R, E] becomes the scores. */
+static void route_rows(const be_route *ra, float *logit, const int32_t *ids, size_t R, int32_t *idx, float *wt)
+{
+    const int E = ra->E, K = ra->K;
+    for (size_t t = 0; t < R; t++) {
+        float *s = logit + t * E;
+        for (int e = 0; e < E; e++) {
+            float v = s[e];
+            s[e] = ra->score_func == 1 ? sigmoidf(v) : sqrtf(softplusf(v));
+        }
+        int32_t *ix = idx + t * K;
+        if (ra->tid2eid) {
+            memcpy(ix, ra->tid2eid + (size_t)ids[t] * K, (size_t)K * sizeof(int32_t));
+        } else {
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                float bv = -INFINITY;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int q = 0; q < k; q++) taken |= ix[q] == e;
+                    float v = s[e] + ra->bias[e];
+                    if (!taken && (best < 0 || v > bv)) { best = e; bv = v; }
+                }
+                ix[k] = best;
+            }
+        }
+        float sum = 0;
+        for (int k = 0; k < K; k++) sum += (wt[t * K + k] = s[ix[k]]);
+        if (!ra->official) sum += 1e-20f;
+        for (int k = 0; k < K; k++) wt[t * K + k] = wt[t * K + k] / sum * ra->route_scale;
+    }
+}
+
 static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
 {
     const md_config *c = &m->cfg;
@@ -1012,36 +1108,9 @@ static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
     float *rw_e = xalloc(R * sizeof(float), &fail);
     if (fail) { rc = RC_ENOMEM; goto out; }
 
-    /* routing: sqrt(softplus(x . gate)), top-k of score + bias (or the hash
-     * table), weights renormalised over the chosen k and scaled */
     be->ops->linear(be, logit, x, R, &ly->gate);
-    for (size_t t = 0; t < R; t++) {
-        float *s = logit + t * E;
-        for (int e = 0; e < E; e++) {
-            float v = s[e];
-            s[e] = c->score_func == 1 ? sigmoidf(v) : sqrtf(softplusf(v));
-        }
-        int32_t *ix = idx + t * K;
-        if (ly->hash) {
-            memcpy(ix, ly->tid2eid + (size_t)rw->ids[t] * K, (size_t)K * sizeof(int32_t));
-        } else {
-            for (int k = 0; k < K; k++) {
-                int best = -1;
-                float bv = -INFINITY;
-                for (int e = 0; e < E; e++) {
-                    int taken = 0;
-                    for (int q = 0; q < k; q++) taken |= ix[q] == e;
-                    float v = s[e] + ly->gate_bias[e];
-                    if (!taken && (best < 0 || v > bv)) { best = e; bv = v; }
-                }
-                ix[k] = best;
-            }
-        }
-        float sum = 0;
-        for (int k = 0; k < K; k++) sum += (wt[t * K + k] = s[ix[k]]);
-        if (!official) sum += 1e-20f;
-        for (int k = 0; k < K; k++) wt[t * K + k] = wt[t * K + k] / sum * c->route_scale;
-    }
+    be_route ra = route_params(m, l);
+    route_rows(&ra, logit, rw->ids, R, idx, wt);
 
     /* experts in ascending id, so every token sums its experts in the same
      * order however the batch is made */
@@ -1085,6 +1154,469 @@ out:
     return rc;
 }
 
+/* ------------------------------------------------- the device-resident forward
+ *
+ * The same graph as md_forward's host path, for a backend with be_ops.dev:
+ * every activation stays in the backend's memory and every op is the
+ * backend's.  What stays on the host is the sequences' state (window rings,
+ * compressor partial blocks, KV blocks): per layer, the rows that extend it
+ * (window key, compressor and indexer-compressor inputs) come down in one
+ * download, state_step runs as on the host path, and the attention op reads
+ * the window keys and blocks from host memory as be_ops.attention does.  So a
+ * layer waits for the device once; moving the state onto the device removes
+ * that wait (docs/CUDA.md). */
+
+typedef struct {
+    md_model *m;
+    be_backend *be;
+    const be_dev_ops *dv;
+    const rows_t *rw;
+    const int32_t *ids;  /* device [R] */
+    const int64_t *pos;  /* device [R] */
+    int oom;
+} dev_ctx;
+
+static void *dalloc(dev_ctx *x, size_t bytes)
+{
+    void *p = x->dv->alloc(x->be, bytes ? bytes : 4);
+    if (!p) x->oom = 1;
+    return p;
+}
+
+/* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */
+static int attend_dev_host(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *q, const float *iq,
+                           const float *iw, float *const *kbufs, const int64_t *kst, float *o)
+{
+    const md_config *c = &x->m->cfg;
+    const size_t R = x->rw->R, qn = R * (size_t)c->n_heads * c->head_dim;
+    const size_t iqn = iq ? R * (size_t)c->index_heads * c->index_head_dim : 0, iwn = iw ? R * (size_t)c->index_heads : 0;
+    float *hq = malloc(qn * sizeof(float)), *ho = malloc(qn * sizeof(float));
+    float *hiq = iqn ? malloc(iqn * sizeof(float)) : NULL, *hiw = iwn ? malloc(iwn * sizeof(float)) : NULL;
+    int rc = (!hq || !ho || (iqn && !hiq) || (iwn && !hiw)) ? RC_ENOMEM : 0;
+    if (!rc && (x->dv->download(x->be, hq, q, qn * sizeof(float)) ||
+                (iqn && x->dv->download(x->be, hiq, iq, iqn * sizeof(float))) ||
+                (iwn && x->dv->download(x->be, hiw, iw, iwn * sizeof(float)))))
+        rc = RC_EIO;
+    if (!rc) rc = attend_host(x->m, l, segs, nseg, x->rw, hq, hiq, hiw, kbufs, kst, ho);
+    if (!rc) x->dv->upload(x->be, o, ho, qn * sizeof(float));
+    free(hq); free(ho); free(hiq); free(hiw);
+    return rc;
+}
+
+static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *xin, float *out)
+{
+    md_model *m = x->m;
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    be_backend *be = x->be;
+    const be_dev_ops *dv = x->dv;
+    const size_t R = x->rw->R;
+    const int H = c->n_heads, d = c->head_dim, ql = c->q_lora_rank, rd = c->rope_dim;
+    const int g = c->o_groups, ol = c->o_lora_rank, IH = c->index_heads, ID = c->index_head_dim;
+    const float *inv = ly->ratio ? m->inv_freq_comp : m->inv_freq_main;
+    const int official = m->sem == MD_SEM_OFFICIAL;
+    const int cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0, icd = ly->overlap ? 2 * ID : 0;
+    /* what extends the state, in one buffer: kv [R, d], ckv, cg [R, cd], ikv, ig [R, 2 ID] */
+    const size_t xw = (size_t)d + 2 * (size_t)cd + 2 * (size_t)icd;
+    float *qr = dalloc(x, R * ql * sizeof(float));
+    float *q = dalloc(x, R * (size_t)H * d * sizeof(float));
+    float *o = dalloc(x, R * (size_t)H * d * sizeof(float));
+    float *u = dalloc(x, R * (size_t)g * ol * sizeof(float));
+    float *xs = dalloc(x, R * xw * sizeof(float));
+    float *iq = ly->overlap ? dalloc(x, R * (size_t)IH * ID * sizeof(float)) : NULL;
+    float *iw = ly->overlap ? dalloc(x, R * (size_t)IH * sizeof(float)) : NULL;
+    if (x->oom) return RC_ENOMEM;
+    float *kv = xs, *ckv = xs + R * d, *cg = ckv + R * cd, *ikv = cg + R * cd, *ig = ikv + R * icd;
+
+    dv->linear(be, qr, xin, R, &ly->wq_a);
+    dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
+    dv->linear(be, q, qr, R, &ly->wq_b);
+    dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
+    dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
+    dv->linear(be, kv, xin, R, &ly->wkv);
+    dv->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
+    dv->rope(be, kv, R, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, 1);
+    if (official) dv->fq(be, kv, R, (size_t)d, (size_t)(d - rd), 64, 0);
+    if (ly->ratio) {
+        dv->linear(be, ckv, xin, R, &ly->c_wkv);
+        dv->linear(be, cg, xin, R, &ly->c_wgate);
+    }
+    if (ly->overlap) {
+        dv->linear(be, ikv, xin, R, &ly->i_wkv);
+        dv->linear(be, ig, xin, R, &ly->i_wgate);
+        dv->linear(be, iq, qr, R, &ly->i_wq_b);
+        dv->linear(be, iw, xin, R, &ly->i_wproj);
+        dv->scale(be, iw, R * (size_t)IH, 1.0f / sqrtf((float)ID) * (1.0f / sqrtf((float)IH)));
+        dv->rope(be, iq, R * IH, (size_t)ID, (size_t)(ID - rd), rd, m->inv_freq_comp, x->pos, IH);
+        if (official) {
+            if (is_pow2((size_t)ID)) dv->hadamard(be, iq, R * IH, (size_t)ID);
+            dv->fq(be, iq, R * IH, (size_t)ID, (size_t)ID, 32, 1);
+        }
+    }
+
+    /* the state, on the host */
+    int rc = 0;
+    float *hx = malloc(R * xw * sizeof(float));
+    float **kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
+    int64_t *kst = calloc(nseg ? nseg : 1, sizeof *kst);
+    if (!hx || !kbufs || !kst) rc = RC_ENOMEM;
+    else if (dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
+    if (!rc)
+        rc = state_step(m, l, segs, nseg, x->rw, hx, hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd),
+                        hx + R * (d + 2 * cd + icd), kbufs, kst);
+    if (!rc && attend_backend(m, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, o) > 0)
+        rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
+    for (size_t i = 0; kbufs && i < nseg; i++) free(kbufs[i]);
+    free(kbufs); free(kst); free(hx);
+    if (rc) return rc;
+
+    if (ly->wo_a.rows != (int64_t)g * ol || ly->wo_a.cols != (int64_t)H * d / g) return RC_EUNSUP;
+    dv->linear_grouped(be, u, o, R, &ly->wo_a, g);
+    dv->linear(be, out, u, R, &ly->wo_b);
+    return 0;
+}
+
+static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
+{
+    md_model *m = x->m;
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    be_backend *be = x->be;
+    const be_dev_ops *dv = x->dv;
+    const size_t R = x->rw->R;
+    const int E = c->n_experts, K = c->top_k, I = c->moe_inter, D = c->hidden_size;
+    const int official = m->sem == MD_SEM_OFFICIAL;
+    float *logit = dalloc(x, R * (size_t)E * sizeof(float));
+    int32_t *idx = dalloc(x, R * (size_t)K * sizeof(int32_t));
+    float *wt = dalloc(x, R * (size_t)K * sizeof(float));
+    float *g = dalloc(x, R * (size_t)K * I * sizeof(float));
+    float *up = dalloc(x, R * (size_t)K * I * sizeof(float));
+    float *dn = dalloc(x, R * (size_t)K * D * sizeof(float));
+    if (x->oom) return RC_ENOMEM;
+
+    dv->linear(be, logit, xin, R, &ly->gate);
+    be_route ra = route_params(m, l);
+    dv->route(be, &ra, logit, x->ids, R, idx, wt);
+    if (dv->moe(be, y, xin, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E, c->swiglu_limit, official) > 0) {
+        /* experts the grouped op does not take: one expert at a time, ascending, as the host path */
+        int32_t *hidx = malloc(R * (size_t)K * sizeof(int32_t));
+        int32_t *rows = malloc(R * sizeof(int32_t)), *slot = malloc(R * sizeof(int32_t));
+        int32_t *drows = dalloc(x, R * (size_t)K * sizeof(int32_t)), *dslot = dalloc(x, R * (size_t)K * sizeof(int32_t));
+        float *xs = dalloc(x, R * (size_t)D * sizeof(float)), *rwe = dalloc(x, R * (size_t)K * sizeof(float));
+        int rc = (!hidx || !rows || !slot || x->oom) ? RC_ENOMEM : 0;
+        if (!rc && dv->download(be, hidx, idx, R * (size_t)K * sizeof(int32_t))) rc = RC_EIO;
+        size_t used = 0; /* rows lists of every expert side by side in drows / dslot, so uploads never overwrite */
+        for (int e = 0; !rc && e < E; e++) {
+            size_t ne = 0;
+            for (size_t t = 0; t < R; t++)
+                for (int k = 0; k < K; k++)
+                    if (hidx[t * K + k] == e) {
+                        rows[ne] = (int32_t)t;
+                        slot[ne] = (int32_t)(t * K + k);
+                        ne++;
+                    }
+            if (!ne) continue;
+            dv->upload(be, drows + used, rows, ne * sizeof(int32_t));
+            dv->upload(be, dslot + used, slot, ne * sizeof(int32_t));
+            dv->gather(be, xs, xin, drows + used, ne, (size_t)D);
+            dv->gather(be, rwe, wt, dslot + used, ne, 1);
+            dv->linear(be, g, xs, ne, &ly->w1[e]);
+            dv->linear(be, up, xs, ne, &ly->w3[e]);
+            dv->swiglu(be, g, up, ne, I, c->swiglu_limit, official ? rwe : NULL);
+            dv->linear(be, dn, g, ne, &ly->w2[e]);
+            if (!used) dv->zero(be, y, R * (size_t)D * sizeof(float)); /* then the sum in ascending expert order */
+            dv->scatter_add(be, y, dn, drows + used, official ? NULL : rwe, ne, (size_t)D);
+            used += ne;
+        }
+        if (!rc && !used) dv->zero(be, y, R * (size_t)D * sizeof(float));
+        free(hidx); free(rows); free(slot);
+        if (rc) return rc;
+    }
+    /* shared expert */
+    dv->linear(be, g, xin, R, &ly->sw1);
+    dv->linear(be, up, xin, R, &ly->sw3);
+    dv->swiglu(be, g, up, R, I, c->swiglu_limit, NULL);
+    dv->linear(be, dn, g, R, &ly->sw2);
+    dv->add(be, y, dn, R * (size_t)D);
+    return 0;
+}
+
+/* md_forward on the device: rw is built, segs are checked; the caller advances the lengths */
+static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw, rc_err *err)
+{
+    const md_config *c = &m->cfg;
+    const be_dev_ops *dv = be->ops->dev;
+    const int n = c->hc_mult, D = c->hidden_size, V = c->vocab_size;
+    const size_t R = rw->R;
+    dev_ctx x = {.m = m, .be = be, .dv = dv, .rw = rw};
+    int rc = 0;
+    dv->reset(be);
+    int32_t *ids = dalloc(&x, R * sizeof(int32_t));
+    int64_t *pos = dalloc(&x, R * sizeof(int64_t));
+    float *X = dalloc(&x, R * (size_t)n * D * sizeof(float));
+    float *coll = dalloc(&x, R * (size_t)D * sizeof(float));
+    float *post = dalloc(&x, R * (size_t)n * sizeof(float));
+    float *comb = dalloc(&x, R * (size_t)n * n * sizeof(float));
+    float *f = dalloc(&x, R * (size_t)D * sizeof(float));
+    if (x.oom) return rc_errf(err, RC_ENOMEM, "out of device memory for a batch of %zu tokens", R);
+    dv->upload(be, ids, rw->ids, R * sizeof(int32_t));
+    dv->upload(be, pos, rw->pos, R * sizeof(int64_t));
+    x.ids = ids;
+    x.pos = pos;
+    dv->embed(be, X, ids, R, &m->embed, n);
+
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const md_layer *ly = &m->layers[l];
+        if (m->hook) m->hook(m->hook_arg, l, 0);
+        be_hc h = hc_params(c, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale);
+        dv->hc_pre(be, &h, X, R, coll, post, comb);
+        dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
+        if ((rc = attention_dev(&x, l, segs, nseg, coll, f))) break;
+        dv->hc_post(be, X, f, post, comb, n, D, R);
+        if (m->hook) m->hook(m->hook_arg, l, 1);
+        h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
+        dv->hc_pre(be, &h, X, R, coll, post, comb);
+        dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
+        if ((rc = moe_dev(&x, l, coll, f))) break;
+        dv->hc_post(be, X, f, post, comb, n, D, R);
+        if (m->hook) m->hook(m->hook_arg, l, 2);
+    }
+    if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
+
+    /* logits for the rows asked for */
+    size_t nl = 0;
+    for (size_t s = 0; s < nseg; s++)
+        if (segs[s].logits) nl += segs[s].all_logits ? segs[s].n : 1;
+    if (!rc && nl) {
+        int32_t *src = malloc(nl * sizeof(int32_t));
+        float *lg = malloc(nl * (size_t)V * sizeof(float));
+        int32_t *dsrc = dalloc(&x, nl * sizeof(int32_t));
+        float *hx = dalloc(&x, nl * (size_t)n * D * sizeof(float));
+        float *y = dalloc(&x, nl * (size_t)D * sizeof(float));
+        float *dl = dalloc(&x, nl * (size_t)V * sizeof(float));
+        if (!src || !lg || x.oom) {
+            rc = RC_ENOMEM;
+        } else {
+            size_t k = 0;
+            for (size_t s = 0; s < nseg; s++) {
+                if (!segs[s].logits) continue;
+                size_t a = segs[s].all_logits ? rw->seg_start[s] : rw->seg_start[s + 1] - 1;
+                for (size_t r = a; r < rw->seg_start[s + 1]; r++) src[k++] = (int32_t)r;
+            }
+            dv->upload(be, dsrc, src, nl * sizeof(int32_t));
+            dv->gather(be, hx, X, dsrc, nl, (size_t)n * D);
+            be_hc h = hc_params(c, m->hc_head_fn, m->hc_head_base, m->hc_head_scale);
+            dv->hc_head(be, &h, hx, nl, y);
+            dv->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
+            dv->linear(be, dl, y, nl, &m->head);
+            if (dv->download(be, lg, dl, nl * (size_t)V * sizeof(float))) rc = RC_EIO;
+            k = 0;
+            for (size_t s = 0; !rc && s < nseg; s++) {
+                if (!segs[s].logits) continue;
+                size_t cnt = segs[s].all_logits ? segs[s].n : 1;
+                memcpy(segs[s].logits, lg + k * (size_t)V, cnt * (size_t)V * sizeof(float));
+                k += cnt;
+            }
+        }
+        free(src);
+        free(lg);
+    } else if (!rc) {
+        /* no logits: still wait for the device, so that a failure is seen here */
+        float probe;
+        if (dv->download(be, &probe, f, sizeof probe)) rc = RC_EIO;
+    }
+    if (!rc && dv->failed(be)) rc = RC_EIO;
+    if (rc == RC_EIO) return rc_errf(err, RC_EIO, "forward failed on the device backend");
+    if (rc == RC_EUNSUP) return rc_errf(err, RC_EUNSUP, "forward: the device graph does not take this model's shapes");
+    if (rc) return rc_errf(err, rc, "forward failed: out of memory");
+    return 0;
+}
+
+/* The device graph on the host (md_model_set_host_dev_graph): forward_dev's
+ * ops implemented with host memory and the host path's own functions, on the
+ * model's backend.  It exists to check forward_dev's plumbing where there is
+ * no GPU: it must give the host path's logits bit for bit.  The grouped
+ * expert op and the attention op decline, so forward_dev's fallbacks run. */
+struct md_host_dev {
+    be_backend base;  /* ops: hd_ops; threads and impl: the model backend's, so be_cpu_parallel works */
+    be_backend *inner;
+    void **blk;
+    size_t nblk, cap;
+};
+
+static md_host_dev *hd_of(be_backend *be) { return (md_host_dev *)be; }
+static be_backend *hd_in(be_backend *be) { return hd_of(be)->inner; }
+
+static void hd_reset(be_backend *be)
+{
+    md_host_dev *h = hd_of(be);
+    for (size_t i = 0; i < h->nblk; i++) free(h->blk[i]);
+    h->nblk = 0;
+}
+
+static void *hd_alloc(be_backend *be, size_t bytes)
+{
+    md_host_dev *h = hd_of(be);
+    if (h->nblk == h->cap) {
+        size_t nc = h->cap ? 2 * h->cap : 64;
+        void **nb = realloc(h->blk, nc * sizeof *nb);
+        if (!nb) return NULL;
+        h->blk = nb;
+        h->cap = nc;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) h->blk[h->nblk++] = p;
+    return p;
+}
+
+static void hd_upload(be_backend *be, void *dst, const void *src, size_t bytes) { (void)be; memcpy(dst, src, bytes); }
+static int hd_download(be_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+static int hd_failed(be_backend *be) { (void)be; return 0; }
+static void hd_zero(be_backend *be, void *p, size_t bytes) { (void)be; memset(p, 0, bytes); }
+static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
+{
+    hd_in(be)->ops->linear(hd_in(be), y, x, T, w);
+}
+static void hd_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
+{
+    be_backend *in = hd_in(be);
+    const int64_t n = w->rows / groups, K = w->cols;
+    if (in->ops->linear_grouped) in->ops->linear_grouped(in, y, x, T, w, groups);
+    else
+        for (int g = 0; g < groups; g++)
+            in->ops->linear_rows(in, y + (size_t)g * n, (size_t)(groups * n), x + (size_t)g * K, (size_t)(groups * K),
+                                 T, w, g * n, n, 0);
+}
+static void hd_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps)
+{
+    hd_in(be)->ops->rmsnorm(hd_in(be), y, x, rows, dim, w, eps);
+}
+static void hd_embed(be_backend *be, float *X, const int32_t *ids, size_t R, const be_weight *e, int ns)
+{
+    (void)be;
+    embed_rows(e, ids, R, ns, X);
+}
+static void hd_hc_pre(be_backend *be, const be_hc *h, const float *X, size_t R, float *coll, float *post, float *comb)
+{
+    hc_job j = {.h = *h, .X = (float *)X, .coll = coll, .post = post, .comb = comb};
+    be_cpu_parallel(hd_in(be), R, hc_pre_task, &j);
+}
+static void hd_hc_head(be_backend *be, const be_hc *h, const float *X, size_t R, float *coll)
+{
+    hc_job j = {.h = *h, .X = (float *)X, .coll = coll};
+    be_cpu_parallel(hd_in(be), R, hc_head_task, &j);
+}
+static void hd_hc_post(be_backend *be, float *X, const float *f, const float *post, const float *comb, int n, int D,
+                       size_t R)
+{
+    hc_job j = {.h = {.n = n, .D = D}, .X = X, .post = (float *)post, .comb = (float *)comb, .f = f};
+    be_cpu_parallel(hd_in(be), R, hc_post_task, &j);
+}
+static void hd_rope(be_backend *be, float *x, size_t rows, size_t stride, size_t off, int rd, const float *inv,
+                    const int64_t *pos, int per)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) rope(x + r * stride + off, rd, inv, pos[r / (size_t)per], 0);
+}
+static void hd_fq(be_backend *be, float *x, size_t rows, size_t stride, size_t n, int block, int fp4)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) {
+        if (fp4) fq_fp4(x + r * stride, n, (size_t)block);
+        else fq_fp8(x + r * stride, n, (size_t)block);
+    }
+}
+static void hd_hadamard(be_backend *be, float *x, size_t rows, size_t n)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) hadamard(x + r * n, n);
+}
+static void hd_swiglu(be_backend *be, float *g, const float *up, size_t rows, int I, float limit, const float *rw)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) {
+        swiglu(g + r * I, up + r * I, (size_t)I, limit);
+        if (rw)
+            for (int i = 0; i < I; i++) g[r * I + i] *= rw[r];
+    }
+}
+static void hd_scale(be_backend *be, float *x, size_t n, float sc)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) x[i] *= sc;
+}
+static void hd_add(be_backend *be, float *y, const float *x, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+static void hd_route(be_backend *be, const be_route *r, const float *logits, const int32_t *ids, size_t R,
+                     int32_t *idx, float *wt)
+{
+    (void)be;
+    route_rows(r, (float *)logits, ids, R, idx, wt); /* the logits are forward_dev's scratch */
+}
+static void hd_gather(be_backend *be, float *dst, const float *src, const int32_t *rows, size_t n, size_t width)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) memcpy(dst + i * width, src + (size_t)rows[i] * width, width * sizeof(float));
+}
+static void hd_scatter_add(be_backend *be, float *y, const float *src, const int32_t *rows, const float *rw, size_t n,
+                           size_t width)
+{
+    (void)be;
+    for (size_t r = 0; r < n; r++) {
+        float *yr = y + (size_t)rows[r] * width;
+        for (size_t i = 0; i < width; i++) yr[i] += rw ? src[r * width + i] * rw[r] : src[r * width + i];
+    }
+}
+static int hd_moe(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
+                  const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
+                  int weight_before_w2)
+{
+    (void)be; (void)y; (void)x; (void)T; (void)ids; (void)w; (void)topk; (void)w1; (void)w3; (void)w2;
+    (void)n_experts; (void)swiglu_limit; (void)weight_before_w2;
+    return 1; /* decline: forward_dev's per-expert fallback runs */
+}
+
+static const be_dev_ops hd_dev = {
+    .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .failed = hd_failed,
+    .zero = hd_zero, .linear = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
+    .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
+    .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
+    .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe, .attention = NULL,
+};
+
+static void hd_destroy(be_backend *be)
+{
+    md_host_dev *h = hd_of(be);
+    hd_reset(be);
+    free(h->blk);
+    free(h);
+}
+
+static const be_ops hd_ops = {.name = "host-dev-graph", .destroy = hd_destroy, .dev = &hd_dev};
+
+int md_model_set_host_dev_graph(md_model *m, int on)
+{
+    if (m->hostdev) hd_destroy(&m->hostdev->base);
+    m->hostdev = NULL;
+    if (!on) return 0;
+    md_host_dev *h = calloc(1, sizeof *h);
+    if (!h) return RC_ENOMEM;
+    h->inner = m->be;
+    h->base.ops = &hd_ops;
+    h->base.threads = m->be->threads;
+    h->base.impl = m->be->impl;
+    m->hostdev = h;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- forward */
 
 int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
@@ -1109,11 +1641,7 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
     rw.ids = xalloc(R * sizeof(int32_t), &fail);
     rw.pos = xalloc(R * sizeof(int64_t), &fail);
     rw.seg_start = xalloc((nseg + 1) * sizeof(size_t), &fail);
-    float *X = xalloc(R * (size_t)n * D * sizeof(float), &fail);
-    float *coll = xalloc(R * (size_t)D * sizeof(float), &fail);
-    float *post = xalloc(R * (size_t)n * sizeof(float), &fail);
-    float *comb = xalloc(R * (size_t)n * n * sizeof(float), &fail);
-    float *f = xalloc(R * (size_t)D * sizeof(float), &fail);
+    float *X = NULL, *coll = NULL, *post = NULL, *comb = NULL, *f = NULL;
     float *lg_rows = NULL;
     size_t *lg_src = NULL;
     if (fail) { rc = rc_errf(err, RC_ENOMEM, "out of memory for a batch of %zu tokens", R); goto out; }
@@ -1128,32 +1656,31 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
         }
         rw.seg_start[nseg] = r;
     }
-
-    /* embedding, copied into every stream */
-    for (size_t t = 0; t < R; t++) {
-        float *x0 = X + t * (size_t)n * D;
-        const be_weight *e = &m->embed;
-        if (e->dtype == MD_F32)
-            memcpy(x0, (const float *)e->data + (size_t)rw.ids[t] * D, (size_t)D * sizeof(float));
-        else if (e->dtype == MD_BF16)
-            md_bf16_row_to_f32((const uint16_t *)e->data + (size_t)rw.ids[t] * D, x0, (size_t)D);
-        else
-            md_f16_row_to_f32((const uint16_t *)e->data + (size_t)rw.ids[t] * D, x0, (size_t)D);
-        for (int i = 1; i < n; i++) memcpy(x0 + (size_t)i * D, x0, (size_t)D * sizeof(float));
+    if (m->hostdev || be->ops->dev) {
+        if ((rc = forward_dev(m, m->hostdev ? &m->hostdev->base : be, segs, nseg, &rw, err))) goto out;
+        goto advance;
     }
+    X = xalloc(R * (size_t)n * D * sizeof(float), &fail);
+    coll = xalloc(R * (size_t)D * sizeof(float), &fail);
+    post = xalloc(R * (size_t)n * sizeof(float), &fail);
+    comb = xalloc(R * (size_t)n * n * sizeof(float), &fail);
+    f = xalloc(R * (size_t)D * sizeof(float), &fail);
+    if (fail) { rc = rc_errf(err, RC_ENOMEM, "out of memory for a batch of %zu tokens", R); goto out; }
+
+    embed_rows(&m->embed, rw.ids, R, n, X);
 
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const md_layer *ly = &m->layers[l];
         if (m->hook) m->hook(m->hook_arg, l, 0);
-        hc_job hj = {.c = c, .X = X, .coll = coll, .post = post, .comb = comb, .f = f};
-        hj.fn = ly->hc_attn_fn; hj.base = ly->hc_attn_base; hj.scale = ly->hc_attn_scale;
+        hc_job hj = {.h = hc_params(c, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale), .X = X, .coll = coll,
+                     .post = post, .comb = comb, .f = f};
         be_cpu_parallel(be, R, hc_pre_task, &hj);
         be->ops->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
         if ((rc = attention(m, l, segs, nseg, &rw, coll, f))) break;
         be_cpu_parallel(be, R, hc_post_task, &hj);
         if (m->hook) m->hook(m->hook_arg, l, 1);
 
-        hj.fn = ly->hc_ffn_fn; hj.base = ly->hc_ffn_base; hj.scale = ly->hc_ffn_scale;
+        hj.h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
         be_cpu_parallel(be, R, hc_pre_task, &hj);
         be->ops->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
         if ((rc = moe(m, l, &rw, coll, f))) break;
@@ -1187,8 +1714,7 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
                     memcpy(hx + k * (size_t)n * D, X + r * (size_t)n * D, (size_t)n * D * sizeof(float));
                 }
             }
-            hc_job hj = {.c = c, .X = hx, .coll = y, .fn = m->hc_head_fn, .base = m->hc_head_base,
-                         .scale = m->hc_head_scale};
+            hc_job hj = {.h = hc_params(c, m->hc_head_fn, m->hc_head_base, m->hc_head_scale), .X = hx, .coll = y};
             be_cpu_parallel(be, nl, hc_head_task, &hj);
             be->ops->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
             be->ops->linear(be, lg_rows, y, nl, &m->head);
@@ -1203,6 +1729,7 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
             free(y);
         }
     }
+advance:
     for (size_t s = 0; s < nseg; s++) segs[s].seq->len += (int64_t)segs[s].n;
 out:
     free(rw.ids); free(rw.pos); free(rw.seg_start);

@@ -152,4 +152,12 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err);
 typedef void (*md_layer_hook)(void *arg, int layer, int part);
 void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
 
+/* A backend with be_ops.dev runs md_forward as the device-resident graph
+ * (activations in the backend's memory; the state stays on the host and each
+ * layer exchanges the rows that extend it).  This switch runs that same graph
+ * code with host memory and the host path's own ops on any backend: a check
+ * of its plumbing without a GPU, bit-identical to the host graph (unit_model).
+ * 0 or RC_ENOMEM. */
+int md_model_set_host_dev_graph(md_model *m, int on);
+
 #endif

@@ -6,6 +6,8 @@
 #include "model/safetensors.h"
 #include "model/v4.h"
 
+typedef struct md_host_dev md_host_dev;
+
 typedef struct md_layer {
     int ratio;   /* 0 SWA, csa_ratio (overlapping compressor + indexer), hca_ratio */
     int overlap; /* ratio == csa_ratio: two half-channels, 2*ratio slots per entry */
@@ -60,6 +62,7 @@ struct md_model {
     md_block_alloc balloc;
     md_layer_hook hook;
     void *hook_arg;
+    md_host_dev *hostdev; /* md_model_set_host_dev_graph */
 };
 
 int md_load_weights(md_model *m, md_progress_fn progress, void *progress_arg, rc_err *err);

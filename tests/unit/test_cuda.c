@@ -566,8 +566,10 @@ static double compare(const float *a, const float *b, size_t n, int V, int *agre
     return worst;
 }
 
-static void model_in_mode(bcu_math mode)
+/* graph: "device" (the device-resident graph, the default) or "host" (every op a host round trip) */
+static void model_in_mode(bcu_math mode, const char *graph)
 {
+    setenv("DEEPINFER_CUDA_GRAPH", graph, 1);
     /* every model fixture in the accurate modes (e2e-v4vocab's head_dim 64 is one the attention kernels do not
      * take: its attention runs on the host, the rest on the GPU); the bf16 mode's agreement floors were set on
      * the first two */
@@ -604,9 +606,9 @@ static void model_in_mode(bcu_math mode)
                 bitexact += !memcmp(ch, got, N_TOK * (size_t)V * sizeof(float));
                 free(ch);
             }
-            printf("  [%s] %-18s %-12s vs CPU: max rel %.2e, top-1 %3d/%d, greedy%d %s | chunk 1,7 vs one-shot: "
+            printf("  [%s, %s graph] %-18s %-12s vs CPU: max rel %.2e, top-1 %3d/%d, greedy%d %s | chunk 1,7 vs one-shot: "
                    "max rel %.2e, bit-exact %zu/2\n",
-                   bcu_math_name(mode), fx[f], md_semantics_name(sems[s]), e, agree, N_TOK, N_GEN,
+                   bcu_math_name(mode), graph, fx[f], md_semantics_name(sems[s]), e, agree, N_TOK, N_GEN,
                    same ? "same" : "DIFFERS", ec, bitexact);
             fflush(stdout);
             if (accurate && smooth) {
@@ -628,11 +630,52 @@ static void model_in_mode(bcu_math mode)
         be_cuda_destroy(gpu);
     }
     be_destroy(cpu);
+    unsetenv("DEEPINFER_CUDA_GRAPH");
 }
 
-static void test_model_bf16x3(void **st) { (void)st; model_in_mode(BCU_MATH_BF16X3); }
-static void test_model_fp32(void **st) { (void)st; model_in_mode(BCU_MATH_FP32); }
-static void test_model_bf16(void **st) { (void)st; model_in_mode(BCU_MATH_BF16); }
+static void test_model_bf16x3(void **st) { (void)st; model_in_mode(BCU_MATH_BF16X3, "device"); }
+static void test_model_fp32(void **st) { (void)st; model_in_mode(BCU_MATH_FP32, "device"); }
+static void test_model_bf16(void **st) { (void)st; model_in_mode(BCU_MATH_BF16, "device"); }
+static void test_model_bf16x3_host_graph(void **st) { (void)st; model_in_mode(BCU_MATH_BF16X3, "host"); }
+
+/* the device graph and the host round trips are the same function: on every fixture, both semantics, the two
+ * CUDA paths agree far more closely than either does with the CPU (the ops are the same kernels; only the graph's
+ * own host loops moved) */
+static void test_device_graph_vs_host_graph(void **st)
+{
+    (void)st;
+    const char *fx[] = {"tiny-mixed", "tiny-mixed-fp8fp4", "tiny-hash-swa", "tiny-hca16", "e2e-v4vocab"};
+    for (int f = 0; f < (int)(sizeof fx / sizeof fx[0]); f++) {
+        setenv("DEEPINFER_CUDA_GRAPH", "host", 1);
+        be_backend *gh = cuda(BCU_MATH_BF16X3);
+        setenv("DEEPINFER_CUDA_GRAPH", "device", 1);
+        be_backend *gd = cuda(BCU_MATH_BF16X3);
+        unsetenv("DEEPINFER_CUDA_GRAPH");
+        assert_null(gh->ops->dev);
+        assert_non_null(gd->ops->dev);
+        md_model *mh = load(fixture(fx[f]), gh), *md = load(fixture(fx[f]), gd);
+        md_model_set_semantics(mh, MD_SEM_TRANSFORMERS);
+        md_model_set_semantics(md, MD_SEM_TRANSFORMERS);
+        const int V = md_model_config(mh)->vocab_size;
+        int32_t *ids = make_ids(N_TOK, V, 99 + (uint64_t)f);
+        float *a = run_chunked(mh, gh, ids, N_TOK, 0), *b = run_chunked(md, gd, ids, N_TOK, 0);
+        float *b7 = run_chunked(md, gd, ids, N_TOK, 7);
+        int agree, agree7;
+        double e = compare(b, a, N_TOK, V, &agree), e7 = compare(b7, b, N_TOK, V, &agree7);
+        printf("  %-18s device vs host graph: max rel %.2e, top-1 %d/%d; device chunk 7 vs one-shot %.2e\n", fx[f], e,
+               agree, N_TOK, e7);
+        if (!(e <= 1e-5)) fail_msg("%s: device graph vs host graph max rel %.3g > 1e-5", fx[f], e);
+        if (!(e7 <= 1e-4)) fail_msg("%s: device graph chunked vs one-shot max rel %.3g > 1e-4", fx[f], e7);
+        free(a);
+        free(b);
+        free(b7);
+        free(ids);
+        md_model_free(mh);
+        md_model_free(md);
+        be_cuda_destroy(gh);
+        be_cuda_destroy(gd);
+    }
+}
 
 int main(void)
 {
@@ -658,6 +701,8 @@ int main(void)
         cmocka_unit_test(test_model_bf16x3),
         cmocka_unit_test(test_model_fp32),
         cmocka_unit_test(test_model_bf16),
+        cmocka_unit_test(test_model_bf16x3_host_graph),
+        cmocka_unit_test(test_device_graph_vs_host_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

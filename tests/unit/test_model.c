@@ -121,6 +121,61 @@ static void test_batching_is_invisible(void **st)
     be_destroy(be);
 }
 
+/* forward_dev, the device-resident graph, run on the host with the host ops (md_model_set_host_dev_graph)
+ * gives the host graph's logits bit for bit: one-shot, in chunks, token by token, and three sequences in one
+ * batch, on every fixture (bf16 / FP8+FP4 / hash routing / HCA-only / the e2e vocabulary), both semantics.
+ * That pins down its buffers, its per-layer state exchange and its fallbacks before any GPU runs it. */
+static void test_host_dev_graph_is_the_host_graph(void **st)
+{
+    (void)st;
+    const char *fx[] = {"tiny-mixed", "tiny-mixed-fp8fp4", "tiny-hash-swa", "tiny-hca16", "e2e-v4vocab"};
+    be_backend *be = be_cpu_create(2);
+    for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++)
+        for (int sem = 0; sem < 2; sem++) {
+            char dir[512];
+            snprintf(dir, sizeof dir, "%s/%s", MODEL_FIXTURE_DIR, fx[f]);
+            md_model *m = load_fixture_model(dir, be, sem ? MD_SEM_TRANSFORMERS : MD_SEM_OFFICIAL);
+            const int V = md_model_config(m)->vocab_size;
+            const size_t n = 150;
+            int32_t *ids = make_ids(n + 64, V, 40 + f);
+            float *ref = run_chunked(m, ids, n, 0);
+            float *ref_b = malloc(3 * 9 * (size_t)V * sizeof(float)), *got_b = malloc(3 * 9 * (size_t)V * sizeof(float));
+            for (int dev = 0; dev < 2; dev++) {
+                assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
+                /* batch: three sequences at 0, 1 and 140 tokens, each adding 9 */
+                md_seq *q[3];
+                rc_err err = {0};
+                const size_t pre[3] = {0, 1, 140};
+                md_segment sg[3];
+                for (int k = 0; k < 3; k++) {
+                    q[k] = md_seq_create(m);
+                    if (pre[k]) {
+                        md_segment a = {.seq = q[k], .ids = ids + 64, .n = pre[k]};
+                        assert_int_equal(md_forward(m, &a, 1, &err), 0);
+                    }
+                    sg[k] = (md_segment){.seq = q[k], .ids = ids + k, .n = 9,
+                                         .logits = (dev ? got_b : ref_b) + (size_t)k * 9 * V, .all_logits = 1};
+                }
+                assert_int_equal(md_forward(m, sg, 3, &err), 0);
+                for (int k = 0; k < 3; k++) md_seq_free(q[k]);
+            }
+            const size_t chunks[] = {0, 7, 1};
+            for (size_t c = 0; c < 3; c++) {
+                float *lg = run_chunked(m, ids, n, chunks[c]);
+                for (size_t i = 0; i < n * (size_t)V; i++)
+                    if (lg[i] != ref[i])
+                        fail_msg("%s %s chunk %zu: position %zu differs (%.9g vs %.9g)", fx[f],
+                                 sem ? "transformers" : "official", chunks[c], i / V, lg[i], ref[i]);
+                free(lg);
+            }
+            assert_memory_equal(got_b, ref_b, 3 * 9 * (size_t)V * sizeof(float));
+            assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
+            free(ref); free(ref_b); free(got_b); free(ids);
+            md_model_free(m);
+        }
+    be_destroy(be);
+}
+
 static void test_quantized_equals_twin(void **st)
 {
     (void)st;
@@ -180,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_chunking_official),
         cmocka_unit_test(test_chunking_transformers),
         cmocka_unit_test(test_batching_is_invisible),
+        cmocka_unit_test(test_host_dev_graph_is_the_host_graph),
         cmocka_unit_test(test_quantized_equals_twin),
         cmocka_unit_test(test_state_size),
         cmocka_unit_test(test_load_errors_name_the_tensor),

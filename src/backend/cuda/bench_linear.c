@@ -18,7 +18,17 @@
  *
  * A second table times bcu_rowdot itself on device copies of FP8 / FP4
  * weights, its simple kernel against its mma kernel (the one be_linear
- * uses), at the V4-Flash shapes; the simple kernel only up to T = 64. */
+ * uses), at the V4-Flash shapes; the simple kernel only up to T = 64.
+ *
+ * A third table is prefill on FP8 weights (T = 512 .. 16384), device
+ * pointers: bcu_rowdot as be_linear runs it today, against expanding the
+ * weight to a transient bf16 copy (bcu_dequant_bf16, timed alone too, with
+ * its % of the copy bandwidth) and one cuBLAS bf16 x bf16 -> fp32 GEMM, the
+ * activations as three bf16 planes and bcu_sum3 (what core() in cuda.cu does
+ * for dense bf16 weights in bf16x3 mode) or as one plane (bf16 mode).
+ * TFLOP/s count the useful 2*T*rows*cols; % peak is of the square cuBLAS
+ * bf16 GEMM (gemm_peak); diff is max |y - y_rowdot| / max |y_rowdot| over
+ * the first 64 tokens, a check of the wiring. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +40,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 #define BENCH_NAME "bench_cuda_linear"
+#define BENCH_WITH_CUBLAS
 #include "backend/cuda/bench_util.h"
 
 #define REPS 15
@@ -273,6 +284,173 @@ static void run_ab(const shape *s, size_t T, double bw)
     free(s0);
 }
 
+/* prefill on an FP8 / FP4 weight: bcu_rowdot vs bcu_dequant_bf16 + one cuBLAS bf16 GEMM */
+typedef struct {
+    const shape *s;
+    int block;
+    void **dw, **ds;
+    int ncopy;
+    size_t T;
+    const float *dx;
+    float *dy;
+    uint16_t *wb;  /* the transient bf16 weight [rows, cols] */
+    uint16_t *xb;  /* the activations' bf16 planes [planes * T, cols] */
+    float *part;   /* bf16x3: the three partial products [3T, rows] */
+    cublasHandle_t h;
+    int planes;    /* 1 or 3 */
+} prefill_ctx;
+
+static void pf_rowdot(prefill_ctx *c, int k)
+{
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = c->s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
+    a.w = c->dw[k];
+    a.scale = c->ds[k];
+    a.sc_dtype = BCU_SC_E8M0;
+    a.wrows = c->s->rows;
+    a.wcols = c->s->cols;
+    a.block = c->block;
+    a.n = c->s->rows;
+    a.K = c->s->cols;
+    a.x = c->dx;
+    a.T = (int64_t)c->T;
+    a.y = c->dy;
+    CK(bcu_rowdot(&a, 0));
+}
+
+static void pf_dequant(prefill_ctx *c, int k)
+{
+    CK(bcu_dequant_bf16(c->wb, c->s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, c->dw[k], c->ds[k], BCU_SC_E8M0,
+                        c->s->rows, c->s->cols, c->block, 0, c->s->rows, 0));
+}
+
+/* y = x . W^T through the bf16 copy, as core() in cuda.cu runs a dense bf16 weight */
+static void pf_gemm(prefill_ctx *c, int k)
+{
+    const int n = (int)c->s->rows, K = (int)c->s->cols, planes = c->planes;
+    const float one = 1.0f, zero = 0.0f;
+    pf_dequant(c, k);
+    CK(bcu_split_bf16(c->xb, c->dx, c->T * (size_t)K, planes, 0));
+    cublasStatus_t st = cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, n, (int)c->T * planes, K, &one, c->wb,
+                                     CUDA_R_16BF, K, c->xb, CUDA_R_16BF, K, &zero, planes == 1 ? c->dy : c->part,
+                                     CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "bench_cuda_linear: cublasGemmEx: %s\n", cublasGetStatusString(st));
+        exit(1);
+    }
+    if (planes == 3) CK(bcu_sum3(c->dy, c->part, c->T * (size_t)n, 0));
+}
+
+/* seconds per call, median of REPS, rotating over the weight copies */
+static double time_prefill(void (*fn)(prefill_ctx *, int), prefill_ctx *c, int inner)
+{
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[REPS];
+    for (int r = -1; r < REPS; r++) {
+        CK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < inner; i++) fn(c, ((r + 1) * inner + i) % c->ncopy);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3 / inner;
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return median(t, REPS);
+}
+
+/* the first min(T, 64) rows of y after fn */
+static void prefill_rows(void (*fn)(prefill_ctx *, int), prefill_ctx *c, float *out, size_t nt)
+{
+    fn(c, 0);
+    CK(cudaMemcpy(out, c->dy, nt * (size_t)c->s->rows * sizeof *out, cudaMemcpyDeviceToHost));
+}
+
+static double max_rel_diff(const float *y, const float *ref, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)y[i] - ref[i]));
+        m = fmax(m, fabs((double)ref[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+static void run_prefill(const shape *s, size_t T, double bw, double peak, cublasHandle_t h)
+{
+    be_weight w0;
+    void *d0, *s0;
+    make_weight(s, &w0, &d0, &s0);
+    const size_t wb = wbytes(&w0);
+    const size_t db = s->fmt == BE_W_FP8 ? (size_t)(s->rows * s->cols) : (size_t)(s->rows * s->cols) / 2, sb = wb - db;
+    int ncopy = (int)((256u << 20) / wb) + 1;
+    if (ncopy > 64) ncopy = 64;
+    void *dw[64], *ds[64];
+    for (int k = 0; k < ncopy; k++) {
+        CK(cudaMalloc(&dw[k], db));
+        CK(cudaMalloc(&ds[k], sb));
+        CK(cudaMemcpy(dw[k], d0, db, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ds[k], s0, sb, cudaMemcpyHostToDevice));
+    }
+    const size_t rows = (size_t)s->rows, cols = (size_t)s->cols;
+    float *x = malloc(T * cols * sizeof *x);
+    for (size_t i = 0; i < T * cols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
+    prefill_ctx c = {.s = s, .block = w0.block, .dw = dw, .ds = ds, .ncopy = ncopy, .T = T, .h = h};
+    float *dx, *dy;
+    CK(cudaMalloc((void **)&dx, T * cols * 4));
+    CK(cudaMalloc((void **)&dy, T * rows * 4));
+    CK(cudaMalloc((void **)&c.wb, rows * cols * 2));
+    CK(cudaMalloc((void **)&c.xb, 3 * T * cols * 2));
+    CK(cudaMalloc((void **)&c.part, 3 * T * rows * 4));
+    CK(cudaMemcpy(dx, x, T * cols * 4, cudaMemcpyHostToDevice));
+    c.dx = dx;
+    c.dy = dy;
+    const int inner = T >= 1024 ? 2 : 5;
+    const double flop = 2.0 * (double)rows * (double)cols * (double)T;
+    const double tdeq = time_prefill(pf_dequant, &c, inner);
+    const double trd = time_prefill(pf_rowdot, &c, inner);
+    c.planes = 3;
+    const double tx3 = time_prefill(pf_gemm, &c, inner);
+    c.planes = 1;
+    const double tx1 = time_prefill(pf_gemm, &c, inner);
+    /* the wiring: each result against the row-dot's on the first tokens */
+    const size_t nt = T < 64 ? T : 64;
+    float *yr = malloc(nt * rows * sizeof *yr), *y3 = malloc(nt * rows * sizeof *y3);
+    float *y1 = malloc(nt * rows * sizeof *y1);
+    prefill_rows(pf_rowdot, &c, yr, nt);
+    c.planes = 3;
+    prefill_rows(pf_gemm, &c, y3, nt);
+    c.planes = 1;
+    prefill_rows(pf_gemm, &c, y1, nt);
+    const double deq_bytes = (double)wb + 2.0 * (double)rows * (double)cols;
+    printf("| %-16s | %5lldx%-5lld | %-4s | %5zu | %7.1f | %5.1f%% | %9.1f | %7.1f | %9.1f | %7.1f | %5.1f%% | %7.1e | "
+           "%9.1f | %7.1f | %5.1f%% | %7.1e |\n",
+           s->label, (long long)s->rows, (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", T, tdeq * 1e6,
+           100.0 * deq_bytes / tdeq / bw, trd * 1e6, flop / trd / 1e12, tx3 * 1e6, flop / tx3 / 1e12,
+           100.0 * flop / tx3 / peak, max_rel_diff(y3, yr, nt * rows), tx1 * 1e6, flop / tx1 / 1e12,
+           100.0 * flop / tx1 / peak, max_rel_diff(y1, yr, nt * rows));
+    fflush(stdout);
+    for (int k = 0; k < ncopy; k++) {
+        CK(cudaFree(dw[k]));
+        CK(cudaFree(ds[k]));
+    }
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    CK(cudaFree(c.wb));
+    CK(cudaFree(c.xb));
+    CK(cudaFree(c.part));
+    free(x);
+    free(yr);
+    free(y3);
+    free(y1);
+    free(d0);
+    free(s0);
+}
+
 int main(void)
 {
     char err[256];
@@ -325,5 +503,24 @@ int main(void)
     printf("|------------------|-------------|------|------|-----------|---------|-----------|--------|---------|--------|\n");
     for (size_t i = 0; i < sizeof v4q / sizeof v4q[0]; i++)
         for (size_t t = 0; t < sizeof Tq / sizeof Tq[0]; t++) run_ab(&v4q[i], Tq[t], bw);
+    /* prefill: the row-dot vs a transient bf16 copy and cuBLAS */
+    const double peak = gemm_peak(1, 8192);
+    printf("\nprefill on FP8 weights, device pointers: bcu_rowdot vs bcu_dequant_bf16 + cuBLAS bf16 GEMM "
+           "(x as 3 bf16 planes + bcu_sum3, or 1 plane); cuBLAS bf16 peak (8192^3): %.0f TFLOP/s\n\n",
+           peak / 1e12);
+    printf("| case             | rows x cols | fmt  |     T |  deq us | %% copy | rowdot us | TFLOP/s | bf16x3 us | "
+           "TFLOP/s | %% peak |    diff |   bf16 us | TFLOP/s | %% peak |    diff |\n");
+    printf("|------------------|-------------|------|-------|---------|--------|-----------|---------|-----------|-"
+           "--------|--------|---------|-----------|---------|--------|---------|\n");
+    const shape pf[] = {{"v4 fp8 wq_b", 32768, 1024, BE_W_FP8}, {"v4 fp8", 8192, 4096, BE_W_FP8}};
+    const size_t Tp[] = {512, 4096, 16384};
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "bench_cuda_linear: cublasCreate failed\n");
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof pf / sizeof pf[0]; i++)
+        for (size_t t = 0; t < sizeof Tp / sizeof Tp[0]; t++) run_prefill(&pf[i], Tp[t], bw, peak, h);
+    cublasDestroy(h);
     return 0;
 }

@@ -39,6 +39,7 @@
 
 #include "backend/cuda/attn.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/profile.h"
 
@@ -95,6 +96,13 @@ typedef struct {
     char *stage;
     size_t stage_cap;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
+    size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
+    int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
+    /* the device graph (be_dev_ops): an arena of chunks for one forward's activations, a pinned upload ring */
+    struct { char *p; size_t cap, used; } ar[32];
+    int nar;
+    char *up;
+    size_t up_cap, up_used;
     int prof_on;
     bcu_profile prof;
     int failed;
@@ -397,11 +405,37 @@ static const float *norm_weight(cuda_be *c, const float *w, size_t dim)
 
 /* ---- the GEMM core, on device pointers: dy [T, n] = dx [T, K] . W[r0:r0+n, c0:c0+K]^T.
  * tmp: scratch for the bf16 planes and the bf16x3 partial products. */
+/* FP8 / FP4 weights with ue8m0 scales at T >= deq_T (and whole rows) take a transient bf16 copy of their rows
+ * (exact: every e4m3 / e2m1 value times a power of two is a bf16) and the dense bf16 GEMM; below it the row-dot */
+static int dequant_gemm(const cuda_be *c, const be_weight *w, size_t T, int64_t c0, int64_t K)
+{
+    return (w->fmt == BE_W_FP8 || w->fmt == BE_W_FP4) && w->scale_dtype == MD_F8_E8M0 && c->math != BCU_MATH_FP32 &&
+           T >= c->deq_T && c0 == 0 && K == w->cols && K % 32 == 0 && w->block >= 16 &&
+           !(w->block & (w->block - 1)) && (w->fmt == BE_W_FP8 || (w->block <= 64 && K % w->block == 0));
+}
+
 static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int64_t n, int64_t K)
 {
-    if (w->fmt != BE_W_DENSE || w->dtype != MD_BF16 || c->math == BCU_MATH_FP32) return 0;
-    if (c->math == BCU_MATH_BF16) return up256(T * (size_t)K * 2);
-    return up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
+    const int deq = dequant_gemm(c, w, T, w->cols - K, K);
+    if (!deq && (w->fmt != BE_W_DENSE || w->dtype != MD_BF16 || c->math == BCU_MATH_FP32)) return 0;
+    const size_t wb = deq ? up256((size_t)n * (size_t)K * 2) : 0;
+    if (c->math == BCU_MATH_BF16) return wb + up256(T * (size_t)K * 2);
+    return wb + up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
+}
+
+/* dy [T, n] = dx [T, K] . A^T for a bf16 A [n, K] (leading dimension lda) in the math mode's planes */
+static int bf16_gemm(cuda_be *c, const uint16_t *A, int lda, float *dy, const float *dx, size_t T, int64_t n, int64_t K,
+                     char *tmp)
+{
+    const int planes = c->math == BCU_MATH_BF16 ? 1 : 3;
+    uint16_t *xb = (uint16_t *)tmp;
+    float *part = planes == 1 ? dy : (float *)(tmp + up256(3 * T * (size_t)K * 2));
+    const float one = 1.0f, zero = 0.0f;
+    CU(bcu_split_bf16(xb, dx, T * (size_t)K, planes, c->st));
+    BL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * planes, (int)K, &one, A, CUDA_R_16BF, lda, xb,
+                    CUDA_R_16BF, (int)K, &zero, part, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (planes == 3) CU(bcu_sum3(dy, part, T * (size_t)n, c->st));
+    return 0;
 }
 
 static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, const float *dx, size_t T, int64_t r0,
@@ -416,17 +450,13 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
                        (const float *)e->d + r0 * w->cols + c0, ld, dx, (int)K, &zero, dy, (int)n));
         return 0;
     }
-    if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16) {
-        const int planes = c->math == BCU_MATH_BF16 ? 1 : 3;
-        uint16_t *xb = (uint16_t *)tmp;
-        float *part = planes == 1 ? dy : (float *)(tmp + up256(3 * T * (size_t)K * 2));
-        const float one = 1.0f, zero = 0.0f;
-        CU(bcu_split_bf16(xb, dx, T * (size_t)K, planes, c->st));
-        BL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * planes, (int)K, &one,
-                        (const uint16_t *)e->d + r0 * w->cols + c0, CUDA_R_16BF, ld, xb, CUDA_R_16BF, (int)K, &zero,
-                        part, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        if (planes == 3) CU(bcu_sum3(dy, part, T * (size_t)n, c->st));
-        return 0;
+    if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16)
+        return bf16_gemm(c, (const uint16_t *)e->d + r0 * w->cols + c0, ld, dy, dx, T, n, K, tmp);
+    if (dequant_gemm(c, w, T, c0, K)) {
+        uint16_t *wb = (uint16_t *)tmp;
+        CU(bcu_dequant_bf16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols,
+                            w->block, r0, n, c->st));
+        return bf16_gemm(c, wb, (int)K, dy, dx, T, n, K, tmp + up256((size_t)n * (size_t)K * 2));
     }
     if (K != w->cols - c0) return fail(c, "row-dot: K %lld is not cols - c0", (long long)K);
     bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, r0, n, c0, dx, (int64_t)T, dy);
@@ -480,7 +510,7 @@ static void cu_linear_rows(be_backend *be, float *y, size_t ldy, const float *x,
 
 /* the grouped projection in one round trip: x up once, each group's slice of it made dense on the device, the
  * same core() as linear_rows per group (so the same bits), y down once */
-static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const be_weight *w, int groups)
+static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const be_weight *w, int groups, int dev)
 {
     if (c->failed) return -1;
     if (groups < 1 || w->rows % groups) return fail(c, "linear_grouped: %lld rows in %d groups", (long long)w->rows, groups);
@@ -489,12 +519,12 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
     const int64_t n = w->rows / groups, K = w->cols;
     const wentry *e = weight(c, w);
     if (!e) return -1;
-    const size_t xall = up256(T * (size_t)K * groups * 4), yall = up256(T * (size_t)n * groups * 4),
+    const size_t xall = dev ? 0 : up256(T * (size_t)K * groups * 4), yall = dev ? 0 : up256(T * (size_t)n * groups * 4),
                  xb = up256(T * (size_t)K * 4), yb = up256(T * (size_t)n * 4);
     if (scratch(c, xall + yall + xb + yb + core_tmp_bytes(c, w, T, n, K))) return -1;
-    float *dxa = (float *)c->scratch, *dya = (float *)(c->scratch + xall);
+    float *dxa = dev ? (float *)x : (float *)c->scratch, *dya = dev ? y : (float *)(c->scratch + xall);
     float *dx = (float *)(c->scratch + xall + yall), *dy = (float *)(c->scratch + xall + yall + xb);
-    CU(cudaMemcpyAsync(dxa, x, T * (size_t)K * groups * 4, cudaMemcpyHostToDevice, c->st));
+    if (!dev) CU(cudaMemcpyAsync(dxa, x, T * (size_t)K * groups * 4, cudaMemcpyHostToDevice, c->st));
     for (int g = 0; g < groups; g++) {
         CU(cudaMemcpy2DAsync(dx, (size_t)K * 4, dxa + (size_t)g * K, (size_t)K * groups * 4, (size_t)K * 4, T,
                              cudaMemcpyDeviceToDevice, c->st));
@@ -502,6 +532,7 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
         CU(cudaMemcpy2DAsync(dya + (size_t)g * n, (size_t)n * groups * 4, dy, (size_t)n * 4, (size_t)n * 4, T,
                              cudaMemcpyDeviceToDevice, c->st));
     }
+    if (dev) return 0;
     CU(cudaMemcpyAsync(y, dya, T * (size_t)n * groups * 4, cudaMemcpyDeviceToHost, c->st));
     CU(cudaStreamSynchronize(c->st));
     return 0;
@@ -512,7 +543,7 @@ static void cu_linear_grouped(be_backend *be, float *y, const float *x, size_t T
     cuda_be *c = get(be);
     const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
-    int rc = grouped_locked(c, y, x, T, w, groups);
+    int rc = grouped_locked(c, y, x, T, w, groups, 0);
     pthread_mutex_unlock(&c->lock);
     if (rc) nan_fill(y, (size_t)w->rows, T, (size_t)w->rows);
     prof_add(c, BCU_PROF_ROWS, t0);
@@ -559,7 +590,8 @@ static int fp4_expert(const be_weight *w, int64_t rows, int64_t cols)
 }
 
 static int moe_locked(cuda_be *c, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
-                      const be_weight *w1, const be_weight *w3, const be_weight *w2, int E, float limit, int before)
+                      const be_weight *w1, const be_weight *w3, const be_weight *w2, int E, float limit, int before,
+                      int dev)
 {
     if (c->failed) return -1;
     const int64_t D = w1[0].cols, I = w1[0].rows;
@@ -643,18 +675,26 @@ run:
     ex.s3 = tab + 3 * E;
     ex.w2 = tab + 4 * E;
     ex.s2 = tab + 5 * E;
-    const size_t xb = up256(T * (size_t)D * 4), ib = up256(T * (size_t)topk * 4);
-    if (scratch(c, wsb + 2 * xb + 2 * ib + 256)) return -1;
+    const size_t xb = dev ? 0 : up256(T * (size_t)D * 4), ib = dev ? 0 : up256(T * (size_t)topk * 4);
+    if (scratch(c, up256(wsb) + 2 * xb + 2 * ib + 256)) return -1;
     char *base = c->scratch;
     void *dws = base;
     float *dx = (float *)(base + up256(wsb)), *dy = (float *)((char *)dx + xb);
     int32_t *dids = (int32_t *)((char *)dy + xb);
     float *dw = (float *)((char *)dids + ib);
-    CU(cudaMemcpyAsync(dx, x, T * (size_t)D * 4, cudaMemcpyHostToDevice, c->st));
-    CU(cudaMemcpyAsync(dids, ids, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
-    CU(cudaMemcpyAsync(dw, w, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
+    if (dev) { /* device activations: nothing travels */
+        dx = (float *)x;
+        dy = y;
+        dids = (int32_t *)ids;
+        dw = (float *)w;
+    } else {
+        CU(cudaMemcpyAsync(dx, x, T * (size_t)D * 4, cudaMemcpyHostToDevice, c->st));
+        CU(cudaMemcpyAsync(dids, ids, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
+        CU(cudaMemcpyAsync(dw, w, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
+    }
     CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, c->math == BCU_MATH_BF16 ? BCU_MOE_BF16 : BCU_MOE_FP32,
                        BCU_MOE_AUTO, dws, wsb, c->st));
+    if (dev) return 0;
     CU(cudaMemcpyAsync(y, dy, T * (size_t)D * 4, cudaMemcpyDeviceToHost, c->st));
     CU(cudaStreamSynchronize(c->st));
     return 0;
@@ -668,7 +708,7 @@ static int cu_moe(be_backend *be, float *y, const float *x, size_t T, const int3
     if (!T) return 0;
     const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
-    int rc = moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2);
+    int rc = moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2, 0);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0) nan_fill(y, (size_t)w1[0].cols, T, (size_t)w1[0].cols);
     prof_add(c, BCU_PROF_MOE, t0);
@@ -805,7 +845,7 @@ static int aws_room(cuda_be *c, const bcu_attn_limits *need)
     return 0;
 }
 
-static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a)
+static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a, int devio)
 {
     if (c->failed) return -1;
     const int H = a->n_heads, d = a->head_dim, IH = a->index_heads, ID = a->index_dim;
@@ -832,8 +872,9 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                  o_seq = o_ptr + up256((nb ? nb : 1) * sizeof(float *)),
                  staged = o_seq + up256((size_t)(nseq + ntok / rows_max + 2) * sizeof(bcu_attn_seq));
     /* device: the staged part, then per launch q, out, iq, iw, sel, nsel */
-    const size_t qb = up256((size_t)rows_max * H * d * 4), iqb = a->csa ? up256((size_t)rows_max * IH * ID * 4) : 0,
-                 iwb = a->csa ? up256((size_t)rows_max * IH * 4) : 0,
+    const size_t qb = devio ? 0 : up256((size_t)rows_max * H * d * 4),
+                 iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
+                 iwb = a->csa && !devio ? up256((size_t)rows_max * IH * 4) : 0,
                  selb = a->csa ? up256((size_t)rows_max * a->topk * 4) : 0, nselb = a->csa ? up256((size_t)rows_max * 4) : 0;
     if (scratch(c, staged + 2 * qb + iqb + iwb + selb + nselb + 256) || stage_room(c, staged)) return -1;
     char *dev = c->scratch, *hst = c->stage;
@@ -908,12 +949,23 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         CU(cudaMemcpyAsync(dev + seq_dev, ls, (size_t)n * sizeof *ls, cudaMemcpyHostToDevice, c->st));
         nseq_launch_base += n;
         bcu_attn_batch bt = {(const bcu_attn_seq *)(dev + seq_dev), n, rows, max_len};
-        CU(cudaMemcpyAsync(dq, a->q + (size_t)row * H * d, (size_t)rows * H * d * 4, cudaMemcpyHostToDevice, c->st));
+        if (devio) { /* device activations: q, iq, iw and out are read and written where they are */
+            dq = (float *)a->q + (size_t)row * H * d;
+            dout = a->out + (size_t)row * H * d;
+            if (a->csa) {
+                diq = (float *)a->iq + (size_t)row * IH * ID;
+                diw = (float *)a->iw + (size_t)row * IH;
+            }
+        } else {
+            CU(cudaMemcpyAsync(dq, a->q + (size_t)row * H * d, (size_t)rows * H * d * 4, cudaMemcpyHostToDevice, c->st));
+        }
         char msg[256] = "";
         if (a->csa) {
-            CU(cudaMemcpyAsync(diq, a->iq + (size_t)row * IH * ID, (size_t)rows * IH * ID * 4, cudaMemcpyHostToDevice,
-                               c->st));
-            CU(cudaMemcpyAsync(diw, a->iw + (size_t)row * IH, (size_t)rows * IH * 4, cudaMemcpyHostToDevice, c->st));
+            if (!devio) {
+                CU(cudaMemcpyAsync(diq, a->iq + (size_t)row * IH * ID, (size_t)rows * IH * ID * 4,
+                                   cudaMemcpyHostToDevice, c->st));
+                CU(cudaMemcpyAsync(diw, a->iw + (size_t)row * IH, (size_t)rows * IH * 4, cudaMemcpyHostToDevice, c->st));
+            }
             bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel};
             if (bcu_indexer_topk(&c->aws, &bt, &ia, c->st, msg, sizeof msg) != cudaSuccess)
                 return fail(c, "indexer: %s", msg[0] ? msg : "launch failed");
@@ -922,8 +974,14 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                                  a->csa ? dsel : NULL, a->csa ? dnsel : NULL, a->csa ? a->topk : 0, dout};
         if (bcu_attention(&c->aws, &bt, &aa, c->st, msg, sizeof msg) != cudaSuccess)
             return fail(c, "attention: %s", msg[0] ? msg : "launch failed");
-        CU(cudaMemcpyAsync(a->out + (size_t)row * H * d, dout, (size_t)rows * H * d * 4, cudaMemcpyDeviceToHost, c->st));
+        if (!devio)
+            CU(cudaMemcpyAsync(a->out + (size_t)row * H * d, dout, (size_t)rows * H * d * 4, cudaMemcpyDeviceToHost,
+                               c->st));
         row += rows;
+    }
+    if (devio) { /* the error flags are read at the next download, which waits for the device anyway */
+        c->aws_pending = 1;
+        return 0;
     }
     int fl = bcu_attn_workspace_flags(&c->aws, 1, c->st); /* synchronises */
     if (fl < 0) return fail(c, "reading the attention error flags failed");
@@ -937,15 +995,381 @@ static int cu_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int n
     if (ntok < 1) return 0;
     const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
-    int rc = attn_locked(c, seqs, nseq, ntok, a);
+    int rc = attn_locked(c, seqs, nseq, ntok, a, 0);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0) nan_fill(a->out, (size_t)a->n_heads * a->head_dim, (size_t)ntok, (size_t)a->n_heads * a->head_dim);
     prof_add(c, BCU_PROF_ATTENTION, t0);
     return rc;
 }
 
+/* ---- the device-resident graph (be_dev_ops; src/model/v4.c forward_dev)
+ *
+ * Activations come from an arena of device chunks that reset() empties; when a
+ * forward needed more than one chunk, reset() replaces them with one chunk of
+ * the total, so a steady workload allocates nothing.  Uploads go through a
+ * pinned ring (the host copy is made at once; the ring wraps only after the
+ * stream has drained).  The math ops are asynchronous: a failure is sticky and
+ * every later op does nothing; download() is where the graph waits and sees
+ * it.  With profiling on, each op waits for the device so that its class gets
+ * its own time. */
+
+static double prof_t0(cuda_be *c)
+{
+    if (!c->prof_on) return 0;
+    cudaStreamSynchronize(c->st);
+    return wall();
+}
+
+static void prof_dev(cuda_be *c, int cls, double t0)
+{
+    if (!c->prof_on) return;
+    cudaStreamSynchronize(c->st);
+    prof_add(c, cls, t0);
+}
+
+#define DV_ENTER(cls)                      \
+    cuda_be *c = get(be);                  \
+    const int cls_ = (cls);                \
+    pthread_mutex_lock(&c->lock);          \
+    const double t0_ = prof_t0(c);         \
+    if (!c->failed) {
+#define DV_LEAVE                           \
+    }                                      \
+    prof_dev(c, cls_, t0_);                \
+    pthread_mutex_unlock(&c->lock)
+#define DV_CU(call)                                                                                    \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess)                                                                         \
+            fail(c, "%s failed: %s (%s) at %s:%d", #call, cudaGetErrorName(e_), cudaGetErrorString(e_), \
+                 __FILE__, __LINE__);                                                                  \
+    } while (0)
+
+static void ar_free(cuda_be *c)
+{
+    for (int i = 0; i < c->nar; i++) cudaFree(c->ar[i].p);
+    c->nar = 0;
+}
+
+static void dv_reset(be_backend *be)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    if (!c->failed) {
+        DV_CU(cudaSetDevice(c->device));
+        DV_CU(cudaStreamSynchronize(c->st)); /* the ring and the arena are free again */
+        c->up_used = 0;
+        if (c->nar > 1) {
+            size_t total = 0;
+            for (int i = 0; i < c->nar; i++) total += c->ar[i].cap;
+            ar_free(c);
+            if (cudaMalloc((void **)&c->ar[0].p, total) != cudaSuccess)
+                fail(c, "cudaMalloc of %zu MB of activations failed (device memory full?)", total >> 20);
+            else {
+                c->ar[0].cap = total;
+                c->nar = 1;
+            }
+        }
+        for (int i = 0; i < c->nar; i++) c->ar[i].used = 0;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void *dv_alloc(be_backend *be, size_t bytes)
+{
+    cuda_be *c = get(be);
+    void *p = NULL;
+    bytes = up256(bytes ? bytes : 1);
+    pthread_mutex_lock(&c->lock);
+    if (!c->failed) {
+        if (c->nar && c->ar[c->nar - 1].used + bytes <= c->ar[c->nar - 1].cap) {
+            p = c->ar[c->nar - 1].p + c->ar[c->nar - 1].used;
+            c->ar[c->nar - 1].used += bytes;
+        } else if (c->nar == (int)(sizeof c->ar / sizeof c->ar[0])) {
+            fail(c, "the activation arena has too many chunks");
+        } else {
+            size_t cap = c->nar ? 2 * c->ar[c->nar - 1].cap : (size_t)64 << 20;
+            if (cap < bytes) cap = bytes;
+            char *q = NULL;
+            if (cudaMalloc((void **)&q, cap) != cudaSuccess)
+                fail(c, "cudaMalloc of %zu MB of activations failed (device memory full?)", cap >> 20);
+            else {
+                c->ar[c->nar].p = q;
+                c->ar[c->nar].cap = cap;
+                c->ar[c->nar].used = bytes;
+                c->nar++;
+                p = q;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    DV_ENTER(BCU_PROF_XFER);
+    const size_t need = up256(bytes);
+    if (c->up_used + need > c->up_cap) {
+        if (need > c->up_cap) {
+            size_t nc = c->up_cap ? c->up_cap : (size_t)1 << 20;
+            while (nc < need) nc *= 2;
+            grow(c, &c->up, &c->up_cap, nc, 1); /* waits for the stream */
+        } else {
+            DV_CU(cudaStreamSynchronize(c->st));
+        }
+        c->up_used = 0;
+    }
+    if (!c->failed) {
+        char *h = c->up + c->up_used;
+        memcpy(h, src, bytes);
+        c->up_used += need;
+        DV_CU(cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, c->st));
+    }
+    DV_LEAVE;
+}
+
+static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
+{
+    DV_ENTER(BCU_PROF_XFER);
+    if (bytes) DV_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
+    DV_CU(cudaStreamSynchronize(c->st));
+    if (!c->failed && c->aws_pending) {
+        c->aws_pending = 0;
+        int fl = bcu_attn_workspace_flags(&c->aws, 1, c->st);
+        if (fl < 0) fail(c, "reading the attention error flags failed");
+        else if (fl) fail(c, "attention kernels flagged bad input (flags %d)", fl);
+    }
+    DV_LEAVE;
+    return c->failed ? -1 : 0;
+}
+
+static int dv_failed(be_backend *be) { return get(be)->failed; }
+
+static void dv_zero(be_backend *be, void *p, size_t bytes)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(cudaMemsetAsync(p, 0, bytes, c->st));
+    DV_LEAVE;
+}
+
+static int linear_dev_locked(cuda_be *c, float *y, const float *x, size_t T, const be_weight *w)
+{
+    const wentry *e = weight(c, w);
+    if (!e || scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256)) return -1;
+    return core(c, e, w, y, x, T, 0, w->rows, 0, w->cols, c->scratch);
+}
+
+static void dv_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
+{
+    DV_ENTER(w->fmt == BE_W_FP8 ? BCU_PROF_LINEAR_FP8 : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16);
+    if (T) linear_dev_locked(c, y, x, T, w);
+    DV_LEAVE;
+}
+
+static void dv_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
+{
+    DV_ENTER(BCU_PROF_ROWS);
+    grouped_locked(c, y, x, T, w, groups, 1);
+    DV_LEAVE;
+}
+
+static void dv_rmsnorm(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps)
+{
+    DV_ENTER(BCU_PROF_RMSNORM);
+    const float *dw = NULL;
+    if (rows && dim && (!w || (dw = norm_weight(c, w, dim)))) DV_CU(bcu_rmsnorm(y, x, rows, dim, dw, eps, c->st));
+    DV_LEAVE;
+}
+
+static void dv_embed(be_backend *be, float *X, const int32_t *ids, size_t R, const be_weight *e, int ns)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    const wentry *we = weight(c, e);
+    if (we && e->fmt == BE_W_DENSE) {
+        const int emb = we->f32 ? BCU_EMB_F32 : e->dtype == MD_BF16 ? BCU_EMB_BF16 : BCU_EMB_F16;
+        DV_CU(bcu_embed(X, we->d, emb, ids, R, (int)e->cols, ns, c->st));
+    } else if (we) {
+        fail(c, "the embedding must be a dense matrix");
+    }
+    DV_LEAVE;
+}
+
+/* an mHC site's parameters on the device; rows = mixes and 3 scales (hc_pre), or n and 1 (hc_head) */
+static int hc_site(cuda_be *c, const be_hc *h, int rows, int nscale, bcu_hc_site *s)
+{
+    s->n = h->n;
+    s->D = h->D;
+    s->iters = h->iters;
+    s->hc_eps = h->hc_eps;
+    s->rms_eps = h->rms_eps;
+    s->fn = norm_weight(c, h->fn, (size_t)rows * h->n * h->D);
+    s->base = norm_weight(c, h->base, (size_t)rows);
+    s->scale = norm_weight(c, h->scale, (size_t)nscale);
+    return s->fn && s->base && s->scale ? 0 : -1;
+}
+
+static void dv_hc_pre(be_backend *be, const be_hc *h, const float *X, size_t R, float *coll, float *post, float *comb)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    bcu_hc_site s;
+    if (!hc_site(c, h, (2 + h->n) * h->n, 3, &s)) DV_CU(bcu_hc_pre(&s, X, R, coll, post, comb, c->st));
+    DV_LEAVE;
+}
+
+static void dv_hc_head(be_backend *be, const be_hc *h, const float *X, size_t R, float *coll)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    bcu_hc_site s;
+    if (!hc_site(c, h, h->n, 1, &s)) DV_CU(bcu_hc_head(&s, X, R, coll, c->st));
+    DV_LEAVE;
+}
+
+static void dv_hc_post(be_backend *be, float *X, const float *f, const float *post, const float *comb, int n, int D,
+                       size_t R)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_hc_post(X, f, post, comb, n, D, R, c->st));
+    DV_LEAVE;
+}
+
+static void dv_rope(be_backend *be, float *x, size_t rows, size_t stride, size_t off, int rd, const float *inv,
+                    const int64_t *pos, int per)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    const float *di = norm_weight(c, inv, (size_t)(rd / 2 > 0 ? rd / 2 : 1));
+    if (di) DV_CU(bcu_rope(x, rows, stride, off, rd, di, pos, per, 0, c->st));
+    DV_LEAVE;
+}
+
+static void dv_fq(be_backend *be, float *x, size_t rows, size_t stride, size_t n, int block, int fp4)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(fp4 ? bcu_fq_fp4(x, rows, stride, n, block, c->st) : bcu_fq_fp8(x, rows, stride, n, block, c->st));
+    DV_LEAVE;
+}
+
+static void dv_hadamard(be_backend *be, float *x, size_t rows, size_t n)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_hadamard(x, rows, n, c->st));
+    DV_LEAVE;
+}
+
+static void dv_swiglu(be_backend *be, float *g, const float *up, size_t rows, int I, float limit, const float *rw)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_swiglu(g, up, rows, I, limit, rw, c->st));
+    DV_LEAVE;
+}
+
+static void dv_scale(be_backend *be, float *x, size_t n, float sc)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_scale(x, n, sc, c->st));
+    DV_LEAVE;
+}
+
+static void dv_add(be_backend *be, float *y, const float *x, size_t n)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_add(y, x, n, c->st));
+    DV_LEAVE;
+}
+
+static void dv_route(be_backend *be, const be_route *r, const float *logits, const int32_t *ids, size_t R,
+                     int32_t *idx, float *wt)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    bcu_route_args a = {r->E, r->K, r->score_func, r->official, r->route_scale, NULL, NULL, ids};
+    int ok = 1;
+    if (r->bias) ok = (a.bias = norm_weight(c, r->bias, (size_t)r->E)) != NULL;
+    /* the hash table travels like a parameter vector: 4-byte elements, cached by its host address */
+    if (ok && r->tid2eid)
+        ok = (a.tid2eid = (const int32_t *)norm_weight(c, (const float *)r->tid2eid, (size_t)r->vocab * r->K)) != NULL;
+    if (ok) DV_CU(bcu_route(&a, logits, R, idx, wt, c->st));
+    DV_LEAVE;
+}
+
+static void dv_gather(be_backend *be, float *dst, const float *src, const int32_t *rows, size_t n, size_t width)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_gather_rows(dst, src, rows, n, width, c->st));
+    DV_LEAVE;
+}
+
+__global__ void scatter_add_kernel(float *y, const float *src, const int32_t *rows, const float *rw, size_t width)
+{
+    const size_t r = blockIdx.x;
+    const float f = rw ? rw[r] : 1.0f;
+    float *yr = y + (size_t)rows[r] * width;
+    const float *sr = src + r * width;
+    for (size_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] += rw ? sr[i] * f : sr[i];
+}
+
+static void dv_scatter_add(be_backend *be, float *y, const float *src, const int32_t *rows, const float *rw, size_t n,
+                           size_t width)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    if (n > 0x7fffffff) fail(c, "scatter_add of %zu rows", n);
+    else if (n) {
+        scatter_add_kernel<<<(unsigned)n, 256, 0, c->st>>>(y, src, rows, rw, width);
+        DV_CU(cudaGetLastError());
+    }
+    DV_LEAVE;
+}
+
+static int dv_moe(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
+                  const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
+                  int weight_before_w2)
+{
+    int rc = -1;
+    DV_ENTER(BCU_PROF_MOE);
+    rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2, 1) : 0;
+    DV_LEAVE;
+    return rc;
+}
+
+static int dv_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a)
+{
+    int rc = -1;
+    DV_ENTER(BCU_PROF_ATTENTION);
+    rc = ntok < 1 ? 0 : attn_locked(c, seqs, nseq, ntok, a, 1);
+    DV_LEAVE;
+    return rc;
+}
+
+static const be_dev_ops cuda_dev_ops = {
+    /* .reset = */ dv_reset,
+    /* .alloc = */ dv_alloc,
+    /* .upload = */ dv_upload,
+    /* .download = */ dv_download,
+    /* .failed = */ dv_failed,
+    /* .zero = */ dv_zero,
+    /* .linear = */ dv_linear,
+    /* .linear_grouped = */ dv_linear_grouped,
+    /* .rmsnorm = */ dv_rmsnorm,
+    /* .embed = */ dv_embed,
+    /* .hc_pre = */ dv_hc_pre,
+    /* .hc_head = */ dv_hc_head,
+    /* .hc_post = */ dv_hc_post,
+    /* .rope = */ dv_rope,
+    /* .fq = */ dv_fq,
+    /* .hadamard = */ dv_hadamard,
+    /* .swiglu = */ dv_swiglu,
+    /* .scale = */ dv_scale,
+    /* .add = */ dv_add,
+    /* .route = */ dv_route,
+    /* .gather = */ dv_gather,
+    /* .scatter_add = */ dv_scatter_add,
+    /* .moe = */ dv_moe,
+    /* .attention = */ dv_attention,
+};
+
 extern "C" void be_cuda_destroy(be_backend *be);
 
+/* two tables: the device-resident graph (default), and the per-op host round trips (DEEPINFER_CUDA_GRAPH=host) */
 static const be_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .linear = */ cu_linear,
@@ -955,7 +1379,22 @@ static const be_ops cuda_ops = {
     /* .moe = */ cu_moe,
     /* .attention = */ cu_attention,
     /* .linear_grouped = */ cu_linear_grouped,
+    /* .dev = */ &cuda_dev_ops,
 };
+
+static const be_ops cuda_ops_host = {
+    /* .name = */ "cuda",
+    /* .linear = */ cu_linear,
+    /* .linear_rows = */ cu_linear_rows,
+    /* .rmsnorm = */ cu_rmsnorm,
+    /* .destroy = */ be_cuda_destroy,
+    /* .moe = */ cu_moe,
+    /* .attention = */ cu_attention,
+    /* .linear_grouped = */ cu_linear_grouped,
+    /* .dev = */ NULL,
+};
+
+static int is_cuda(const be_backend *be) { return be && (be->ops == &cuda_ops || be->ops == &cuda_ops_host); }
 
 /* ---- device-pointer entry point (benchmark; the future device-resident graph) */
 
@@ -990,6 +1429,8 @@ static void teardown(cuda_be *c)
     c->mt = NULL;
     c->nmt = 0;
     kv_reset(c);
+    ar_free(c);
+    if (c->up) cudaFreeHost(c->up);
     if (c->aws.mem) cudaFree(c->aws.mem);
     if (c->stage) cudaFreeHost(c->stage);
     free(c->tab);
@@ -1034,6 +1475,9 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     if (getenv("DEEPINFER_CUDA_ATTN_ROWS") && atoi(getenv("DEEPINFER_CUDA_ATTN_ROWS")) > 0)
         c->attn_rows = atoi(getenv("DEEPINFER_CUDA_ATTN_ROWS"));
     if (c->attn_rows > 65535) c->attn_rows = 65535;
+    c->deq_T = 64;
+    if (getenv("DEEPINFER_CUDA_DEQUANT_T") && *getenv("DEEPINFER_CUDA_DEQUANT_T"))
+        c->deq_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_DEQUANT_T"), NULL, 10); /* 0: always; huge: never */
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;
@@ -1064,7 +1508,14 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
         goto fail;
     }
     /* the host ops (be_cpu_parallel) see the embedded CPU backend's pool */
-    c->base.ops = &cuda_ops;
+    {
+        const char *g = getenv("DEEPINFER_CUDA_GRAPH");
+        if (g && *g && strcmp(g, "host") && strcmp(g, "device")) {
+            snprintf(err, errlen, "DEEPINFER_CUDA_GRAPH must be device or host, not '%s'", g);
+            goto fail;
+        }
+        c->base.ops = g && !strcmp(g, "host") ? &cuda_ops_host : &cuda_ops;
+    }
     c->base.threads = c->host->threads;
     c->base.impl = c->host->impl;
     return &c->base;
@@ -1093,7 +1544,7 @@ extern "C" void be_cuda_destroy(be_backend *be)
 
 extern "C" const char *be_cuda_error(const be_backend *be)
 {
-    if (!be || be->ops != &cuda_ops) return NULL;
+    if (!is_cuda(be)) return NULL;
     const cuda_be *c = get(be);
     return c->failed ? c->err : NULL;
 }
@@ -1111,7 +1562,8 @@ extern "C" const char *bcu_profile_name(int cls)
 {
     static const char *const names[BCU_PROF_COUNT] = {"linear bf16 (cuBLAS)", "linear FP8", "linear FP4",
                                                       "grouped wo_a", "rmsnorm", "moe (grouped FP4)",
-                                                      "attention + indexer"};
+                                                      "attention + indexer", "graph ops (mHC, RoPE, routing, ...)",
+                                                      "uploads + downloads (waits)"};
     return cls >= 0 && cls < BCU_PROF_COUNT ? names[cls] : "?";
 }
 

@@ -95,6 +95,26 @@ cudaError_t bcu_sum3(float *y, const float *p, size_t n, cudaStream_t st);
 /* fp32 copies of bf16 / f16 weights (FP32 mode) */
 cudaError_t bcu_widen(float *dst, const uint16_t *src, size_t n, int is_f16, cudaStream_t st);
 
+/* ---- dequant.cu */
+
+/* dst [n, cols] (dense, row-major bf16) = rows [r0, r0 + n) of the weight
+ * W [rows, cols], for prefill GEMMs through cuBLAS bf16 on a transient copy.
+ * fmt BCU_RW_FP8: w holds e4m3 codes [rows, cols], scale [ceil(rows/block),
+ * ceil(cols/block)]; BCU_RW_FP4: w holds e2m1 codes two per byte (element 2k
+ * in the low nibble of byte k), scale [rows, cols/block].  w and scale are
+ * the whole weight's (row 0 first).  The scales must be E8M0 (sc_dtype
+ * BCU_SC_E8M0; F32 / BF16 scales are refused).  Every element is bit for bit
+ * md_f32_to_bf16(decode(code) * scale) of src/model/dtype.c, i.e. the fp32
+ * product rounded to nearest even; it is the exact product for scales that
+ * keep it in bf16's normal range (every realistic one), the rounded one
+ * beyond; a NaN code (0x7f / 0xff) or scale (255) gives a NaN, not
+ * necessarily with dtype.c's bits.  Needs cols a multiple of 16 (FP8) or 32
+ * (FP4), block a power of two >= 16 (FP4: dividing cols), 0 <= r0 <= r0 + n
+ * <= rows, dst and w 16-byte aligned; else cudaErrorInvalidValue, before any
+ * CUDA call.  Asynchronous on st; n = 0 does nothing. */
+cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype, int64_t rows,
+                             int64_t cols, int block, int64_t r0, int64_t n, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

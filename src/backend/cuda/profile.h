@@ -25,6 +25,8 @@ enum {
     BCU_PROF_RMSNORM,
     BCU_PROF_MOE,
     BCU_PROF_ATTENTION,
+    BCU_PROF_GRAPH,       /* device graph: mHC, RoPE, QAT round trips, SwiGLU, routing, gathers */
+    BCU_PROF_XFER,        /* device graph: uploads, and the downloads where the host waits for the device */
     BCU_PROF_COUNT
 };
 

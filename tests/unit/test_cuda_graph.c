@@ -1,0 +1,1126 @@
+/* test_cuda_graph.c - the device graph ops (src/backend/cuda/graph.cu) against
+ * host references that mirror src/model/v4.c's loops (and src/model/dtype.c's
+ * codecs, called directly).
+ *
+ * First, on any machine: the comparisons themselves are checked (a perturbed
+ * or bit-flipped output is rejected, a NaN must meet a NaN) and the fake-quant
+ * boundary data is checked to really sit on e4m3 / e2m1 rounding ties.  Then,
+ * without a CUDA device, it prints "SKIPPED: no CUDA device" and exits 77
+ * (CTest: skipped).
+ *
+ * On a GPU, per op, random inputs at small sizes and V4-Flash sizes (D 4096,
+ * hc_mult 4, moe_inter 2048, 256 experts top-6, head_dim 512, rope_dim 64,
+ * index_head_dim 128) with R in {1, 7, 300}:
+ *   bit for bit   embed (bf16/f16 tables of random codes: NaN, inf,
+ *                 subnormals), gather, scale, add, hc_post, hadamard, fq_fp8
+ *                 and fq_fp4 (ties, +-1 ulp around ties, subnormals, NaN,
+ *                 tails, untouched padding), route idx (and, where the scores
+ *                 are exact: logits > 20 under sqrt-softplus, also wt), the
+ *                 channels RoPE does not touch;
+ *   1e-5          per row, max |gpu - ref| / max |ref|: hc_pre (coll, post,
+ *                 comb), hc_head, rope, swiglu, route wt;
+ *   route idx on inexact scores: equal, except that a disagreement is
+ *                 allowed at a near-tie of the reference's values (counted);
+ *   repeat        a second run is bit-identical; a row alone (R = 1) gives
+ *                 the bits it gets inside a batch.
+ * A negative control in every GPU comparison perturbs the device's output and
+ * checks that the comparison fails.  TEST_CUDA_GRAPH_FILTER (cmocka glob)
+ * picks tests. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/graph.h"
+#include "model/dtype.h"
+
+#define TOL 1e-5
+#define TIE_TOL 1e-6 /* route: a near-tie, relative to the row's largest |value| */
+
+#include "test_rng.h"
+
+static const size_t Rs[] = {1, 7, 300};
+#define NR (sizeof Rs / sizeof Rs[0])
+
+/* ------------------------------------------------------------------ helpers */
+
+#define CK(call)                                                                                                  \
+    do {                                                                                                          \
+        cudaError_t r_ = (call);                                                                                  \
+        if (r_ != cudaSuccess) fail_msg("%s: %s (%s:%d)", #call, cudaGetErrorString(r_), __FILE__, __LINE__);     \
+    } while (0)
+
+/* launch, then wait, so that an asynchronous fault is reported at its call */
+#define RUN(call)                                                                                                 \
+    do {                                                                                                          \
+        CK(call);                                                                                                 \
+        CK(cudaDeviceSynchronize());                                                                              \
+    } while (0)
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) fail_msg("out of host memory (%zu bytes)", n);
+    return p;
+}
+
+static void *dmalloc(size_t bytes)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes ? bytes : 4));
+    return p;
+}
+
+static void *up(const void *src, size_t bytes)
+{
+    void *d = dmalloc(bytes);
+    if (bytes) CK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void down(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) CK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+static float *rand_floats(size_t n, float amp)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = amp * unif();
+    return x;
+}
+
+static uint32_t bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* rounded products and sums: the reference must not be contracted into FMAs
+ * (the device rounds each operation, as v4.c does on x86-64) */
+static float rmul(float a, float b)
+{
+    volatile float p = a * b;
+    return p;
+}
+static float radd(float a, float b)
+{
+    volatile float s = a + b;
+    return s;
+}
+
+/* first index whose bits differ (any NaN equals any NaN), -1 if none */
+static long bits_diff(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) && isnan(b[i])) continue;
+        if (bits(a[i]) != bits(b[i])) return (long)i;
+    }
+    return -1;
+}
+
+/* max over rows of max |got - ref| / max |ref| (absolute for a zero row);
+ * a NaN or an infinity in ref must be met exactly, and got must not invent one */
+static double row_err(const float *got, const float *ref, size_t rows, size_t width)
+{
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double mag = 0, d = 0;
+        for (size_t i = r * width; i < (r + 1) * width; i++) {
+            if (isnan(ref[i]) || isinf(ref[i])) {
+                if (!(isnan(ref[i]) ? isnan(got[i]) : got[i] == ref[i])) return INFINITY;
+                continue;
+            }
+            if (!isfinite(got[i])) return INFINITY;
+            mag = fmax(mag, fabs(ref[i]));
+            d = fmax(d, fabs((double)got[i] - ref[i]));
+        }
+        const double e = mag > 0 ? d / mag : d;
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* the negative controls: a copy of got, perturbed at one element by 1e-4 of
+ * its row's magnitude (toler.) or by one ulp (bitwise), must be rejected */
+static void control_tol(const char *what, const float *got, const float *ref, size_t rows, size_t width)
+{
+    const size_t n = rows * width;
+    float *bad = xmalloc(n * sizeof *bad);
+    memcpy(bad, got, n * sizeof *bad);
+    const size_t r = (size_t)(rnd() % rows);
+    double mag = 0;
+    for (size_t i = r * width; i < (r + 1) * width; i++)
+        if (isfinite(ref[i])) mag = fmax(mag, fabs(ref[i]));
+    size_t at = r * width + (size_t)(rnd() % width);
+    for (size_t k = 0; k < width && !isfinite(ref[at]); k++) at = r * width + (at + 1 - r * width) % width;
+    bad[at] = (float)(bad[at] + 1e-4 * (mag > 0 ? mag : 1));
+    if (!(row_err(bad, ref, rows, width) > TOL)) fail_msg("%s: the perturbed output was not rejected", what);
+    free(bad);
+}
+
+static void control_bits(const char *what, const float *got, size_t n)
+{
+    float *bad = xmalloc(n * sizeof *bad);
+    memcpy(bad, got, n * sizeof *bad);
+    const size_t at = (size_t)(rnd() % n);
+    uint32_t u = bits(bad[at]) ^ 1u;
+    memcpy(&bad[at], &u, 4);
+    if (isnan(bad[at]) && isnan(got[at])) { /* one NaN for another: use a number */
+        bad[at] = 1.0f;
+    }
+    if (bits_diff(bad, got, n) != (long)at) fail_msg("%s: a one-bit change was not detected", what);
+    free(bad);
+}
+
+static void expect_bits(const char *what, const float *got, const float *ref, size_t n)
+{
+    const long d = bits_diff(got, ref, n);
+    if (d >= 0)
+        fail_msg("%s: element %ld is %a (0x%08x), expected %a (0x%08x)", what, d, (double)got[d], bits(got[d]),
+                 (double)ref[d], bits(ref[d]));
+    control_bits(what, got, n);
+}
+
+static void expect_tol(const char *what, const float *got, const float *ref, size_t rows, size_t width,
+                       double *worst)
+{
+    const double e = row_err(got, ref, rows, width);
+    if (!(e <= TOL)) {
+        /* say where */
+        for (size_t r = 0; r < rows; r++)
+            if (!(row_err(got + r * width, ref + r * width, 1, width) <= TOL))
+                for (size_t i = r * width; i < (r + 1) * width; i++)
+                    if (!(got[i] == ref[i] || (isnan(got[i]) && isnan(ref[i]))))
+                        fail_msg("%s: relative error %.3g > %.0e (row %zu, element %zu: %.9g, expected %.9g)", what,
+                                 e, TOL, r, i - r * width, (double)got[i], (double)ref[i]);
+        fail_msg("%s: relative error %.3g > %.0e", what, e, TOL);
+    }
+    if (worst && e > *worst) *worst = e;
+    control_tol(what, got, ref, rows, width);
+}
+
+/* ------------------------------------------------------------------ references (v4.c) */
+
+static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* be_dot_f32 (src/backend/cpu/cpu.c): 8 accumulators, then a fixed tree */
+static float ref_dot(const float *a, const float *b, size_t n)
+{
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static float pow2_ceil(float v)
+{
+    int e;
+    float f = frexpf(v, &e);
+    return ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+}
+
+static float fq_scale(float amax, int fp4)
+{
+    return fp4 ? pow2_ceil(amax * (1.0f / 6.0f)) : pow2_ceil(amax * (1.0f / 448.0f));
+}
+static float fq_floor(int fp4) { return fp4 ? 6.0f * ldexpf(1.0f, -126) : 1e-4f; }
+
+static void ref_fq(float *x, size_t n, size_t block, int fp4)
+{
+    for (size_t b0 = 0; b0 < n; b0 += block) {
+        size_t b1 = b0 + block < n ? b0 + block : n;
+        float amax = fq_floor(fp4);
+        for (size_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float sc = fq_scale(amax, fp4);
+        for (size_t i = b0; i < b1; i++)
+            x[i] = fp4 ? md_fp4_lut[md_f32_to_fp4(x[i] / sc)] * sc : md_e4m3_to_f32(md_f32_to_e4m3(x[i] / sc)) * sc;
+    }
+}
+
+static void ref_hadamard(float *x, size_t n)
+{
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void ref_rope(float *x, int rd, const float *inv_freq, int64_t pos, int inverse)
+{
+    for (int i = 0; i < rd / 2; i++) {
+        float ang = rmul((float)pos, inv_freq[i]);
+        float c = cosf(ang), s = sinf(ang);
+        if (inverse) s = -s;
+        float x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = rmul(x0, c) - rmul(x1, s);
+        x[2 * i + 1] = rmul(x1, c) + rmul(x0, s);
+    }
+}
+
+static void ref_swiglu(float *gt, const float *upv, size_t n, float limit, float rw, int has_rw)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gt[i], u = upv[i];
+        if (limit > 0) {
+            g = fminf(g, limit);
+            u = fmaxf(-limit, fminf(u, limit));
+        }
+        gt[i] = g / (1.0f + expf(-g)) * u;
+        if (has_rw) gt[i] *= rw;
+    }
+}
+
+typedef struct {
+    int n, D, iters;
+    float hc_eps, rms_eps;
+    float *fn, *base, *scale; /* host */
+} hc_host;
+
+/* hc_pre_task (head = 0) / hc_head_task (head = 1) for one row */
+static void ref_hc(const hc_host *p, const float *x, float *coll, float *post, float *C, int head)
+{
+    const int n = p->n, D = p->D, mix = head ? n : (2 + n) * n;
+    const float eps = p->hc_eps;
+    double ss = 0;
+    for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + p->rms_eps);
+    float mixes[(2 + 16) * 16];
+    for (int k = 0; k < mix; k++) mixes[k] = ref_dot(p->fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
+    float pre[16];
+    for (int i = 0; i < n; i++) {
+        pre[i] = sigmoidf_(radd(rmul(mixes[i], p->scale[0]), p->base[i])) + eps;
+        if (!head) post[i] = 2.0f * sigmoidf_(radd(rmul(mixes[n + i], p->scale[1]), p->base[n + i]));
+    }
+    if (!head) {
+        for (int i = 0; i < n; i++) {
+            float mx = -INFINITY;
+            for (int k = 0; k < n; k++) {
+                C[i * n + k] = radd(rmul(mixes[2 * n + i * n + k], p->scale[2]), p->base[2 * n + i * n + k]);
+                mx = fmaxf(mx, C[i * n + k]);
+            }
+            float s = 0;
+            for (int k = 0; k < n; k++) s += (C[i * n + k] = expf(C[i * n + k] - mx));
+            for (int k = 0; k < n; k++) C[i * n + k] = C[i * n + k] / s + eps;
+        }
+        for (int it = 0; it < p->iters; it++) {
+            if (it > 0)
+                for (int i = 0; i < n; i++) {
+                    float s = 0;
+                    for (int k = 0; k < n; k++) s += C[i * n + k];
+                    for (int k = 0; k < n; k++) C[i * n + k] /= s + eps;
+                }
+            for (int k = 0; k < n; k++) {
+                float s = 0;
+                for (int i = 0; i < n; i++) s += C[i * n + k];
+                for (int i = 0; i < n; i++) C[i * n + k] /= s + eps;
+            }
+        }
+    }
+    for (int d = 0; d < D; d++) {
+        float acc = 0;
+        for (int i = 0; i < n; i++) acc = radd(acc, rmul(pre[i], x[(size_t)i * D + d]));
+        coll[d] = acc;
+    }
+}
+
+/* hc_post_task for one row */
+static void ref_hc_post(float *x, const float *f, const float *post, const float *C, int n, int D)
+{
+    float *tmp = xmalloc((size_t)n * D * sizeof *tmp);
+    for (int k = 0; k < n; k++)
+        for (int d = 0; d < D; d++) {
+            float acc = rmul(post[k], f[d]);
+            for (int i = 0; i < n; i++) acc = radd(acc, rmul(C[i * n + k], x[(size_t)i * D + d]));
+            tmp[(size_t)k * D + d] = acc;
+        }
+    memcpy(x, tmp, (size_t)n * D * sizeof *tmp);
+    free(tmp);
+}
+
+/* moe()'s routing for one row; v[e] = score + bias (for the near-tie check) */
+static void ref_route(const bcu_route_args *a, const float *logit, int32_t tok, int32_t *ix, float *wt, float *v)
+{
+    const int E = a->E, K = a->K;
+    float *s = xmalloc((size_t)E * sizeof *s);
+    for (int e = 0; e < E; e++) s[e] = a->score_func == 1 ? sigmoidf_(logit[e]) : sqrtf(softplusf_(logit[e]));
+    if (a->tid2eid) {
+        memcpy(ix, a->tid2eid + (size_t)tok * K, (size_t)K * sizeof(int32_t));
+    } else {
+        for (int e = 0; e < E; e++) v[e] = s[e] + a->bias[e];
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            float bv = -INFINITY;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < k; q++) taken |= ix[q] == e;
+                if (!taken && (best < 0 || v[e] > bv)) {
+                    best = e;
+                    bv = v[e];
+                }
+            }
+            ix[k] = best;
+        }
+    }
+    float sum = 0;
+    for (int k = 0; k < K; k++) sum += (wt[k] = s[ix[k]]);
+    if (!a->official) sum += 1e-20f;
+    for (int k = 0; k < K; k++) wt[k] = wt[k] / sum * a->route_scale;
+    free(s);
+}
+
+/* ------------------------------------------------------------------ fake-quant data */
+
+/* positive codes: e4m3 0..0x7e, e2m1 0..7 */
+static float code_val(int c, int fp4) { return fp4 ? md_fp4_lut[c] : md_e4m3_to_f32((uint8_t)c); }
+static int code_max(int fp4) { return fp4 ? 7 : 0x7e; }
+
+/* Fill one block of len values.  kind 0: random over many binades; 1: ties
+ * (midpoints of adjacent codes times the block's scale, and their +-1 ulp
+ * neighbours, both signs) with the amax element fixed first, so that the
+ * scale is known; 2: zeros; 3: tiny and subnormal f32 values; 4: random
+ * with a NaN.  Returns the number of exact ties placed. */
+static int fill_block(float *x, size_t len, int fp4, int kind)
+{
+    int ties = 0;
+    const float maxv = fp4 ? 6.0f : 448.0f;
+    switch (kind) {
+    case 0: {
+        const float a = ldexpf(1.0f, (int)(rnd() % 41) - 20);
+        for (size_t i = 0; i < len; i++) x[i] = a * unif();
+        break;
+    }
+    case 1: {
+        const float A = maxv * ldexpf(1.0f, (int)(rnd() % 21) - 10);
+        const float sc = fq_scale(fmaxf(fq_floor(fp4), A), fp4);
+        for (size_t i = 0; i < len; i++) {
+            float v;
+            int tries = 0;
+            do {
+                const int c = (int)(rnd() % (uint64_t)code_max(fp4));
+                const float lo = code_val(c, fp4), hi = code_val(c + 1, fp4);
+                v = (lo + hi) * 0.5f * sc; /* exact: one more mantissa bit, a power-of-two scale */
+                const int t = (int)(rnd() % 4); /* half ties, a quarter each one ulp below and above */
+                if (t == 1) v = nextafterf(v, 0.0f);
+                if (t == 2) v = nextafterf(v, INFINITY);
+                if ((t == 0 || t == 3) && v <= A) ties++;
+                if (rnd() & 1) v = -v;
+            } while (fabsf(v) > A && ++tries < 100);
+            if (fabsf(v) > A) v = 0;
+            x[i] = v;
+        }
+        x[rnd() % len] = (rnd() & 1) ? A : -A;
+        break;
+    }
+    case 2:
+        for (size_t i = 0; i < len; i++) x[i] = (rnd() & 1) ? 0.0f : -0.0f;
+        break;
+    case 3: {
+        const float a = fp4 ? 8.0f * ldexpf(1.0f, -126) : 3e-4f;
+        for (size_t i = 0; i < len; i++) x[i] = (rnd() % 3) ? a * unif() : unif() * 1e-39f;
+        break;
+    }
+    default:
+        for (size_t i = 0; i < len; i++) x[i] = unif();
+        x[rnd() % len] = NAN;
+        break;
+    }
+    return ties;
+}
+
+/* ------------------------------------------------------------------ CPU-only checks */
+
+static void test_comparisons(void **st)
+{
+    (void)st;
+    float ref[8] = {1, -2, 3, 0.5f, NAN, -INFINITY, 0, 4};
+    float got[8];
+    memcpy(got, ref, sizeof got);
+    assert_true(bits_diff(got, ref, 8) < 0);
+    assert_true(row_err(got, ref, 2, 4) == 0);
+    got[2] = nextafterf(got[2], 10.0f); /* one ulp: within tolerance, not bit-equal */
+    assert_int_equal(bits_diff(got, ref, 8), 2);
+    assert_true(row_err(got, ref, 2, 4) <= TOL);
+    got[2] = 3.0001f; /* 2.5e-5 of the row's magnitude 4 */
+    assert_true(row_err(got, ref, 2, 4) > TOL);
+    memcpy(got, ref, sizeof got);
+    got[4] = 1.0f; /* a NaN must stay a NaN */
+    assert_true(isinf(row_err(got, ref, 2, 4)));
+    memcpy(got, ref, sizeof got);
+    got[1] = NAN; /* and none may appear */
+    assert_true(isinf(row_err(got, ref, 2, 4)));
+    control_tol("control self-test", ref, ref, 2, 4);
+    control_bits("control self-test", ref, 8);
+}
+
+/* the tie data really is on ties: x / scale is a midpoint of two codes, and
+ * the encoder picks the even one (dtype.c, which the reference calls) */
+static void test_fq_tie_data(void **st)
+{
+    (void)st;
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        int ties = 0, even = 0;
+        for (int rep = 0; rep < 50; rep++) {
+            float x[128];
+            ties += fill_block(x, 128, fp4, 1);
+            float amax = fq_floor(fp4);
+            for (int i = 0; i < 128; i++) amax = fmaxf(amax, fabsf(x[i]));
+            const float sc = fq_scale(amax, fp4);
+            for (int i = 0; i < 128; i++) {
+                const float q = fabsf(x[i] / sc);
+                for (int c = 0; c < code_max(fp4); c++)
+                    if (q == (code_val(c, fp4) + code_val(c + 1, fp4)) * 0.5f) {
+                        const int got = fp4 ? md_f32_to_fp4(q) : md_f32_to_e4m3(q);
+                        if (got != (c % 2 ? c + 1 : c)) fail_msg("tie %g not rounded to even", (double)q);
+                        even++;
+                    }
+            }
+        }
+        printf("  %s: %d ties placed, %d found on midpoints (rounded to even)\n", fp4 ? "e2m1" : "e4m3", ties, even);
+        assert_true(ties > 1000 && even > ties * 9 / 10); /* the amax element may land on a tie */
+    }
+}
+
+/* ------------------------------------------------------------------ GPU: argument checks */
+
+static void test_bad_arguments(void **st)
+{
+    (void)st;
+    float *d = dmalloc(1 << 16);
+    const cudaError_t INV = cudaErrorInvalidValue;
+    bcu_hc_site s = {.n = 4, .D = 64, .iters = 3, .hc_eps = 1e-6f, .rms_eps = 1e-6f, .fn = d, .base = d, .scale = d};
+    s.n = 17;
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, 0), INV);
+    assert_int_equal(bcu_hc_head(&s, d, 1, d, 0), INV);
+    s.n = 0;
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, 0), INV);
+    s.n = 4;
+    s.D = 0;
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, 0), INV);
+    s.D = 64;
+    assert_int_equal(bcu_hc_pre(NULL, d, 1, d, d, d, 0), INV);
+    assert_int_equal(bcu_hc_post(d, d, d, d, 17, 64, 1, 0), INV);
+    assert_int_equal(bcu_hc_post(d, d, d, d, 4, 0, 1, 0), INV);
+    assert_int_equal(bcu_embed(d, d, 3, (const int32_t *)d, 1, 64, 4, 0), INV);
+    assert_int_equal(bcu_embed(d, d, BCU_EMB_BF16, (const int32_t *)d, 1, 0, 4, 0), INV);
+    assert_int_equal(bcu_embed(d, d, BCU_EMB_BF16, (const int32_t *)d, 1, 64, 0, 0), INV);
+    const int64_t *pos = (const int64_t *)d;
+    assert_int_equal(bcu_rope(d, 1, 64, 0, 63, d, pos, 1, 0, 0), INV);
+    assert_int_equal(bcu_rope(d, 1, 64, 0, 64, d, pos, 0, 0, 0), INV);
+    assert_int_equal(bcu_rope(d, 2, 64, 8, 64, d, pos, 1, 0, 0), INV); /* rows would overlap */
+    assert_int_equal(bcu_fq_fp8(d, 1, 128, 128, 0, 0), INV);
+    assert_int_equal(bcu_fq_fp4(d, 1, 128, 128, -32, 0), INV);
+    assert_int_equal(bcu_fq_fp8(d, 2, 64, 128, 64, 0), INV); /* stride < n */
+    assert_int_equal(bcu_hadamard(d, 1, 96, 0), INV);
+    assert_int_equal(bcu_hadamard(d, 1, 2048, 0), INV);
+    assert_int_equal(bcu_hadamard(d, 1, 0, 0), INV);
+    assert_int_equal(bcu_swiglu(d, d, 1, 0, 10.0f, NULL, 0), INV);
+    bcu_route_args ra = {.E = 513, .K = 6, .score_func = 0, .route_scale = 1.5f, .bias = d};
+    assert_int_equal(bcu_route(&ra, d, 1, (int32_t *)d, d, 0), INV);
+    ra.E = 256;
+    ra.K = 17;
+    assert_int_equal(bcu_route(&ra, d, 1, (int32_t *)d, d, 0), INV);
+    ra.K = 0;
+    assert_int_equal(bcu_route(&ra, d, 1, (int32_t *)d, d, 0), INV);
+    ra.E = 4;
+    ra.K = 5;
+    assert_int_equal(bcu_route(&ra, d, 1, (int32_t *)d, d, 0), INV);
+    ra.K = 2;
+    ra.bias = NULL; /* neither a bias nor a hash table */
+    assert_int_equal(bcu_route(&ra, d, 1, (int32_t *)d, d, 0), INV);
+    ra.tid2eid = (const int32_t *)d; /* a hash table without token ids */
+    assert_int_equal(bcu_route(&ra, d, 1, (int32_t *)d, d, 0), INV);
+    assert_int_equal(bcu_route(NULL, d, 1, (int32_t *)d, d, 0), INV);
+    printf("  every bad size refused with cudaErrorInvalidValue\n");
+    /* empty batches: nothing to do, whatever the pointers */
+    s.n = 4;
+    assert_int_equal(bcu_hc_pre(&s, NULL, 0, NULL, NULL, NULL, 0), cudaSuccess);
+    assert_int_equal(bcu_hc_head(&s, NULL, 0, NULL, 0), cudaSuccess);
+    assert_int_equal(bcu_hc_post(NULL, NULL, NULL, NULL, 4, 64, 0, 0), cudaSuccess);
+    assert_int_equal(bcu_embed(NULL, NULL, BCU_EMB_F32, NULL, 0, 64, 4, 0), cudaSuccess);
+    assert_int_equal(bcu_rope(NULL, 0, 64, 0, 64, NULL, NULL, 1, 0, 0), cudaSuccess);
+    assert_int_equal(bcu_fq_fp8(NULL, 0, 128, 128, 128, 0), cudaSuccess);
+    assert_int_equal(bcu_fq_fp4(NULL, 0, 128, 128, 32, 0), cudaSuccess);
+    assert_int_equal(bcu_hadamard(NULL, 0, 128, 0), cudaSuccess);
+    assert_int_equal(bcu_swiglu(NULL, NULL, 0, 2048, 10.0f, NULL, 0), cudaSuccess);
+    assert_int_equal(bcu_scale(NULL, 0, 2.0f, 0), cudaSuccess);
+    assert_int_equal(bcu_add(NULL, NULL, 0, 0), cudaSuccess);
+    bcu_route_args ok = {.E = 256, .K = 6, .route_scale = 1.5f, .bias = d};
+    assert_int_equal(bcu_route(&ok, NULL, 0, NULL, NULL, 0), cudaSuccess);
+    assert_int_equal(bcu_gather_rows(NULL, NULL, NULL, 0, 4096, 0), cudaSuccess);
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaFree(d));
+}
+
+/* ------------------------------------------------------------------ GPU: embedding, gather, scale, add */
+
+static void test_embed(void **st)
+{
+    (void)st;
+    const int V = 1000;
+    const int Ds[] = {4096, 100};
+    for (int di = 0; di < 2; di++)
+        for (int emb = BCU_EMB_F32; emb <= BCU_EMB_F16; emb++) {
+            const int D = Ds[di];
+            const size_t esz = emb == BCU_EMB_F32 ? 4 : 2;
+            uint8_t *tab = xmalloc((size_t)V * D * esz);
+            for (size_t i = 0; i < (size_t)V * D; i++) {
+                if (emb == BCU_EMB_F32) {
+                    float f = rnd() % 50 ? unif() * 3.0f : (rnd() & 1 ? NAN : -INFINITY);
+                    memcpy(tab + 4 * i, &f, 4);
+                } else {
+                    uint16_t h = (uint16_t)rnd(); /* every code: NaN, inf, subnormals */
+                    memcpy(tab + 2 * i, &h, 2);
+                }
+            }
+            void *dtab = up(tab, (size_t)V * D * esz);
+            for (size_t ri = 0; ri < NR; ri++) {
+                const size_t R = Rs[ri];
+                const int ns = ri == 1 ? 1 : 4;
+                int32_t *ids = xmalloc(R * sizeof *ids);
+                for (size_t t = 0; t < R; t++) ids[t] = (int32_t)(rnd() % (uint64_t)V);
+                if (R > 2) ids[2] = ids[0]; /* a repeated token */
+                ids[R - 1] = V - 1;
+                int32_t *dids = up(ids, R * sizeof *ids);
+                const size_t nx = R * ns * D;
+                float *dX = dmalloc(nx * sizeof(float)), *X = xmalloc(nx * sizeof(float)),
+                      *ref = xmalloc(nx * sizeof(float));
+                RUN(bcu_embed(dX, dtab, emb, dids, R, D, ns, 0));
+                down(X, dX, nx * sizeof(float));
+                for (size_t t = 0; t < R; t++)
+                    for (int s = 0; s < ns; s++)
+                        for (int d = 0; d < D; d++) {
+                            const size_t src = (size_t)ids[t] * D + d;
+                            float v;
+                            uint16_t h;
+                            if (emb == BCU_EMB_F32) memcpy(&v, tab + 4 * src, 4);
+                            else {
+                                memcpy(&h, tab + 2 * src, 2);
+                                v = emb == BCU_EMB_BF16 ? md_bf16_to_f32(h) : md_f16_to_f32(h);
+                            }
+                            ref[(t * ns + s) * D + d] = v;
+                        }
+                /* bit for bit, NaN payloads included (dtype.c's bit manipulation) */
+                if (memcmp(X, ref, nx * sizeof(float))) {
+                    const long i = bits_diff(X, ref, nx);
+                    fail_msg("embed %d D %d R %zu: differs (first NaN-blind difference at %ld)", emb, D, R, i);
+                }
+                control_bits("embed", X, nx);
+                CK(cudaFree(dX));
+                CK(cudaFree(dids));
+                free(X); free(ref); free(ids);
+            }
+            printf("  embed %s D %d: bit-exact for R 1, 7, 300\n", emb == 0 ? "f32" : emb == 1 ? "bf16" : "f16", D);
+            CK(cudaFree(dtab));
+            free(tab);
+        }
+}
+
+static void test_gather_scale_add(void **st)
+{
+    (void)st;
+    const size_t widths[] = {4 * 4096, 1, 7};
+    const size_t nsrc = 400;
+    for (int wi = 0; wi < 3; wi++)
+        for (size_t ri = 0; ri < NR; ri++) {
+            const size_t w = widths[wi], n = Rs[ri];
+            float *src = rand_floats(nsrc * w, 2.0f);
+            int32_t *rows = xmalloc(n * sizeof *rows);
+            for (size_t i = 0; i < n; i++) rows[i] = (int32_t)(rnd() % nsrc);
+            rows[n - 1] = (int32_t)nsrc - 1;
+            float *dsrc = up(src, nsrc * w * sizeof(float));
+            int32_t *drows = up(rows, n * sizeof *rows);
+            float *ddst = dmalloc(n * w * sizeof(float)), *got = xmalloc(n * w * sizeof(float)),
+                  *ref = xmalloc(n * w * sizeof(float));
+            RUN(bcu_gather_rows(ddst, dsrc, drows, n, w, 0));
+            down(got, ddst, n * w * sizeof(float));
+            for (size_t i = 0; i < n; i++) memcpy(ref + i * w, src + (size_t)rows[i] * w, w * sizeof(float));
+            expect_bits("gather", got, ref, n * w);
+            CK(cudaFree(dsrc)); CK(cudaFree(drows)); CK(cudaFree(ddst));
+            free(src); free(rows); free(got); free(ref);
+        }
+    printf("  gather: bit-exact (widths 16384, 1, 7; n 1, 7, 300)\n");
+    const size_t ns[] = {1, 1000, (1u << 20) + 3};
+    for (int k = 0; k < 3; k++) {
+        const size_t n = ns[k];
+        float *x = rand_floats(n, 100.0f), *y = rand_floats(n, 1.0f), *got = xmalloc(n * sizeof(float));
+        x[0] = 3e38f; /* overflows to inf when scaled */
+        float *dx = up(x, n * sizeof(float)), *dy = up(y, n * sizeof(float));
+        const float s = 1.7f;
+        RUN(bcu_scale(dx, n, s, 0));
+        down(got, dx, n * sizeof(float));
+        float *ref = xmalloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) ref[i] = x[i] * s;
+        expect_bits("scale", got, ref, n);
+        RUN(bcu_add(dy, dx, n, 0));
+        down(got, dy, n * sizeof(float));
+        for (size_t i = 0; i < n; i++) ref[i] = y[i] + ref[i];
+        expect_bits("add", got, ref, n);
+        CK(cudaFree(dx)); CK(cudaFree(dy));
+        free(x); free(y); free(got); free(ref);
+    }
+    printf("  scale, add: bit-exact (n 1, 1000, 2^20 + 3)\n");
+}
+
+/* ------------------------------------------------------------------ GPU: Hadamard, fake quant */
+
+static void test_hadamard(void **st)
+{
+    (void)st;
+    const size_t ns[] = {1, 2, 64, 128, 512, 1024};
+    for (int k = 0; k < 6; k++)
+        for (size_t ri = 0; ri < NR; ri++) {
+            const size_t n = ns[k], R = Rs[ri];
+            float *x = rand_floats(R * n, 4.0f), *got = xmalloc(R * n * sizeof(float));
+            float *dx = up(x, R * n * sizeof(float));
+            RUN(bcu_hadamard(dx, R, n, 0));
+            down(got, dx, R * n * sizeof(float));
+            for (size_t r = 0; r < R; r++) ref_hadamard(x + r * n, n);
+            char what[64];
+            snprintf(what, sizeof what, "hadamard n %zu R %zu", n, R);
+            expect_bits(what, got, x, R * n);
+            CK(cudaFree(dx));
+            free(x); free(got);
+        }
+    printf("  hadamard: bit-exact (n 1..1024, R 1, 7, 300)\n");
+}
+
+typedef struct {
+    size_t n, block;
+} fqcase;
+
+static void test_fq(void **st)
+{
+    (void)st;
+    /* V4-Flash: activations (D 4096, 128), KV entries (512 and 448, 64), the
+     * indexer (128, FP4 32); odd tails; a whole row as one block */
+    const fqcase cs[] = {{4096, 128}, {512, 64}, {448, 64}, {128, 32}, {100, 32}, {7168, 128}, {300, 300}, {33, 7}};
+    for (int fp4 = 0; fp4 < 2; fp4++) {
+        long ties = 0;
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+            for (size_t ri = 0; ri < NR; ri++) {
+                const size_t n = cs[ci].n, block = cs[ci].block, R = Rs[ri], stride = n + 5;
+                float *x = xmalloc(R * stride * sizeof(float)), *got = xmalloc(R * stride * sizeof(float));
+                for (size_t r = 0; r < R; r++) {
+                    for (size_t b0 = 0; b0 < n; b0 += block) {
+                        const size_t len = n - b0 < block ? n - b0 : block;
+                        static const int kinds[8] = {1, 1, 1, 1, 0, 2, 3, 4}; /* half of the blocks on ties */
+                        ties += fill_block(x + r * stride + b0, len, fp4, kinds[rnd() % 8]);
+                    }
+                    for (size_t i = n; i < stride; i++) x[r * stride + i] = NAN; /* padding: never read or written */
+                }
+                float *dx = up(x, R * stride * sizeof(float));
+                if (fp4) RUN(bcu_fq_fp4(dx, R, stride, n, (int)block, 0));
+                else RUN(bcu_fq_fp8(dx, R, stride, n, (int)block, 0));
+                down(got, dx, R * stride * sizeof(float));
+                for (size_t r = 0; r < R; r++) ref_fq(x + r * stride, n, block, fp4);
+                char what[96];
+                snprintf(what, sizeof what, "fq_%s n %zu block %zu R %zu", fp4 ? "fp4" : "fp8", n, block, R);
+                expect_bits(what, got, x, R * stride);
+                for (size_t r = 0; r < R; r++)
+                    for (size_t i = n; i < stride; i++)
+                        if (bits(got[r * stride + i]) != bits(x[r * stride + i]))
+                            fail_msg("%s: padding element %zu of row %zu was written", what, i, r);
+                CK(cudaFree(dx));
+                free(x); free(got);
+            }
+        printf("  fq_%s: bit-exact over 8 shapes x R 1, 7, 300 (%ld exact ties)\n", fp4 ? "fp4" : "fp8", ties);
+    }
+}
+
+/* ------------------------------------------------------------------ GPU: RoPE, SwiGLU */
+
+typedef struct {
+    const char *name;
+    int width, off, rd, per; /* row = width floats (stride), rope on [off, off + rd); per rows share a position */
+} ropecase;
+
+static void test_rope(void **st)
+{
+    (void)st;
+    const ropecase cs[] = {
+        {"q heads 512 (rope 64 last), 8 heads", 512, 448, 64, 8},
+        {"index heads 128 (rope 64 last), 4 heads", 128, 64, 64, 4},
+        {"kv 512, one per position", 512, 448, 64, 1},
+        {"dense rope-only rows", 64, 0, 64, 1},
+        {"rd 6 at 3 in 16", 16, 3, 6, 3},
+    };
+    double worst = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+        for (size_t ri = 0; ri < NR; ri++)
+            for (int inverse = 0; inverse < 2; inverse++) {
+                const ropecase *c = &cs[ci];
+                const size_t R = Rs[ri], rows = R * c->per, w = c->width;
+                float *x = rand_floats(rows * w, 3.0f), *got = xmalloc(rows * w * sizeof(float));
+                int64_t *pos = xmalloc(R * sizeof *pos);
+                for (size_t t = 0; t < R; t++) pos[t] = (int64_t)(rnd() % 200000);
+                pos[0] = R > 1 ? 0 : 1048575; /* 0, and a position past 2^20 */
+                if (R > 2) pos[R - 1] = 131071;
+                float *inv = xmalloc((size_t)(c->rd / 2) * sizeof *inv);
+                for (int i = 0; i < c->rd / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / c->rd);
+                float *dx = up(x, rows * w * sizeof(float)), *dinv = up(inv, (size_t)(c->rd / 2) * sizeof *inv);
+                int64_t *dpos = up(pos, R * sizeof *pos);
+                RUN(bcu_rope(dx, rows, w, (size_t)c->off, c->rd, dinv, dpos, c->per, inverse, 0));
+                down(got, dx, rows * w * sizeof(float));
+                float *ref = xmalloc(rows * w * sizeof(float));
+                memcpy(ref, x, rows * w * sizeof(float));
+                for (size_t r = 0; r < rows; r++) ref_rope(ref + r * w + c->off, c->rd, inv, pos[r / c->per], inverse);
+                /* the rotated channels to 1e-5 of their row, the rest untouched */
+                const size_t nrd = rows * (size_t)c->rd;
+                float *gr = xmalloc(nrd * sizeof(float)), *rr = xmalloc(nrd * sizeof(float));
+                for (size_t r = 0; r < rows; r++) {
+                    memcpy(gr + r * c->rd, got + r * w + c->off, (size_t)c->rd * sizeof(float));
+                    memcpy(rr + r * c->rd, ref + r * w + c->off, (size_t)c->rd * sizeof(float));
+                    for (size_t i = 0; i < w; i++)
+                        if ((i < (size_t)c->off || i >= (size_t)(c->off + c->rd)) &&
+                            bits(got[r * w + i]) != bits(x[r * w + i]))
+                            fail_msg("rope %s: channel %zu of row %zu changed", c->name, i, r);
+                }
+                char what[128];
+                snprintf(what, sizeof what, "rope %s R %zu%s", c->name, R, inverse ? " inverse" : "");
+                expect_tol(what, gr, rr, rows, (size_t)c->rd, &worst);
+                CK(cudaFree(dx)); CK(cudaFree(dinv)); CK(cudaFree(dpos));
+                free(x); free(got); free(pos); free(inv); free(ref); free(gr); free(rr);
+            }
+    printf("  rope: 5 layouts x R 1, 7, 300 x forward/inverse, worst relative error %.2e\n", worst);
+}
+
+static void test_swiglu(void **st)
+{
+    (void)st;
+    const int Is[] = {2048, 100};
+    const float limits[] = {10.0f, 0.0f};
+    double worst = 0;
+    for (int ii = 0; ii < 2; ii++)
+        for (int li = 0; li < 2; li++)
+            for (int withw = 0; withw < 2; withw++)
+                for (size_t ri = 0; ri < NR; ri++) {
+                    const size_t R = Rs[ri], I = (size_t)Is[ii], n = R * I;
+                    float *g = rand_floats(n, 16.0f), *u = rand_floats(n, 16.0f), *rw = rand_floats(R, 1.0f);
+                    g[0] = -200.0f; /* exp overflows: -0 */
+                    float *dg = up(g, n * sizeof(float)), *du = up(u, n * sizeof(float));
+                    float *drw = up(rw, R * sizeof(float));
+                    RUN(bcu_swiglu(dg, du, R, (int)I, limits[li], withw ? drw : NULL, 0));
+                    float *got = xmalloc(n * sizeof(float));
+                    down(got, dg, n * sizeof(float));
+                    for (size_t r = 0; r < R; r++) ref_swiglu(g + r * I, u + r * I, I, limits[li], rw[r], withw);
+                    char what[96];
+                    snprintf(what, sizeof what, "swiglu I %zu limit %g%s R %zu", I, (double)limits[li],
+                             withw ? " weighted" : "", R);
+                    expect_tol(what, got, g, R, I, &worst);
+                    CK(cudaFree(dg)); CK(cudaFree(du)); CK(cudaFree(drw));
+                    free(g); free(u); free(rw); free(got);
+                }
+    printf("  swiglu: I 2048/100 x limit 10/0 x weights x R 1, 7, 300, worst relative error %.2e\n", worst);
+}
+
+/* ------------------------------------------------------------------ GPU: mHC */
+
+typedef struct {
+    int n, D, iters;
+} hccase;
+
+static void hc_make(hc_host *h, const hccase *c)
+{
+    const int n = c->n, D = c->D, mix = (2 + n) * n;
+    h->n = n;
+    h->D = D;
+    h->iters = c->iters;
+    h->hc_eps = 1e-6f;
+    h->rms_eps = 1e-6f;
+    const float a = 1.0f / sqrtf((float)(n * D)); /* mixes of order 1 */
+    h->fn = rand_floats((size_t)mix * n * D, a * 1.7f);
+    h->base = rand_floats((size_t)mix, 1.0f);
+    h->scale = xmalloc(3 * sizeof(float));
+    h->scale[0] = 1.5f;
+    h->scale[1] = 0.8f;
+    h->scale[2] = 2.0f;
+}
+
+static void test_hc(void **st)
+{
+    (void)st;
+    /* V4-Flash (4 x 4096, 20 Sinkhorn rounds), V4-Pro's 7168, and the edges */
+    const hccase cs[] = {{4, 4096, 20}, {4, 7168, 20}, {1, 100, 3}, {16, 300, 5}, {3, 257, 0}, {2, 64, 1}};
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        hc_host h;
+        hc_make(&h, &cs[ci]);
+        const int n = h.n, D = h.D, mix = (2 + n) * n;
+        const size_t N = (size_t)n * D;
+        bcu_hc_site s = {.n = n, .D = D, .iters = h.iters, .hc_eps = h.hc_eps, .rms_eps = h.rms_eps};
+        s.fn = up(h.fn, (size_t)mix * N * sizeof(float));
+        s.base = up(h.base, (size_t)mix * sizeof(float));
+        s.scale = up(h.scale, 3 * sizeof(float));
+        double wc = 0, wp = 0, wm = 0, wh = 0;
+        for (size_t ri = 0; ri < NR; ri++) {
+            const size_t R = Rs[ri];
+            float *X = xmalloc(R * N * sizeof(float));
+            for (size_t t = 0; t < R; t++) { /* rows of very different scales */
+                const float amp = (float)pow(10.0, (double)(rnd() % 5) - 2.0);
+                for (size_t i = 0; i < N; i++) X[t * N + i] = amp * unif();
+            }
+            float *dX = up(X, R * N * sizeof(float));
+            float *dcoll = dmalloc(R * D * sizeof(float)), *dpost = dmalloc(R * n * sizeof(float)),
+                  *dcomb = dmalloc(R * n * n * sizeof(float)), *dhead = dmalloc(R * D * sizeof(float));
+            RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, 0));
+            RUN(bcu_hc_head(&s, dX, R, dhead, 0));
+            float *coll = xmalloc(R * D * sizeof(float)), *post = xmalloc(R * n * sizeof(float)),
+                  *comb = xmalloc(R * n * n * sizeof(float)), *head = xmalloc(R * D * sizeof(float));
+            down(coll, dcoll, R * D * sizeof(float));
+            down(post, dpost, R * n * sizeof(float));
+            down(comb, dcomb, R * n * n * sizeof(float));
+            down(head, dhead, R * D * sizeof(float));
+            float *rc = xmalloc(R * D * sizeof(float)), *rp = xmalloc(R * n * sizeof(float)),
+                  *rm = xmalloc(R * n * n * sizeof(float)), *rh = xmalloc(R * D * sizeof(float));
+            for (size_t t = 0; t < R; t++) {
+                ref_hc(&h, X + t * N, rc + t * D, rp + t * n, rm + t * n * n, 0);
+                ref_hc(&h, X + t * N, rh + t * D, NULL, NULL, 1);
+            }
+            char what[96];
+            snprintf(what, sizeof what, "hc_pre n %d D %d R %zu coll", n, D, R);
+            expect_tol(what, coll, rc, R, (size_t)D, &wc);
+            snprintf(what, sizeof what, "hc_pre n %d D %d R %zu post", n, D, R);
+            expect_tol(what, post, rp, R, (size_t)n, &wp);
+            snprintf(what, sizeof what, "hc_pre n %d D %d R %zu comb", n, D, R);
+            expect_tol(what, comb, rm, R, (size_t)n * n, &wm);
+            snprintf(what, sizeof what, "hc_head n %d D %d R %zu", n, D, R);
+            expect_tol(what, head, rh, R, (size_t)D, &wh);
+            /* deterministic, and a row alone gets the bits it gets in the batch */
+            const size_t t = R / 2;
+            float *c2 = xmalloc(R * D * sizeof(float));
+            RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, 0));
+            down(c2, dcoll, R * D * sizeof(float));
+            if (bits_diff(c2, coll, R * D) >= 0) fail_msg("hc_pre n %d D %d R %zu: a second run differs", n, D, R);
+            RUN(bcu_hc_pre(&s, dX + t * N, 1, dcoll, dpost, dcomb, 0));
+            down(c2, dcoll, D * sizeof(float));
+            if (bits_diff(c2, coll + t * D, D) >= 0) fail_msg("hc_pre n %d D %d: row %zu alone differs", n, D, t);
+            float p2[16 * 16];
+            down(p2, dcomb, (size_t)n * n * sizeof(float));
+            if (bits_diff(p2, comb + t * n * n, (size_t)n * n) >= 0)
+                fail_msg("hc_pre n %d D %d: comb of row %zu alone differs", n, D, t);
+            free(c2);
+
+            /* hc_post on the batch's post/comb (row 0 was overwritten by the single-row call) and a
+             * sublayer output: bit for bit */
+            float *f = rand_floats(R * D, 2.0f);
+            float *df = up(f, R * D * sizeof(float));
+            CK(cudaMemcpy(dpost, post, R * n * sizeof(float), cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dcomb, comb, R * n * n * sizeof(float), cudaMemcpyHostToDevice));
+            RUN(bcu_hc_post(dX, df, dpost, dcomb, n, D, R, 0));
+            float *Xg = xmalloc(R * N * sizeof(float));
+            down(Xg, dX, R * N * sizeof(float));
+            for (size_t r = 0; r < R; r++) ref_hc_post(X + r * N, f + r * D, post + r * n, comb + r * n * n, n, D);
+            snprintf(what, sizeof what, "hc_post n %d D %d R %zu", n, D, R);
+            expect_bits(what, Xg, X, R * N);
+
+            CK(cudaFree(dX)); CK(cudaFree(dcoll)); CK(cudaFree(dpost)); CK(cudaFree(dcomb)); CK(cudaFree(dhead));
+            CK(cudaFree(df));
+            free(X); free(coll); free(post); free(comb); free(head); free(rc); free(rp); free(rm); free(rh);
+            free(f); free(Xg);
+        }
+        printf("  hc n %2d D %4d iters %2d: coll %.2e post %.2e comb %.2e head %.2e; hc_post bit-exact\n", n, D,
+               h.iters, wc, wp, wm, wh);
+        CK(cudaFree((void *)s.fn)); CK(cudaFree((void *)s.base)); CK(cudaFree((void *)s.scale));
+        free(h.fn); free(h.base); free(h.scale);
+    }
+}
+
+/* ------------------------------------------------------------------ GPU: routing */
+
+enum { L_RANDOM = 0, L_TIES = 1, L_EXACT = 2, L_EXACT_TIES = 3, L_NAN = 4 };
+
+typedef struct {
+    const char *name;
+    int E, K, score_func, official, hash, logits;
+} rtcase;
+
+static void route_case(const rtcase *c, size_t R, int *flips)
+{
+    const int E = c->E, K = c->K, V = 1000;
+    float *lg = xmalloc(R * E * sizeof(float)), *bias = xmalloc((size_t)E * sizeof(float));
+    for (int e = 0; e < E; e++)
+        bias[e] = c->logits >= L_EXACT ? (float)(rnd() % 3) * 0.5f : (c->logits == L_TIES ? 0.0f : 0.1f * unif());
+    for (size_t t = 0; t < R; t++)
+        for (int e = 0; e < E; e++) {
+            float v;
+            switch (c->logits) {
+            case L_TIES: v = (float)(rnd() % 5) * 0.5f - 1.0f; break;          /* few values: ties everywhere */
+            case L_EXACT: v = 20.5f + 80.0f * (float)unif01(); break;          /* > 20: sqrt(v), exact on both */
+            case L_EXACT_TIES: v = 21.0f + (float)(rnd() % 4); break;
+            case L_NAN: v = 20.5f + (float)(rnd() % 6); break;
+            default: v = 4.0f * unif(); break;
+            }
+            lg[t * E + e] = v;
+        }
+    if (c->logits == L_NAN) /* a NaN first (v4.c's scan keeps it), in the middle (never picked), all NaN */
+        for (size_t t = 0; t < R; t++) {
+            const int kind = (int)(t % 4);
+            if (kind == 0) lg[t * E] = NAN;
+            if (kind == 1) lg[t * E + E / 2] = NAN;
+            if (kind == 2)
+                for (int e = 0; e < E; e++) lg[t * E + e] = NAN;
+            if (kind == 3) lg[t * E + 1 + (int)(rnd() % (uint64_t)(E - 1))] = NAN;
+        }
+    int32_t *ids = xmalloc(R * sizeof *ids), *tab = xmalloc((size_t)V * K * sizeof *tab);
+    for (size_t t = 0; t < R; t++) ids[t] = (int32_t)(rnd() % (uint64_t)V);
+    for (int v = 0; v < V; v++) /* K distinct experts per token */
+        for (int k = 0; k < K; k++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)(rnd() % (uint64_t)E);
+                dup = 0;
+                for (int q = 0; q < k; q++) dup |= tab[(size_t)v * K + q] == e;
+            } while (dup);
+            tab[(size_t)v * K + k] = e;
+        }
+    float *dlg = up(lg, R * E * sizeof(float)), *dbias = up(bias, (size_t)E * sizeof(float));
+    int32_t *dids = up(ids, R * sizeof *ids), *dtab = up(tab, (size_t)V * K * sizeof *tab);
+    int32_t *didx = dmalloc(R * K * sizeof(int32_t));
+    float *dwt = dmalloc(R * K * sizeof(float));
+    bcu_route_args a = {.E = E, .K = K, .score_func = c->score_func, .official = c->official, .route_scale = 1.5f,
+                        .bias = c->hash ? NULL : dbias, .tid2eid = c->hash ? dtab : NULL, .ids = dids};
+    RUN(bcu_route(&a, dlg, R, didx, dwt, 0));
+    int32_t *idx = xmalloc(R * K * sizeof *idx);
+    float *wt = xmalloc(R * K * sizeof *wt);
+    down(idx, didx, R * K * sizeof *idx);
+    down(wt, dwt, R * K * sizeof *wt);
+
+    bcu_route_args h = a;
+    h.bias = bias;
+    h.tid2eid = c->hash ? tab : NULL;
+    int32_t *ridx = xmalloc(R * K * sizeof *ridx);
+    float *rwt = xmalloc(R * K * sizeof *rwt), *v = xmalloc((size_t)E * sizeof *v);
+    const int exact = c->logits >= L_EXACT && c->score_func != 1;
+    int rows_flipped = 0;
+    size_t nsame = 0;
+    float *gs = xmalloc(R * K * sizeof *gs), *rs = xmalloc(R * K * sizeof *rs);
+    for (size_t t = 0; t < R; t++) {
+        ref_route(&h, lg + t * E, ids[t], ridx + t * K, rwt + t * K, v);
+        const int32_t *g = idx + t * K, *r = ridx + t * K;
+        for (int k = 0; k < K; k++) {
+            if (g[k] < 0 || g[k] >= E) fail_msg("route %s R %zu: row %zu slot %d: expert %d", c->name, R, t, k, g[k]);
+            for (int q = 0; q < k; q++)
+                if (g[q] == g[k]) fail_msg("route %s R %zu: row %zu picks expert %d twice", c->name, R, t, g[k]);
+        }
+        int k = 0;
+        while (k < K && g[k] == r[k]) k++;
+        if (k < K) {
+            /* only a near-tie of the reference's values may differ, and only on inexact scores; equal
+             * logits and biases are equal values on both sides, a tie that must go to the lower index */
+            double mag = 0;
+            for (int e = 0; e < E; e++)
+                if (isfinite(v[e])) mag = fmax(mag, fabs(v[e]));
+            const int same = lg[t * E + g[k]] == lg[t * E + r[k]] && bias[g[k]] == bias[r[k]];
+            if (exact || c->hash || same || !(fabs((double)v[g[k]] - v[r[k]]) <= TIE_TOL * (mag + 1)))
+                fail_msg("route %s R %zu: row %zu slot %d picks expert %d (value %.9g), expected %d (%.9g)", c->name,
+                         R, t, k, g[k], (double)v[g[k]], r[k], (double)v[r[k]]);
+            rows_flipped++;
+            continue;
+        }
+        memcpy(gs + nsame * K, wt + t * K, K * sizeof(float));
+        memcpy(rs + nsame * K, rwt + t * K, K * sizeof(float));
+        nsame++;
+    }
+    char what[128];
+    snprintf(what, sizeof what, "route %s R %zu weights", c->name, R);
+    if (exact) {
+        if (memcmp(idx, ridx, R * K * sizeof *idx)) fail_msg("%s: idx differs", what);
+        expect_bits(what, wt, rwt, R * K);
+    } else if (nsame) {
+        expect_tol(what, gs, rs, nsame, (size_t)K, NULL);
+    }
+    /* deterministic, and batch-invariant */
+    int32_t *i2 = xmalloc(R * K * sizeof *i2);
+    float *w2 = xmalloc(R * K * sizeof *w2);
+    RUN(bcu_route(&a, dlg, R, didx, dwt, 0));
+    down(i2, didx, R * K * sizeof *i2);
+    down(w2, dwt, R * K * sizeof *w2);
+    if (memcmp(i2, idx, R * K * sizeof *i2) || bits_diff(w2, wt, R * K) >= 0)
+        fail_msg("route %s R %zu: a second run differs", c->name, R);
+    const size_t t = R - 1;
+    bcu_route_args a1 = a;
+    a1.ids = dids + t;
+    RUN(bcu_route(&a1, dlg + t * E, 1, didx, dwt, 0));
+    down(i2, didx, K * sizeof *i2);
+    down(w2, dwt, K * sizeof *w2);
+    if (memcmp(i2, idx + t * K, K * sizeof *i2) || bits_diff(w2, wt + t * K, K) >= 0)
+        fail_msg("route %s R %zu: row %zu alone differs", c->name, R, t);
+    *flips += rows_flipped;
+    CK(cudaFree(dlg)); CK(cudaFree(dbias)); CK(cudaFree(dids)); CK(cudaFree(dtab)); CK(cudaFree(didx));
+    CK(cudaFree(dwt));
+    free(lg); free(bias); free(ids); free(tab); free(idx); free(wt); free(ridx); free(rwt); free(v); free(gs);
+    free(rs); free(i2); free(w2);
+}
+
+static void test_route(void **st)
+{
+    (void)st;
+    const rtcase cs[] = {
+        {"v4 256/6 sqrt-softplus", 256, 6, 0, 0, 0, L_RANDOM},
+        {"v4 256/6 sqrt-softplus official", 256, 6, 0, 1, 0, L_RANDOM},
+        {"v4 256/6 ties", 256, 6, 0, 0, 0, L_TIES},
+        {"v4 256/6 exact scores", 256, 6, 0, 0, 0, L_EXACT},
+        {"v4 256/6 exact ties", 256, 6, 0, 1, 0, L_EXACT_TIES},
+        {"v4 256/6 NaN logits", 256, 6, 0, 0, 0, L_NAN},
+        {"v4 256/6 hash", 256, 6, 0, 0, 1, L_RANDOM},
+        {"512/16 sigmoid", 512, 16, 1, 0, 0, L_RANDOM},
+        {"512/16 sigmoid ties", 512, 16, 1, 1, 0, L_TIES},
+        {"64/8 hash sigmoid", 64, 8, 1, 1, 1, L_RANDOM},
+        {"300/1", 300, 1, 0, 0, 0, L_RANDOM},
+        {"1/1", 1, 1, 0, 0, 0, L_RANDOM},
+        {"16/16 exact ties", 16, 16, 0, 0, 0, L_EXACT_TIES},
+    };
+    int flips = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+        for (size_t ri = 0; ri < NR; ri++) route_case(&cs[ci], Rs[ri], &flips);
+    printf("  route: 13 cases x R 1, 7, 300; idx exact (%d rows differ at a near-tie of random scores)\n", flips);
+}
+
+int main(void)
+{
+    const char *filter = getenv("TEST_CUDA_GRAPH_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+    const struct CMUnitTest cpu[] = {
+        cmocka_unit_test(test_comparisons),
+        cmocka_unit_test(test_fq_tie_data),
+    };
+    const int cpu_fail = cmocka_run_group_tests_name("cpu", cpu, NULL, NULL);
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess || n <= 0) {
+        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
+        return cpu_fail ? 1 : 77;
+    }
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gather_scale_add),
+        cmocka_unit_test(test_hadamard),
+        cmocka_unit_test(test_fq),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_hc),
+        cmocka_unit_test(test_route),
+    };
+    const int gpu_fail = cmocka_run_group_tests_name("gpu", gpu, NULL, NULL);
+    return cpu_fail || gpu_fail ? 1 : 0;
+}
