@@ -426,11 +426,29 @@ static void run_prefill(result *r)
         return;
     }
     random_ids(ids, (size_t)r->P);
+    /* a warm-up prefill of the same size first: the first batch of a new size grows the device arena and the
+     * scratch (cudaMalloc of GBs) and meets cuBLAS's first calls for its shapes */
+    {
+        md_seq *w = md_seq_create(M);
+        rc_err err = {0};
+        md_segment wg = {w, ids, (size_t)r->P, lg, 0};
+        if (!w || md_forward(M, &wg, 1, &err)) fprintf(stderr, BENCH_NAME ": warm-up prefill failed: %s\n", err.msg);
+        if (w) md_seq_free(w);
+    }
     md_segment sg = {s, ids, (size_t)r->P, lg, 0};
     double t0, t1;
-    prof_start();
     int rc = forward_timed(&sg, 1, &ST[0], &t0, &t1);
-    prof_stop(r);
+    {
+        /* the profiled prefill: its ops wait for the device one by one, so it is not the timed one */
+        md_seq *w = md_seq_create(M);
+        md_segment wg = {w, ids, (size_t)r->P, lg, 0};
+        stamps ps;
+        double a, z;
+        prof_start();
+        if (w) forward_timed(&wg, 1, &ps, &a, &z);
+        prof_stop(r);
+        if (w) md_seq_free(w);
+    }
     r->prof_reps = 1;
     r->free_ms = NAN;
     if (rc) snprintf(r->skipped, sizeof r->skipped, "forward failed");

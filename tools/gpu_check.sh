@@ -71,7 +71,8 @@ SUM=$OUTDIR/gpu_check.txt
 say() { echo "$*" | tee -a "$SUM"; }
 section() { say ""; say "== $*"; }
 
-# GPU_CHECK_ONLY="unit cli serve linear attn moe sanitizer sanmodel layers" picks sections (default: all)
+# GPU_CHECK_ONLY="kernels unit cli serve linear attn moe sanitizer sanmodel layers" picks sections (default: all;
+# unit includes kernels: test_cuda_graph and test_cuda_dequant)
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 
 say "# tools/gpu_check.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -133,7 +134,7 @@ if [ -n "${FORCE_REBUILD:-}" ] || [ ! -x "$BIN/test_cuda" ] || ! ldd "$BIN/test_
     rebuild || say "REBUILD FAILED"
 fi
 
-if want unit; then
+if want unit || want kernels; then
 section "unit_cuda_graph (test_cuda_graph: the graph's non-GEMM kernels vs host references)"
 timeout 200 "$BIN/test_cuda_graph" > "$OUTDIR/unit_cuda_graph.txt" 2>&1
 rc=$?
@@ -144,6 +145,8 @@ timeout 200 "$BIN/test_cuda_dequant" > "$OUTDIR/unit_cuda_dequant.txt" 2>&1
 rc=$?
 grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_dequant.txt" | head -40 | tee -a "$SUM"
 say "test_cuda_dequant exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+fi
+if want unit; then
 section "unit_cuda (test_cuda)"
 timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda.txt" 2>&1
 rc=$?

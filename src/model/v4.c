@@ -1298,38 +1298,49 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
     be_route ra = route_params(m, l);
     dv->route(be, &ra, logit, x->ids, R, idx, wt);
     if (dv->moe(be, y, xin, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E, c->swiglu_limit, official) > 0) {
-        /* experts the grouped op does not take: one expert at a time, ascending, as the host path */
-        int32_t *hidx = malloc(R * (size_t)K * sizeof(int32_t));
-        int32_t *rows = malloc(R * sizeof(int32_t)), *slot = malloc(R * sizeof(int32_t));
-        int32_t *drows = dalloc(x, R * (size_t)K * sizeof(int32_t)), *dslot = dalloc(x, R * (size_t)K * sizeof(int32_t));
-        float *xs = dalloc(x, R * (size_t)D * sizeof(float)), *rwe = dalloc(x, R * (size_t)K * sizeof(float));
-        int rc = (!hidx || !rows || !slot || x->oom) ? RC_ENOMEM : 0;
-        if (!rc && dv->download(be, hidx, idx, R * (size_t)K * sizeof(int32_t))) rc = RC_EIO;
-        size_t used = 0; /* rows lists of every expert side by side in drows / dslot, so uploads never overwrite */
+        /* experts the grouped op does not take (or a prefill-sized batch it leaves to per-expert GEMMs): one
+         * expert at a time, ascending, as the host path; the rows of every expert in one counting sort */
+        const size_t P = R * (size_t)K;
+        int32_t *hidx = malloc(P * sizeof(int32_t)), *rows = malloc(P * sizeof(int32_t));
+        int32_t *slot = malloc(P * sizeof(int32_t));
+        size_t *start = calloc((size_t)E + 1, sizeof(size_t));
+        int32_t *drows = dalloc(x, P * sizeof(int32_t)), *dslot = dalloc(x, P * sizeof(int32_t));
+        float *xs = dalloc(x, R * (size_t)D * sizeof(float)), *rwe = dalloc(x, P * sizeof(float));
+        int rc = (!hidx || !rows || !slot || !start || x->oom) ? RC_ENOMEM : 0;
+        if (!rc && dv->download(be, hidx, idx, P * sizeof(int32_t))) rc = RC_EIO;
+        for (size_t q = 0; !rc && q < P; q++) {
+            if (hidx[q] < 0 || hidx[q] >= E) { rc = RC_EIO; break; }
+            start[hidx[q] + 1]++;
+        }
+        if (!rc) {
+            for (int e = 0; e < E; e++) start[e + 1] += start[e];
+            size_t *fill = malloc((size_t)E * sizeof(size_t));
+            if (!fill) rc = RC_ENOMEM;
+            else {
+                memcpy(fill, start, (size_t)E * sizeof(size_t));
+                for (size_t q = 0; q < P; q++) { /* q = t * K + k: rows of an expert in token order */
+                    const size_t at = fill[hidx[q]]++;
+                    rows[at] = (int32_t)(q / (size_t)K);
+                    slot[at] = (int32_t)q;
+                }
+                free(fill);
+                dv->upload(be, drows, rows, P * sizeof(int32_t));
+                dv->upload(be, dslot, slot, P * sizeof(int32_t));
+                dv->zero(be, y, R * (size_t)D * sizeof(float)); /* then the sum in ascending expert order */
+            }
+        }
         for (int e = 0; !rc && e < E; e++) {
-            size_t ne = 0;
-            for (size_t t = 0; t < R; t++)
-                for (int k = 0; k < K; k++)
-                    if (hidx[t * K + k] == e) {
-                        rows[ne] = (int32_t)t;
-                        slot[ne] = (int32_t)(t * K + k);
-                        ne++;
-                    }
+            const size_t a = start[e], ne = start[e + 1] - a;
             if (!ne) continue;
-            dv->upload(be, drows + used, rows, ne * sizeof(int32_t));
-            dv->upload(be, dslot + used, slot, ne * sizeof(int32_t));
-            dv->gather(be, xs, xin, drows + used, ne, (size_t)D);
-            dv->gather(be, rwe, wt, dslot + used, ne, 1);
+            dv->gather(be, xs, xin, drows + a, ne, (size_t)D);
+            dv->gather(be, rwe, wt, dslot + a, ne, 1);
             dv->linear(be, g, xs, ne, &ly->w1[e]);
             dv->linear(be, up, xs, ne, &ly->w3[e]);
             dv->swiglu(be, g, up, ne, I, c->swiglu_limit, official ? rwe : NULL);
             dv->linear(be, dn, g, ne, &ly->w2[e]);
-            if (!used) dv->zero(be, y, R * (size_t)D * sizeof(float)); /* then the sum in ascending expert order */
-            dv->scatter_add(be, y, dn, drows + used, official ? NULL : rwe, ne, (size_t)D);
-            used += ne;
+            dv->scatter_add(be, y, dn, drows + a, official ? NULL : rwe, ne, (size_t)D);
         }
-        if (!rc && !used) dv->zero(be, y, R * (size_t)D * sizeof(float));
-        free(hidx); free(rows); free(slot);
+        free(hidx); free(rows); free(slot); free(start);
         if (rc) return rc;
     }
     /* shared expert */

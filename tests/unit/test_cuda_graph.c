@@ -507,15 +507,18 @@ static void test_bad_arguments(void **st)
     const cudaError_t INV = cudaErrorInvalidValue;
     bcu_hc_site s = {.n = 4, .D = 64, .iters = 3, .hc_eps = 1e-6f, .rms_eps = 1e-6f, .fn = d, .base = d, .scale = d};
     s.n = 17;
-    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, 0), INV);
-    assert_int_equal(bcu_hc_head(&s, d, 1, d, 0), INV);
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, d, 1 << 16, 0), INV);
+    assert_int_equal(bcu_hc_head(&s, d, 1, d, d, 1 << 16, 0), INV);
     s.n = 0;
-    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, 0), INV);
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, d, 1 << 16, 0), INV);
     s.n = 4;
     s.D = 0;
-    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, 0), INV);
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, d, 1 << 16, 0), INV);
     s.D = 64;
-    assert_int_equal(bcu_hc_pre(NULL, d, 1, d, d, d, 0), INV);
+    assert_int_equal(bcu_hc_pre(NULL, d, 1, d, d, d, d, 1 << 16, 0), INV);
+    /* a missing or short workspace */
+    assert_int_equal(bcu_hc_pre(&s, d, 1, d, d, d, NULL, 1 << 16, 0), INV);
+    assert_int_equal(bcu_hc_pre(&s, d, 3, d, d, d, d, bcu_hc_ws_bytes(3, 4) - 1, 0), INV);
     assert_int_equal(bcu_hc_post(d, d, d, d, 17, 64, 1, 0), INV);
     assert_int_equal(bcu_hc_post(d, d, d, d, 4, 0, 1, 0), INV);
     assert_int_equal(bcu_embed(d, d, 3, (const int32_t *)d, 1, 64, 4, 0), INV);
@@ -551,8 +554,8 @@ static void test_bad_arguments(void **st)
     printf("  every bad size refused with cudaErrorInvalidValue\n");
     /* empty batches: nothing to do, whatever the pointers */
     s.n = 4;
-    assert_int_equal(bcu_hc_pre(&s, NULL, 0, NULL, NULL, NULL, 0), cudaSuccess);
-    assert_int_equal(bcu_hc_head(&s, NULL, 0, NULL, 0), cudaSuccess);
+    assert_int_equal(bcu_hc_pre(&s, NULL, 0, NULL, NULL, NULL, NULL, 0, 0), cudaSuccess);
+    assert_int_equal(bcu_hc_head(&s, NULL, 0, NULL, NULL, 0, 0), cudaSuccess);
     assert_int_equal(bcu_hc_post(NULL, NULL, NULL, NULL, 4, 64, 0, 0), cudaSuccess);
     assert_int_equal(bcu_embed(NULL, NULL, BCU_EMB_F32, NULL, 0, 64, 4, 0), cudaSuccess);
     assert_int_equal(bcu_rope(NULL, 0, 64, 0, 64, NULL, NULL, 1, 0, 0), cudaSuccess);
@@ -880,8 +883,10 @@ static void test_hc(void **st)
             float *dX = up(X, R * N * sizeof(float));
             float *dcoll = dmalloc(R * D * sizeof(float)), *dpost = dmalloc(R * n * sizeof(float)),
                   *dcomb = dmalloc(R * n * n * sizeof(float)), *dhead = dmalloc(R * D * sizeof(float));
-            RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, 0));
-            RUN(bcu_hc_head(&s, dX, R, dhead, 0));
+            const size_t wsb = bcu_hc_ws_bytes(R, n);
+            void *dws = dmalloc(wsb);
+            RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, dws, wsb, 0));
+            RUN(bcu_hc_head(&s, dX, R, dhead, dws, wsb, 0));
             float *coll = xmalloc(R * D * sizeof(float)), *post = xmalloc(R * n * sizeof(float)),
                   *comb = xmalloc(R * n * n * sizeof(float)), *head = xmalloc(R * D * sizeof(float));
             down(coll, dcoll, R * D * sizeof(float));
@@ -906,10 +911,10 @@ static void test_hc(void **st)
             /* deterministic, and a row alone gets the bits it gets in the batch */
             const size_t t = R / 2;
             float *c2 = xmalloc(R * D * sizeof(float));
-            RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, 0));
+            RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, dws, wsb, 0));
             down(c2, dcoll, R * D * sizeof(float));
             if (bits_diff(c2, coll, R * D) >= 0) fail_msg("hc_pre n %d D %d R %zu: a second run differs", n, D, R);
-            RUN(bcu_hc_pre(&s, dX + t * N, 1, dcoll, dpost, dcomb, 0));
+            RUN(bcu_hc_pre(&s, dX + t * N, 1, dcoll, dpost, dcomb, dws, wsb, 0));
             down(c2, dcoll, D * sizeof(float));
             if (bits_diff(c2, coll + t * D, D) >= 0) fail_msg("hc_pre n %d D %d: row %zu alone differs", n, D, t);
             float p2[16 * 16];
@@ -931,7 +936,7 @@ static void test_hc(void **st)
             snprintf(what, sizeof what, "hc_post n %d D %d R %zu", n, D, R);
             expect_bits(what, Xg, X, R * N);
 
-            CK(cudaFree(dX)); CK(cudaFree(dcoll)); CK(cudaFree(dpost)); CK(cudaFree(dcomb)); CK(cudaFree(dhead));
+            CK(cudaFree(dX)); CK(cudaFree(dcoll)); CK(cudaFree(dpost)); CK(cudaFree(dcomb)); CK(cudaFree(dhead)); CK(cudaFree(dws));
             CK(cudaFree(df));
             free(X); free(coll); free(post); free(comb); free(head); free(rc); free(rp); free(rm); free(rh);
             free(f); free(Xg);
@@ -945,7 +950,7 @@ static void test_hc(void **st)
 
 /* ------------------------------------------------------------------ GPU: routing */
 
-enum { L_RANDOM = 0, L_TIES = 1, L_EXACT = 2, L_EXACT_TIES = 3, L_NAN = 4 };
+enum { L_RANDOM = 0, L_TIES = 1, L_TINY = 2, L_EXACT = 3, L_EXACT_TIES = 4, L_NAN = 5 }; /* >= L_EXACT: exact scores */
 
 typedef struct {
     const char *name;
@@ -965,6 +970,7 @@ static void route_case(const rtcase *c, size_t R, int *flips)
             case L_TIES: v = (float)(rnd() % 5) * 0.5f - 1.0f; break;          /* few values: ties everywhere */
             case L_EXACT: v = 20.5f + 80.0f * (float)unif01(); break;          /* > 20: sqrt(v), exact on both */
             case L_EXACT_TIES: v = 21.0f + (float)(rnd() % 4); break;
+            case L_TINY: v = -60.0f + 10.0f * unif(); break;                   /* sigmoid ~1e-26: 1e-20 counts */
             case L_NAN: v = 20.5f + (float)(rnd() % 6); break;
             default: v = 4.0f * unif(); break;
             }
@@ -1085,6 +1091,8 @@ static void test_route(void **st)
         {"512/16 sigmoid", 512, 16, 1, 0, 0, L_RANDOM},
         {"512/16 sigmoid ties", 512, 16, 1, 1, 0, L_TIES},
         {"64/8 hash sigmoid", 64, 8, 1, 1, 1, L_RANDOM},
+        {"64/4 sigmoid tiny scores", 64, 4, 1, 0, 0, L_TINY},
+        {"64/4 sigmoid tiny scores official", 64, 4, 1, 1, 0, L_TINY},
         {"300/1", 300, 1, 0, 0, 0, L_RANDOM},
         {"1/1", 1, 1, 0, 0, 0, L_RANDOM},
         {"16/16 exact ties", 16, 16, 0, 0, 0, L_EXACT_TIES},
@@ -1092,7 +1100,7 @@ static void test_route(void **st)
     int flips = 0;
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
         for (size_t ri = 0; ri < NR; ri++) route_case(&cs[ci], Rs[ri], &flips);
-    printf("  route: 13 cases x R 1, 7, 300; idx exact (%d rows differ at a near-tie of random scores)\n", flips);
+    printf("  route: 15 cases x R 1, 7, 300; idx exact (%d rows differ at a near-tie of random scores)\n", flips);
 }
 
 int main(void)

@@ -97,6 +97,8 @@ typedef struct {
     size_t stage_cap;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
+    size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
+                        * core() instead of the grouped kernel (DEEPINFER_CUDA_MOE_LOOP_T, 2048) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
     /* the device graph (be_dev_ops): an arena of chunks for one forward's activations, a pinned upload ring */
     struct { char *p; size_t cap, used; } ar[32];
@@ -1214,7 +1216,9 @@ static void dv_hc_pre(be_backend *be, const be_hc *h, const float *X, size_t R, 
 {
     DV_ENTER(BCU_PROF_GRAPH);
     bcu_hc_site s;
-    if (!hc_site(c, h, (2 + h->n) * h->n, 3, &s)) DV_CU(bcu_hc_pre(&s, X, R, coll, post, comb, c->st));
+    const size_t wb = bcu_hc_ws_bytes(R, h->n);
+    if (!hc_site(c, h, (2 + h->n) * h->n, 3, &s) && !scratch(c, wb))
+        DV_CU(bcu_hc_pre(&s, X, R, coll, post, comb, c->scratch, wb, c->st));
     DV_LEAVE;
 }
 
@@ -1222,7 +1226,8 @@ static void dv_hc_head(be_backend *be, const be_hc *h, const float *X, size_t R,
 {
     DV_ENTER(BCU_PROF_GRAPH);
     bcu_hc_site s;
-    if (!hc_site(c, h, h->n, 1, &s)) DV_CU(bcu_hc_head(&s, X, R, coll, c->st));
+    const size_t wb = bcu_hc_ws_bytes(R, h->n);
+    if (!hc_site(c, h, h->n, 1, &s) && !scratch(c, wb)) DV_CU(bcu_hc_head(&s, X, R, coll, c->scratch, wb, c->st));
     DV_LEAVE;
 }
 
@@ -1325,6 +1330,9 @@ static int dv_moe(be_backend *be, float *y, const float *x, size_t T, const int3
                   int weight_before_w2)
 {
     int rc = -1;
+    /* a prefill-sized batch gives each expert enough rows for cuBLAS: decline, and the graph runs the experts one
+     * by one through dequantise + cuBLAS (core()); the grouped kernel keeps decode */
+    if (T >= get(be)->moe_loop_T && get(be)->math != BCU_MATH_FP32) return 1;
     DV_ENTER(BCU_PROF_MOE);
     rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2, 1) : 0;
     DV_LEAVE;
@@ -1478,6 +1486,9 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->deq_T = 64;
     if (getenv("DEEPINFER_CUDA_DEQUANT_T") && *getenv("DEEPINFER_CUDA_DEQUANT_T"))
         c->deq_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_DEQUANT_T"), NULL, 10); /* 0: always; huge: never */
+    c->moe_loop_T = 2048;
+    if (getenv("DEEPINFER_CUDA_MOE_LOOP_T") && *getenv("DEEPINFER_CUDA_MOE_LOOP_T"))
+        c->moe_loop_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_MOE_LOOP_T"), NULL, 10);
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;

@@ -160,14 +160,48 @@ struct HcArgs {
     const float *fn, *base, *scale;
 };
 
-/* One block per row t.  1: ss = sum x^2 in double (strided partials, tree).
- * 2: the mixes' dot products, HC_MIXC at a time (fp32 FMA partials, tree).
- * 3: thread 0 does hc_pre_task's tiny math in its order.  4: the collapse. */
-__global__ void __launch_bounds__(GR_NT)
-    gr_hc_pre_kernel(HcArgs a, const float *X, float *coll, float *post, float *comb)
+/* Stage 1, block (t, j): j < mix: the dot product fn[j] . x_t (fp32 FMA partials per thread, then a tree);
+ * j == mix: ss = sum x_t^2 in double (the products are exact).  Every (t, j) is its own block, so a decode
+ * step (R = 1) spreads over mix + 1 SMs instead of one, and the order of each sum is fixed. */
+__global__ void __launch_bounds__(GR_NT) gr_hc_mix_kernel(HcArgs a, const float *X, float *wmix, double *wss)
 {
     __shared__ double dpart[GR_NT];
-    __shared__ float part[HC_MIXC][GR_NT];
+    __shared__ float part[GR_NT];
+    const int tid = threadIdx.x, n = a.n, D = a.D, N = n * D;
+    const int mix = a.head ? n : (2 + n) * n;
+    const size_t t = blockIdx.x;
+    const int j = (int)blockIdx.y;
+    const float *x = X + t * (size_t)N;
+    if (j == mix) {
+        double ss = 0;
+        for (int i = tid; i < N; i += GR_NT) ss += (double)x[i] * x[i];
+        dpart[tid] = ss;
+        __syncthreads();
+        for (int s = GR_NT / 2; s > 0; s >>= 1) {
+            if (tid < s) dpart[tid] += dpart[tid + s];
+            __syncthreads();
+        }
+        if (tid == 0) wss[t] = dpart[0];
+        return;
+    }
+    const float *f = a.fn + (size_t)j * N;
+    float acc = 0.0f;
+    for (int i = tid; i < N; i += GR_NT) acc = fmaf(f[i], x[i], acc);
+    part[tid] = acc;
+    __syncthreads();
+    for (int s = GR_NT / 2; s > 0; s >>= 1) {
+        if (tid < s) part[tid] += part[tid + s];
+        __syncthreads();
+    }
+    if (tid == 0) wmix[t * (size_t)mix + j] = part[0];
+}
+
+/* Stage 2, one block per row t: thread 0 does hc_pre_task's tiny math in its order from the stage-1 sums;
+ * then the collapse. */
+__global__ void __launch_bounds__(GR_NT)
+    gr_hc_pre_kernel(HcArgs a, const float *X, const float *wmix, const double *wss, float *coll, float *post,
+                     float *comb)
+{
     __shared__ float mixes[HC_MAX_MIX];
     __shared__ float C[HC_MAX_N * HC_MAX_N];
     __shared__ float pre[HC_MAX_N];
@@ -175,43 +209,12 @@ __global__ void __launch_bounds__(GR_NT)
     const int mix = a.head ? n : (2 + n) * n;
     const size_t t = blockIdx.x;
     const float *x = X + t * (size_t)N;
-
-    double ss = 0;
-    for (int i = tid; i < N; i += GR_NT) ss += (double)x[i] * x[i]; /* the product is exact in double */
-    dpart[tid] = ss;
+    for (int q = tid; q < mix; q += GR_NT) mixes[q] = wmix[t * (size_t)mix + q];
     __syncthreads();
-    for (int s = GR_NT / 2; s > 0; s >>= 1) {
-        if (tid < s) dpart[tid] += dpart[tid + s];
-        __syncthreads();
-    }
-
-    for (int m0 = 0; m0 < mix; m0 += HC_MIXC) {
-        float acc[HC_MIXC];
-#pragma unroll
-        for (int m = 0; m < HC_MIXC; m++) acc[m] = 0.0f;
-        for (int i = tid; i < N; i += GR_NT) {
-            const float xv = x[i];
-#pragma unroll
-            for (int m = 0; m < HC_MIXC; m++)
-                if (m0 + m < mix) acc[m] = fmaf(a.fn[(size_t)(m0 + m) * N + i], xv, acc[m]);
-        }
-#pragma unroll
-        for (int m = 0; m < HC_MIXC; m++) part[m][tid] = acc[m];
-        __syncthreads();
-        for (int s = GR_NT / 2; s > 0; s >>= 1) {
-            for (int q = tid; q < HC_MIXC * s; q += GR_NT) {
-                const int m = q / s, j = q % s;
-                part[m][j] += part[m][j + s];
-            }
-            __syncthreads();
-        }
-        if (tid < HC_MIXC && m0 + tid < mix) mixes[m0 + tid] = part[tid][0];
-        __syncthreads(); /* part is refilled by the next pass */
-    }
 
     if (tid == 0) {
         const float eps = a.hc_eps;
-        const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(dpart[0] / (double)N), a.rms_eps)));
+        const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(wss[t] / (double)N), a.rms_eps)));
         for (int k = 0; k < mix; k++) mixes[k] = __fmul_rn(mixes[k], rs);
         for (int i = 0; i < n; i++) {
             pre[i] = __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(mixes[i], a.scale[0]), a.base[i])), eps);
@@ -491,27 +494,39 @@ extern "C" cudaError_t bcu_embed(float *X, const void *table, int emb, const int
     return cudaGetLastError();
 }
 
+extern "C" size_t bcu_hc_ws_bytes(size_t R, int n)
+{
+    const size_t mix = (size_t)(2 + n) * (size_t)n;
+    return R * sizeof(double) + ((R * mix * sizeof(float) + 7) & ~(size_t)7) + 16;
+}
+
 static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll, float *post,
-                             float *comb, cudaStream_t st)
+                             float *comb, void *ws, size_t ws_bytes, cudaStream_t st)
 {
     if (!s || s->n < 1 || s->n > HC_MAX_N || s->D < 1 || s->D > INT_MAX / HC_MAX_N) return GR_INVALID;
     if (R > INT_MAX) return GR_INVALID;
     if (!R) return cudaSuccess;
     if (!s->fn || !s->base || !s->scale || !X || !coll || (!head && (!post || !comb))) return GR_INVALID;
+    if (!ws || ws_bytes < bcu_hc_ws_bytes(R, s->n) || ((uintptr_t)ws & 7)) return GR_INVALID;
     const HcArgs a = {s->n, s->D, s->iters, head, s->hc_eps, s->rms_eps, s->fn, s->base, s->scale};
-    gr_hc_pre_kernel<<<(unsigned)R, GR_NT, 0, st>>>(a, X, coll, post, comb);
+    const int mix = head ? s->n : (2 + s->n) * s->n;
+    double *wss = (double *)ws;
+    float *wmix = (float *)(wss + R);
+    gr_hc_mix_kernel<<<dim3((unsigned)R, (unsigned)(mix + 1)), GR_NT, 0, st>>>(a, X, wmix, wss);
+    gr_hc_pre_kernel<<<(unsigned)R, GR_NT, 0, st>>>(a, X, wmix, wss, coll, post, comb);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t bcu_hc_pre(const bcu_hc_site *s, const float *X, size_t R, float *coll, float *post,
-                                  float *comb, cudaStream_t st)
+                                  float *comb, void *ws, size_t ws_bytes, cudaStream_t st)
 {
-    return hc_launch(s, 0, X, R, coll, post, comb, st);
+    return hc_launch(s, 0, X, R, coll, post, comb, ws, ws_bytes, st);
 }
 
-extern "C" cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t R, float *coll, cudaStream_t st)
+extern "C" cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t R, float *coll, void *ws,
+                                   size_t ws_bytes, cudaStream_t st)
 {
-    return hc_launch(s, 1, X, R, coll, NULL, NULL, st);
+    return hc_launch(s, 1, X, R, coll, NULL, NULL, ws, ws_bytes, st);
 }
 
 extern "C" cudaError_t bcu_hc_post(float *X, const float *f, const float *post, const float *comb, int n, int D,

@@ -43,10 +43,15 @@ typedef struct {
  * iters rounds of Sinkhorn (round 0: columns only; later rounds: rows, then
  * columns; each normalisation divides by (sum + hc_eps)); coll[d] = sum_i
  * pre[i] x[i, d]. */
+/* Two kernels: the (2+n)n dot products and the sum of squares of every row, one block each (so a single row
+ * spreads over the GPU), into the workspace ws (8-byte aligned, bcu_hc_ws_bytes(R, n)); then one block per row
+ * for the rest. */
+size_t bcu_hc_ws_bytes(size_t R, int n);
 cudaError_t bcu_hc_pre(const bcu_hc_site *s, const float *X, size_t R, float *coll, float *post, float *comb,
-                       cudaStream_t st);
-/* v4.c hc_head_task: only pre (n mixes from fn's first n rows), coll [R, D] */
-cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t R, float *coll, cudaStream_t st);
+                       void *ws, size_t ws_bytes, cudaStream_t st);
+/* v4.c hc_head_task: only pre (n mixes from fn's first n rows), coll [R, D]; the same workspace */
+cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t R, float *coll, void *ws, size_t ws_bytes,
+                        cudaStream_t st);
 /* v4.c hc_post_task, in place: X[t, k, d] = post[t, k] f[t, d] + sum_i comb[t, i, k] X[t, i, d]
  * (the sum over i in ascending order, starting from post*f) */
 cudaError_t bcu_hc_post(float *X, const float *f, const float *post, const float *comb, int n, int D, size_t R,
