@@ -48,6 +48,14 @@ typedef struct be_attn_seq {
     size_t nblk;
     size_t nfull;               /* blocks [0, nfull) are complete for every layer and immutable; the rest may
                                  * still change (a block this forward completes gets later layers' rows later) */
+    /* The device graph (be_dev_ops.attention) may pass kwin = NULL and instead: win_key, which names this state
+     * (the same key and p0 always mean the same window), ring, the host window ring [window, head_dim] (slot
+     * pos % window; valid for positions < p0), and krows, the segment's T keys in device memory.  A backend that
+     * keeps its own copy of the ring (keyed by win_key and layer, brought up to date from ring when its copy is
+     * not at p0) builds the window from it; one that cannot declines. */
+    uint64_t win_key;
+    const float *ring;
+    const float *krows;
 } be_attn_seq;
 
 /* One layer's attention for a batch of sequences: the math of v4.c's
@@ -65,6 +73,7 @@ typedef struct be_attn_args {
     const float *sink;          /* [n_heads] */
     const float *inv_freq;      /* [rope_dim / 2] */
     float *out;                 /* [ntok, n_heads, head_dim] */
+    int layer;                  /* the model layer (keys the backend's ring copies) */
 } be_attn_args;
 
 struct be_dev_ops;

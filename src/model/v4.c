@@ -179,6 +179,7 @@ typedef struct {
 
 struct md_seq {
     const md_model *m;
+    uint64_t gen;       /* new at create / restore / attach: a backend's cache of this state's rows is keyed by it */
     int64_t len;
     int64_t win_lo;     /* the window never reaches below this position (bounded replay) */
     seq_layer *L;
@@ -331,12 +332,19 @@ double md_seq_bytes_per_token(const md_model *m)
     return b;
 }
 
+static uint64_t seq_gen(void)
+{
+    static uint64_t next;
+    return __atomic_add_fetch(&next, 1, __ATOMIC_RELAXED);
+}
+
 md_seq *md_seq_create(const md_model *m)
 {
     const md_config *c = &m->cfg;
     md_seq *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->m = m;
+    s->gen = seq_gen();
     s->L = calloc((size_t)c->n_layers, sizeof *s->L);
     if (!s->L) { free(s); return NULL; }
     size_t d = (size_t)c->head_dim, W = (size_t)c->window, id = (size_t)c->index_head_dim;
@@ -804,7 +812,7 @@ typedef int (*attn_op)(be_backend *be, const be_attn_seq *seqs, int nseq, int nt
  * work (< 0: o is NaN and the backend keeps the error), > 0 when it declined or there is none. */
 static int attend_backend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, attn_op op,
                           const float *q, const float *iq, const float *iw, float *const *kbufs, const int64_t *kst,
-                          float *o)
+                          const float *krows, float *o)
 {
     const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
@@ -829,7 +837,9 @@ static int attend_backend(md_model *m, int l, md_segment *segs, size_t nseg, con
                 if (need > sq->nblk) need = sq->nblk;
                 if (full > need) full = need;
                 as[s] = (be_attn_seq){.p0 = sq->len, .kstart = kst[s], .T = (int32_t)n, .kwin = kbufs[s],
-                                      .blocks = bp + k, .block_ids = bid + k, .nblk = need, .nfull = full};
+                                      .blocks = bp + k, .block_ids = bid + k, .nblk = need, .nfull = full,
+                                      .win_key = krows ? sq->gen : 0, .ring = sq->L[l].win,
+                                      .krows = krows ? krows + rw->seg_start[s] * (size_t)d : NULL};
                 for (size_t i = 0; i < need; i++, k++) {
                     bp[k] = sq->blk[i]->data;
                     bid[k] = sq->blk[i]->id;
@@ -840,7 +850,7 @@ static int attend_backend(md_model *m, int l, md_segment *segs, size_t nseg, con
                               .ent_off = m->blk_off[2 * l], .key_off = m->blk_off[2 * l + 1], .index_heads = IH,
                               .index_dim = ID, .topk = c->index_topk, .q = q, .iq = iq, .iw = iw,
                               .sink = ly->attn_sink, .inv_freq = ly->ratio ? m->inv_freq_comp : m->inv_freq_main,
-                              .out = o};
+                              .out = o, .layer = l};
             r = op(be, as, (int)nseg, (int)rw->R, &a);
         }
         free(as);
@@ -882,32 +892,66 @@ static int attend_host(md_model *m, int l, md_segment *segs, size_t nseg, const 
 /* Per segment, in order: its window keys (kbufs[s] from position kst[s]: the ring's positions before the
  * segment, then its own), the compressors (a block completed by token t is visible to t), the ring.  kv [R, d],
  * ckv / cg [R, cd] (ratio > 0) and ikv / ig [R, 2 ID] (CSA) are host rows. */
+/* Segment s's window keys for positions kst[s] .. p0+n-1 into kbufs[s]: the ring's positions before the segment
+ * (the ring as it is before ring_step), then its own rows of kv. */
+static int build_kbufs(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv,
+                       float **kbufs, const int64_t *kst)
+{
+    const md_config *c = &m->cfg;
+    const int d = c->head_dim, W = c->window;
+    for (size_t sgi = 0; sgi < nseg; sgi++) {
+        const seq_layer *sl = &segs[sgi].seq->L[l];
+        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
+        const int64_t p0 = segs[sgi].seq->len, kstart = kst[sgi];
+        const size_t nold = (size_t)(p0 - kstart);
+        float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
+        if (!kbuf) return RC_ENOMEM;
+        free(kbufs[sgi]);
+        kbufs[sgi] = kbuf;
+        for (size_t k = 0; k < nold; k++)
+            memcpy(kbuf + k * d, sl->win + (size_t)((kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
+        memcpy(kbuf + nold * d, kv + r0 * d, n * (size_t)d * sizeof(float));
+    }
+    return 0;
+}
+
+/* After attention: the ring keeps the last W positions of every segment. */
+static void ring_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv)
+{
+    const md_config *c = &m->cfg;
+    const int d = c->head_dim, W = c->window;
+    for (size_t sgi = 0; sgi < nseg; sgi++) {
+        seq_layer *sl = &segs[sgi].seq->L[l];
+        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
+        const int64_t p0 = segs[sgi].seq->len;
+        size_t keep = n < (size_t)W ? n : (size_t)W;
+        for (size_t k = n - keep; k < n; k++)
+            memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
+    }
+}
+
+/* Before attention, per segment in order: where its window starts (kst), its window keys (kbufs, when
+ * with_kbufs), and the compressors (a block completed by token t is visible to t). */
 static int state_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv,
                       const float *ckv, const float *cg, const float *ikv, const float *ig, float **kbufs,
-                      int64_t *kst)
+                      int64_t *kst, int with_kbufs)
 {
     const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
     const int d = c->head_dim, ID = c->index_head_dim;
     const int cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0;
     int rc = 0;
+    for (size_t sgi = 0; sgi < nseg; sgi++) {
+        const md_seq *sq = segs[sgi].seq;
+        int64_t kstart = sq->len - c->window + 1;
+        kst[sgi] = kstart < sq->win_lo ? sq->win_lo : kstart;
+    }
+    if (with_kbufs && (rc = build_kbufs(m, l, segs, nseg, rw, kv, kbufs, kst))) return rc;
     for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
         md_seq *sq = segs[sgi].seq;
         seq_layer *sl = &sq->L[l];
         const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
         const int64_t p0 = sq->len;
-        const int W = c->window;
-        /* window keys: the ring's positions before the segment, then its own */
-        int64_t kstart = p0 - W + 1;
-        if (kstart < sq->win_lo) kstart = sq->win_lo;
-        const size_t nold = (size_t)(p0 - kstart);
-        float *kbuf = malloc((nold + n) * (size_t)d * sizeof(float));
-        if (!kbuf) { rc = RC_ENOMEM; break; }
-        kbufs[sgi] = kbuf;
-        kst[sgi] = kstart;
-        for (size_t k = 0; k < nold; k++)
-            memcpy(kbuf + k * d, sl->win + (size_t)((kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
-        memcpy(kbuf + nold * d, kv + r0 * d, n * (size_t)d * sizeof(float));
 
         if (ly->ratio) {
             comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
@@ -922,10 +966,6 @@ static int state_step(md_model *m, int l, md_segment *segs, size_t nseg, const r
                     rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
             }
         }
-        /* the ring keeps the last W positions (kbuf already holds what attention needs) */
-        size_t keep = n < (size_t)W ? n : (size_t)W;
-        for (size_t k = n - keep; k < n; k++)
-            memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
     }
     return rc;
 }
@@ -1003,10 +1043,11 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
     kst = calloc(nseg ? nseg : 1, sizeof *kst);
     if (!kbufs || !kst) { rc = RC_ENOMEM; goto out; }
-    rc = state_step(m, l, segs, nseg, rw, kv, ckv, cg, ikv, ig, kbufs, kst);
-    if (!rc && attend_backend(m, l, segs, nseg, rw, be->ops->attention, q, iq, iw, kbufs, kst, o) > 0)
+    rc = state_step(m, l, segs, nseg, rw, kv, ckv, cg, ikv, ig, kbufs, kst, 1);
+    if (!rc && attend_backend(m, l, segs, nseg, rw, be->ops->attention, q, iq, iw, kbufs, kst, NULL, o) > 0)
         rc = attend_host(m, l, segs, nseg, rw, q, iq, iw, kbufs, kst, o);
     if (rc) goto out;
+    ring_step(m, l, segs, nseg, rw, kv);
 
     /* grouped output projection: group gi of heads -> o_lora_rank, then wo_b */
     {
@@ -1261,11 +1302,16 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     int64_t *kst = calloc(nseg ? nseg : 1, sizeof *kst);
     if (!hx || !kbufs || !kst) rc = RC_ENOMEM;
     else if (dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
+    /* the compressors on the host; the window keys only if the backend's attention declines (it keeps its own
+     * copy of every ring and takes the segment's keys from kv on the device) */
     if (!rc)
         rc = state_step(m, l, segs, nseg, x->rw, hx, hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd),
-                        hx + R * (d + 2 * cd + icd), kbufs, kst);
-    if (!rc && attend_backend(m, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, o) > 0)
-        rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
+                        hx + R * (d + 2 * cd + icd), kbufs, kst, 0);
+    if (!rc && attend_backend(m, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, kv, o) > 0) {
+        rc = build_kbufs(m, l, segs, nseg, x->rw, hx, kbufs, kst);
+        if (!rc) rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
+    }
+    if (!rc) ring_step(m, l, segs, nseg, x->rw, hx);
     for (size_t i = 0; kbufs && i < nseg; i++) free(kbufs[i]);
     free(kbufs); free(kst); free(hx);
     if (rc) return rc;
@@ -2031,6 +2077,7 @@ int md_seq_restore(md_seq *s, const uint8_t *buf, size_t len, rc_err *err)
     if (s->m->blk_floats && seq_alloc_blocks(s, blocks_for(n)))
         return rc_errf(err, RC_ENOMEM, "out of memory for a state of %lld tokens", (long long)n);
     snap_fill(s, buf, n, 0);
+    s->gen = seq_gen();
     return 0;
 }
 
@@ -2068,6 +2115,7 @@ int md_seq_attach(md_seq *s, md_block *const *blocks, size_t n, const uint8_t *b
         s->blk[k] = blocks[k];
     }
     s->nblk = n;
+    s->gen = seq_gen();
     if (bnd) {
         snap_fill(s, bnd, end, 1);
         return 0;

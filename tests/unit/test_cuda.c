@@ -683,6 +683,70 @@ static void test_device_graph_vs_host_graph(void **st)
     }
 }
 
+/* decode steps of a state, all logits */
+static float *decode_steps(md_model *m, md_seq *s, const int32_t *ids, size_t n)
+{
+    const int V = md_model_config(m)->vocab_size;
+    float *lg = malloc(n * (size_t)V * sizeof *lg);
+    rc_err err = {0};
+    for (size_t i = 0; i < n; i++) {
+        md_segment one = {.seq = s, .ids = ids + i, .n = 1, .logits = lg + i * (size_t)V};
+        if (md_forward(m, &one, 1, &err)) fail_msg("md_forward: %s", err.msg);
+    }
+    return lg;
+}
+
+/* The device graph keeps its own copies of the window rings, keyed by the state: a clone, a restored snapshot
+ * and the original must each continue exactly as on the CPU, and the restored state bit-exactly like the
+ * original (it reloads its rings from the host; the original decodes from the device copies). */
+static void test_device_ring_copies_follow_the_state(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4), *gpu = cuda(BCU_MATH_BF16X3);
+    const char *fx = fixture("tiny-mixed-fp8fp4");
+    md_model *mc = load(fx, cpu), *mg = load(fx, gpu);
+    md_model_set_semantics(mc, MD_SEM_TRANSFORMERS);
+    md_model_set_semantics(mg, MD_SEM_TRANSFORMERS);
+    const int V = md_model_config(mc)->vocab_size;
+    int32_t *ids = make_ids(300, V, 5);
+    float *out[2][3];
+    for (int b = 0; b < 2; b++) {
+        md_model *m = b ? mg : mc;
+        rc_err err = {0};
+        md_seq *s = md_seq_create(m);
+        md_segment pre = {.seq = s, .ids = ids, .n = 150};
+        if (md_forward(m, &pre, 1, &err)) fail_msg("md_forward: %s", err.msg);
+        md_seq *c = md_seq_clone(s);
+        size_t sz = md_seq_snapshot_size(s);
+        uint8_t *buf = malloc(sz);
+        assert_int_equal(md_seq_snapshot(s, buf, sz, &err), 0);
+        md_seq *r = md_seq_create(m);
+        assert_int_equal(md_seq_restore(r, buf, sz, &err), 0);
+        out[b][0] = decode_steps(m, s, ids + 150, 10);
+        out[b][1] = decode_steps(m, c, ids + 200, 10); /* the clone goes another way */
+        out[b][2] = decode_steps(m, r, ids + 150, 10);
+        if (be_cuda_error(gpu)) fail_msg("%s", be_cuda_error(gpu));
+        md_seq_free(s);
+        md_seq_free(c);
+        md_seq_free(r);
+        free(buf);
+    }
+    int agree;
+    double e0 = compare(out[1][0], out[0][0], 10, V, &agree), e1 = compare(out[1][1], out[0][1], 10, V, &agree);
+    const int same = !memcmp(out[1][2], out[1][0], 10 * (size_t)V * sizeof(float));
+    printf("  after 150 tokens: original vs CPU %.2e, clone (other tokens) vs CPU %.2e, restored == original on "
+           "the GPU: %s\n", e0, e1, same ? "bit-exact" : "NO");
+    if (!(e0 <= 1e-4) || !(e1 <= 1e-4)) fail_msg("device ring copies: %.3g / %.3g vs CPU", e0, e1);
+    if (!same) fail_msg("the restored state does not continue like the original on the GPU");
+    for (int b = 0; b < 2; b++)
+        for (int k = 0; k < 3; k++) free(out[b][k]);
+    free(ids);
+    md_model_free(mc);
+    md_model_free(mg);
+    be_cuda_destroy(gpu);
+    be_destroy(cpu);
+}
+
 int main(void)
 {
     int n = 0;
@@ -709,6 +773,7 @@ int main(void)
         cmocka_unit_test(test_model_bf16),
         cmocka_unit_test(test_model_bf16x3_host_graph),
         cmocka_unit_test(test_device_graph_vs_host_graph),
+        cmocka_unit_test(test_device_ring_copies_follow_the_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,6 +100,11 @@ typedef struct {
     size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
                         * core() instead of the grouped kernel (DEEPINFER_CUDA_MOE_LOOP_T, 2048) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
+    /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
+    float *win_dev;
+    struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
+    size_t win_n, win_W, win_d;
+    size_t win_hits, win_loads;
     /* the device graph (be_dev_ops): an arena of chunks for one forward's activations, a pinned upload ring */
     struct { char *p; size_t cap, used; } ar[32];
     int nar;
@@ -847,6 +852,121 @@ static int aws_room(cuda_be *c, const bcu_attn_limits *need)
     return 0;
 }
 
+/* ---- window rings on the device (the device graph)
+ *
+ * A state's ring of a layer is copied to a slot once (from the host ring, when the slot's copy is not at p0) and
+ * from then on kept up to date here from the keys the graph computed on the device, so a decode step moves no
+ * window over PCIe.  Slots are found by hashing (key, layer) over 8 probes; a victim is the oldest slot the
+ * current call does not use; when all 8 are in use, the call declines. */
+
+typedef struct {
+    const float *rows; /* the segment's T keys (device) */
+    float *ring;       /* its ring slot (device) */
+    float *dst;        /* where the window for positions kstart .. p0+T-1 goes (device) */
+    int64_t kstart, p0;
+    int32_t T;
+} win_desc;
+
+__global__ void win_build_kernel(const win_desc *ds, int W, int d)
+{
+    const win_desc D = ds[blockIdx.y];
+    const int64_t n = (D.p0 + D.T - D.kstart) * (int64_t)d;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pos = D.kstart + q / d, ch = q % d;
+        D.dst[q] = pos < D.p0 ? D.ring[(pos % W) * d + ch] : D.rows[(pos - D.p0) * d + ch];
+    }
+}
+
+__global__ void win_put_kernel(const win_desc *ds, int W, int d)
+{
+    const win_desc D = ds[blockIdx.y];
+    const int keep = D.T < W ? D.T : W;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < (int64_t)keep * d;
+         q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = D.T - keep + q / d, ch = q % d;
+        D.ring[((D.p0 + r) % W) * d + ch] = D.rows[r * d + ch];
+    }
+}
+
+static void win_reset(cuda_be *c)
+{
+    if (c->win_dev) cudaFree(c->win_dev);
+    free(c->win);
+    c->win_dev = NULL;
+    c->win = NULL;
+    c->win_n = c->win_W = c->win_d = 0;
+}
+
+/* slots for rings of W x d floats: DEEPINFER_CUDA_WIN_MB, or a tenth of the free device memory */
+static int win_init(cuda_be *c, int W, int d)
+{
+    if (c->win_dev && c->win_W == (size_t)W && c->win_d == (size_t)d) return 0;
+    CU(cudaStreamSynchronize(c->st));
+    win_reset(c);
+    size_t fr = 0, tot = 0;
+    CU(cudaMemGetInfo(&fr, &tot));
+    size_t bytes = fr / 10;
+    const char *e = getenv("DEEPINFER_CUDA_WIN_MB");
+    if (e && *e) bytes = (size_t)strtoull(e, NULL, 10) << 20;
+    size_t n = bytes / ((size_t)W * d * 4);
+    if (n < 16) n = 16;
+    c->win = (struct cuda_be::winslot *)calloc(n, sizeof *c->win);
+    if (!c->win) return fail(c, "out of host memory for the window slots");
+    if (cudaMalloc((void **)&c->win_dev, n * (size_t)W * d * 4) != cudaSuccess) {
+        c->win_dev = NULL;
+        return fail(c, "cudaMalloc of %zu window slots failed (set DEEPINFER_CUDA_WIN_MB)", n);
+    }
+    c->win_n = n;
+    c->win_W = (size_t)W;
+    c->win_d = (size_t)d;
+    return 0;
+}
+
+/* the slot of (key, layer) brought to position p0 (from the host ring when needed); NULL: every probed slot is
+ * in use by this call, or a CUDA error */
+static float *win_get(cuda_be *c, uint64_t key, int layer, int64_t p0, const float *ring)
+{
+    const size_t h = (size_t)mix64(key * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->win_n;
+    size_t v = c->win_n;
+    for (size_t k = 0; k < 8 && k < c->win_n; k++) {
+        const size_t i = (h + k) % c->win_n;
+        if (c->win[i].key == key && c->win[i].layer == layer) {
+            v = i;
+            break;
+        }
+        if (c->win[i].call != c->kv_call && (v == c->win_n || !c->win[i].key || c->win[i].call < c->win[v].call)) v = i;
+    }
+    if (v == c->win_n) return NULL;
+    float *slot = c->win_dev + v * c->win_W * c->win_d;
+    if (c->win[v].key != key || c->win[v].layer != layer || c->win[v].len != p0) {
+        if (cudaMemcpyAsync(slot, ring, c->win_W * c->win_d * 4, cudaMemcpyHostToDevice, c->st) != cudaSuccess) {
+            fail(c, "uploading a window ring failed");
+            return NULL;
+        }
+        c->win[v].key = key;
+        c->win[v].layer = layer;
+        c->win[v].len = p0; /* what the slot holds once the copy lands (stream order) */
+        c->win_loads++;
+    } else {
+        c->win_hits++;
+    }
+    c->win[v].call = c->kv_call;
+    return slot;
+}
+
+/* after the kernels: the slot of (key, layer) holds the ring at position len */
+static void win_mark(cuda_be *c, uint64_t key, int layer, int64_t len)
+{
+    const size_t h = (size_t)mix64(key * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->win_n;
+    for (size_t k = 0; k < 8 && k < c->win_n; k++) {
+        const size_t i = (h + k) % c->win_n;
+        if (c->win[i].key == key && c->win[i].layer == layer) {
+            c->win[i].len = len;
+            return;
+        }
+    }
+}
+
 static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a, int devio)
 {
     if (c->failed) return -1;
@@ -859,6 +979,15 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     const size_t blk = a->blk_floats;
     if (a->ratio && kv_init(c, blk)) return -1;
     c->kv_call++;
+    /* windows from the device rings: every sequence without host window keys must have one */
+    int nring = 0;
+    for (int s = 0; s < nseq; s++)
+        if (!sq[s].kwin) {
+            if (!devio || !sq[s].win_key || !sq[s].krows || !sq[s].ring) return 1;
+            nring++;
+        }
+    if (nring > 65535) return 1;
+    if (nring && win_init(c, a->window, d)) return -1;
     const int epb = a->ratio ? 128 / a->ratio : 0;
     /* what travels: per sequence its window keys and the changing blocks' rows of this layer */
     size_t nb = 0, npart = 0, nwin = 0;
@@ -872,7 +1001,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     const int rows_max = c->attn_rows;
     const size_t o_part = 0, o_win = up256(npart * blk * 4), o_ptr = o_win + up256(nwin * 4),
                  o_seq = o_ptr + up256((nb ? nb : 1) * sizeof(float *)),
-                 staged = o_seq + up256((size_t)(nseq + ntok / rows_max + 2) * sizeof(bcu_attn_seq));
+                 o_wd = o_seq + up256((size_t)(nseq + ntok / rows_max + 2) * sizeof(bcu_attn_seq)),
+                 staged = o_wd + up256((size_t)(nring ? nring : 1) * sizeof(win_desc));
     /* device: the staged part, then per launch q, out, iq, iw, sel, nsel */
     const size_t qb = devio ? 0 : up256((size_t)rows_max * H * d * 4),
                  iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
@@ -889,7 +1019,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     /* block pointers: the mirror for full blocks, the staged area for the others */
     const float **hptr = (const float **)(hst + o_ptr);
     float *hpart = (float *)(hst + o_part), *hwin = (float *)(hst + o_win);
-    size_t kb = 0, kp = 0, kw = 0;
+    size_t kb = 0, kp = 0, kw = 0, nwd = 0;
     const size_t ent_rows = (size_t)epb * d, key_rows = a->csa ? (size_t)epb * ID : 0;
     for (int s = 0; s < nseq; s++) {
         for (size_t i = 0; a->ratio && i < sq[s].nblk; i++, kb++) {
@@ -906,10 +1036,28 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             }
         }
         const size_t w = (size_t)(sq[s].p0 + sq[s].T - sq[s].kstart) * (size_t)d;
-        memcpy(hwin + kw, sq[s].kwin, w * 4);
+        if (sq[s].kwin) {
+            memcpy(hwin + kw, sq[s].kwin, w * 4);
+        } else {
+            float *slot = win_get(c, sq[s].win_key, a->layer, sq[s].p0, sq[s].ring);
+            if (!slot) return c->failed ? -1 : 1;
+            win_desc *wd = (win_desc *)(hst + o_wd) + nwd++;
+            *wd = (win_desc){sq[s].krows, slot, (float *)(dev + o_win) + kw, sq[s].kstart, sq[s].p0, sq[s].T};
+        }
         kw += w;
     }
     CU(cudaMemcpyAsync(dev, hst, o_seq, cudaMemcpyHostToDevice, c->st));
+    if (nwd) {
+        /* the windows of the ring sequences, then their rings advanced past this call's keys */
+        CU(cudaMemcpyAsync(dev + o_wd, hst + o_wd, nwd * sizeof(win_desc), cudaMemcpyHostToDevice, c->st));
+        const dim3 grid(16, (unsigned)nwd);
+        win_build_kernel<<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        CU(cudaGetLastError());
+        win_put_kernel<<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        CU(cudaGetLastError());
+        for (int s = 0; s < nseq; s++) /* the slots are at p0 + T now */
+            if (!sq[s].kwin) win_mark(c, sq[s].win_key, a->layer, sq[s].p0 + sq[s].T);
+    }
     /* launches of at most rows_max rows; a segment may be cut (each launch adds at most one piece, so the
      * staged area holds nseq + launches entries) */
     bcu_attn_seq *hs = (bcu_attn_seq *)(hst + o_seq);
@@ -1437,6 +1585,7 @@ static void teardown(cuda_be *c)
     c->mt = NULL;
     c->nmt = 0;
     kv_reset(c);
+    win_reset(c);
     ar_free(c);
     if (c->up) cudaFreeHost(c->up);
     if (c->aws.mem) cudaFree(c->aws.mem);
