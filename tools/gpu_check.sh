@@ -71,7 +71,7 @@ SUM=$OUTDIR/gpu_check.txt
 say() { echo "$*" | tee -a "$SUM"; }
 section() { say ""; say "== $*"; }
 
-# GPU_CHECK_ONLY="kernels unit cli serve linear attn moe sanitizer sanmodel layers" picks sections (default: all;
+# GPU_CHECK_ONLY="kernels unit cli serve linear attn moe sanitizer sanmodel sangraph layers" picks sections (default: all;
 # unit includes kernels: test_cuda_graph and test_cuda_dequant)
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 
@@ -307,6 +307,15 @@ if want sanmodel && [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-s
     src=$?
     grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUTDIR/sanitizer_model.txt" | head -8 | tee -a "$SUM"
     say "compute-sanitizer (model tests) exit status: $src"
+fi
+
+if want sangraph && [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+    section "compute-sanitizer memcheck, initcheck and racecheck on the device graph (test_device_ring_copies_follow_the_state)"
+    for tool in memcheck initcheck racecheck; do
+        TEST_CUDA_FILTER='test_device_ring_copies_follow_the_state' timeout 240 compute-sanitizer --tool $tool \
+            --error-exitcode 99 "$BIN/test_cuda" > "$OUTDIR/sanitizer_graph_$tool.txt" 2>&1
+        say "$tool exit status: $? -- $(grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUTDIR/sanitizer_graph_$tool.txt" | tail -1)"
+    done
 fi
 
 if want layers; then

@@ -110,6 +110,8 @@ typedef struct {
     int nar;
     char *up;
     size_t up_cap, up_used;
+    char *down; /* pinned bounce buffer of large downloads */
+    size_t down_cap;
     int prof_on;
     bcu_profile prof;
     int failed;
@@ -532,7 +534,16 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
     float *dxa = dev ? (float *)x : (float *)c->scratch, *dya = dev ? y : (float *)(c->scratch + xall);
     float *dx = (float *)(c->scratch + xall + yall), *dy = (float *)(c->scratch + xall + yall + xb);
     if (!dev) CU(cudaMemcpyAsync(dxa, x, T * (size_t)K * groups * 4, cudaMemcpyHostToDevice, c->st));
-    for (int g = 0; g < groups; g++) {
+    /* the row-dot reads and writes strided rows: each group in one launch, straight from x and into y */
+    const int strided = w->fmt != BE_W_DENSE && !dequant_gemm(c, w, T, 0, K);
+    for (int g = 0; strided && g < groups; g++) {
+        bcu_rowdot_args ra = bcu_rowdot_for(w, e->d, e->ds, (int64_t)g * n, n, 0, dxa + (size_t)g * K, (int64_t)T,
+                                            dya + (size_t)g * n);
+        ra.ldx = K * groups;
+        ra.ldy = n * groups;
+        CU(bcu_rowdot(&ra, c->st));
+    }
+    for (int g = 0; !strided && g < groups; g++) {
         CU(cudaMemcpy2DAsync(dx, (size_t)K * 4, dxa + (size_t)g * K, (size_t)K * groups * 4, (size_t)K * 4, T,
                              cudaMemcpyDeviceToDevice, c->st));
         if (core(c, e, w, dy, dx, T, (int64_t)g * n, n, 0, K, c->scratch + xall + yall + xb + yb)) return -1;
@@ -1283,8 +1294,12 @@ static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
 static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
-    if (bytes) DV_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
+    /* large downloads (logits of a big batch) through pinned memory: a pageable copy of 100+ MB runs at a
+     * fraction of the link's speed */
+    const int pin = bytes >= ((size_t)1 << 20) && !grow(c, &c->down, &c->down_cap, bytes, 1);
+    if (bytes && !c->failed) DV_CU(cudaMemcpyAsync(pin ? c->down : dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
     DV_CU(cudaStreamSynchronize(c->st));
+    if (pin && !c->failed) memcpy(dst, c->down, bytes);
     if (!c->failed && c->aws_pending) {
         c->aws_pending = 0;
         int fl = bcu_attn_workspace_flags(&c->aws, 1, c->st);
@@ -1588,6 +1603,7 @@ static void teardown(cuda_be *c)
     win_reset(c);
     ar_free(c);
     if (c->up) cudaFreeHost(c->up);
+    if (c->down) cudaFreeHost(c->down);
     if (c->aws.mem) cudaFree(c->aws.mem);
     if (c->stage) cudaFreeHost(c->stage);
     free(c->tab);

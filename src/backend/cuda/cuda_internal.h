@@ -73,6 +73,7 @@ typedef struct {
     const float *x;
     int64_t T;
     float *y;
+    int64_t ldx, ldy; /* row strides of x and y in floats; 0: dense (K, n) */
     int path;  /* BCU_ROWDOT_*; MMA on a weight it cannot take returns cudaErrorInvalidValue */
     int tile;  /* mma: 1, 3 or 6 m16 tiles of x rows per block (5, 16, 32 tokens); 0: by T */
     int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */

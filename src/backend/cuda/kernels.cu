@@ -243,6 +243,7 @@ struct RowArgs {
     int sc_dtype, block;
     int64_t wcols, nsb; /* FP8: scale blocks per scale row */
     int64_t r0, n, c0, K, T;
+    int64_t ldx, ldy; /* row strides of x and y, floats */
     const float *x;
     float *y;
 };
@@ -321,7 +322,7 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
 #pragma unroll
             for (int i = 0; i < BCU_TT; i++) {
                 if (i < nt) {
-                    const float4 *xp = (const float4 *)(a.x + (t0 + i) * a.K + j);
+                    const float4 *xp = (const float4 *)(a.x + (t0 + i) * a.ldx + j);
                     float4 x0 = xp[0], x1 = xp[1];
                     float s = acc[i];
                     s = fmaf(wv[0], x0.x, s); s = fmaf(wv[1], x0.y, s);
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
             float wv = wget<FMT>(a, r, a.c0 + j);
 #pragma unroll
             for (int i = 0; i < BCU_TT; i++)
-                if (i < nt) acc[i] = fmaf(wv, a.x[(t0 + i) * a.K + j], acc[i]);
+                if (i < nt) acc[i] = fmaf(wv, a.x[(t0 + i) * a.ldx + j], acc[i]);
         }
     }
 #pragma unroll
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
         float v = acc[i];
 #pragma unroll
         for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0 && i < nt) a.y[(t0 + i) * a.n + o] = v;
+        if (lane == 0 && i < nt) a.y[(t0 + i) * a.ldy + o] = v;
     }
 }
 
@@ -375,9 +376,11 @@ static cudaError_t simple_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     a.T = p->T;
     a.x = p->x;
     a.y = p->y;
+    a.ldx = p->ldx ? p->ldx : p->K;
+    a.ldy = p->ldy ? p->ldy : p->n;
     /* 8 columns per lane per step when every group of 8 is aligned, whole,
      * and (quantised formats) inside one scale block */
-    bool vec = p->K % 8 == 0 && p->c0 % 8 == 0 && p->wcols % 8 == 0;
+    bool vec = p->K % 8 == 0 && p->c0 % 8 == 0 && p->wcols % 8 == 0 && a.ldx % 4 == 0;
     if (p->fmt == BCU_RW_FP8 || p->fmt == BCU_RW_FP4) vec = vec && a.block % 8 == 0;
     switch (p->fmt) {
     case BCU_RW_BF16: return launch_rowdot<BCU_RW_BF16>(a, vec, st);
@@ -398,6 +401,7 @@ struct MmArgs {
     float *y;
     int64_t rowbytes;
     int64_t r0, n, c0, K, T;
+    int64_t ldx, ldy; /* row strides of x and y, floats */
     int64_t cb;       /* the first 64-byte chunk of a row that columns [c0, c0+K) touch */
     int nch, cps;     /* chunks, chunks per slice */
     int sc_dtype;     /* FP8 */
@@ -560,7 +564,7 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
             const int it = tid + k * C::NT, tau = it >> 4, j = it & 15;
             const int64_t xc = col0 + 4 * C::EPB * j;
             const bool ok = it < xi && xc >= 0 && xc < a.K;
-            const float *src = a.x + (ok ? (t0 + tau) * a.K + xc : 0);
+            const float *src = a.x + (ok ? (t0 + tau) * a.ldx + xc : 0);
 #pragma unroll
             for (int e = 0; e < C::EPB; e++)
                 xr[k][e] = ok ? rd_ldg_f4(src + 4 * e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -741,7 +745,7 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
             A1 = A1 + src[C::RBP];
             A2 = A2 + src[2 * C::RBP];
         }
-        a.y[(t0 + tau) * a.n + o] = A0 + (A1 + A2);
+        a.y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
     }
     if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
 }
@@ -770,6 +774,7 @@ static bool mm_supported(const bcu_rowdot_args *p)
 {
     if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + p->n > p->wrows) return false;
     if ((uintptr_t)p->x % 16 || (uintptr_t)p->w % 16 || !p->scale) return false;
+    if ((p->ldx ? p->ldx : p->K) % 4 || (p->ldx && p->ldx < p->K) || (p->ldy && p->ldy < p->n)) return false;
     if ((p->K + 63) / 64 > 0x3fffffff) return false;
     if (p->fmt == BCU_RW_FP8) {
         const int b = p->block;
@@ -849,6 +854,8 @@ static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     a.c0 = p->c0;
     a.K = p->K;
     a.T = p->T;
+    a.ldx = p->ldx ? p->ldx : p->K;
+    a.ldy = p->ldy ? p->ldy : p->n;
     a.cb = gm.cb;
     a.nch = gm.nch;
     a.cps = gm.cps;
