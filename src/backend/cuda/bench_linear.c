@@ -225,22 +225,39 @@ static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, in
     return median(t, REPS);
 }
 
-static void run_ab(const shape *s, size_t T, double bw)
+/* enough device copies of a quantised weight (codes in dw, scales in ds, at most 64) that a timing loop over
+ * them reads ≥ 256 MB, so the weights come from HBM and not from L2 */
+static int device_copies(const shape *s, const be_weight *w0, const void *d0, const void *s0, void **dw, void **ds)
 {
-    be_weight w0;
-    void *d0, *s0;
-    make_weight(s, &w0, &d0, &s0);
-    const size_t wb = wbytes(&w0);
+    const size_t wb = wbytes(w0);
     const size_t db = s->fmt == BE_W_FP8 ? (size_t)(s->rows * s->cols) : (size_t)(s->rows * s->cols) / 2, sb = wb - db;
     int ncopy = (int)((256u << 20) / wb) + 1;
     if (ncopy > 64) ncopy = 64;
-    void *dw[64], *ds[64];
     for (int k = 0; k < ncopy; k++) {
         CK(cudaMalloc(&dw[k], db));
         CK(cudaMalloc(&ds[k], sb));
         CK(cudaMemcpy(dw[k], d0, db, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(ds[k], s0, sb, cudaMemcpyHostToDevice));
     }
+    return ncopy;
+}
+
+static void free_copies(void **dw, void **ds, int ncopy)
+{
+    for (int k = 0; k < ncopy; k++) {
+        CK(cudaFree(dw[k]));
+        CK(cudaFree(ds[k]));
+    }
+}
+
+static void run_ab(const shape *s, size_t T, double bw)
+{
+    be_weight w0;
+    void *d0, *s0;
+    make_weight(s, &w0, &d0, &s0);
+    void *dw[64], *ds[64];
+    const int ncopy = device_copies(s, &w0, d0, s0, dw, ds);
+    const size_t wb = wbytes(&w0);
     float *x = malloc(T * (size_t)s->cols * sizeof *x), *dx, *dy;
     for (size_t i = 0; i < T * (size_t)s->cols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
     CK(cudaMalloc((void **)&dx, T * (size_t)s->cols * 4));
@@ -273,10 +290,7 @@ static void run_ab(const shape *s, size_t T, double bw)
            (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", T, simple, tm * 1e6, 100.0 * bytes / tm / bw,
            flop / tm / 1e12, bcu_rowdot_path(&a) == BCU_ROWDOT_MMA ? "mma" : "simple");
     fflush(stdout);
-    for (int k = 0; k < ncopy; k++) {
-        CK(cudaFree(dw[k]));
-        CK(cudaFree(ds[k]));
-    }
+    free_copies(dw, ds, ncopy);
     CK(cudaFree(dx));
     CK(cudaFree(dy));
     free(x);
@@ -385,17 +399,9 @@ static void run_prefill(const shape *s, size_t T, double bw, double peak, cublas
     be_weight w0;
     void *d0, *s0;
     make_weight(s, &w0, &d0, &s0);
-    const size_t wb = wbytes(&w0);
-    const size_t db = s->fmt == BE_W_FP8 ? (size_t)(s->rows * s->cols) : (size_t)(s->rows * s->cols) / 2, sb = wb - db;
-    int ncopy = (int)((256u << 20) / wb) + 1;
-    if (ncopy > 64) ncopy = 64;
     void *dw[64], *ds[64];
-    for (int k = 0; k < ncopy; k++) {
-        CK(cudaMalloc(&dw[k], db));
-        CK(cudaMalloc(&ds[k], sb));
-        CK(cudaMemcpy(dw[k], d0, db, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(ds[k], s0, sb, cudaMemcpyHostToDevice));
-    }
+    const int ncopy = device_copies(s, &w0, d0, s0, dw, ds);
+    const size_t wb = wbytes(&w0);
     const size_t rows = (size_t)s->rows, cols = (size_t)s->cols;
     float *x = malloc(T * cols * sizeof *x);
     for (size_t i = 0; i < T * cols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
@@ -434,10 +440,7 @@ static void run_prefill(const shape *s, size_t T, double bw, double peak, cublas
            100.0 * flop / tx3 / peak, max_rel_diff(y3, yr, nt * rows), tx1 * 1e6, flop / tx1 / 1e12,
            100.0 * flop / tx1 / peak, max_rel_diff(y1, yr, nt * rows));
     fflush(stdout);
-    for (int k = 0; k < ncopy; k++) {
-        CK(cudaFree(dw[k]));
-        CK(cudaFree(ds[k]));
-    }
+    free_copies(dw, ds, ncopy);
     CK(cudaFree(dx));
     CK(cudaFree(dy));
     CK(cudaFree(c.wb));

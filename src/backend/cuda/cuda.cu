@@ -97,6 +97,8 @@ typedef struct {
     size_t stage_cap;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
+    size_t gemv_T; /* bf16 matrices of <= 64M elements met by at most this many rows take the fp32 row-dot
+                    * (DEEPINFER_CUDA_GEMV_T, 8; 0 turns it off) */
     size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
                         * core() instead of the grouped kernel (DEEPINFER_CUDA_MOE_LOOP_T, 2048) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
@@ -457,6 +459,14 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
         const float one = 1.0f, zero = 0.0f;
         BL(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)K, &one,
                        (const float *)e->d + r0 * w->cols + c0, ld, dx, (int)K, &zero, dy, (int)n));
+        return 0;
+    }
+    if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16 && T <= c->gemv_T && (int64_t)w->rows * w->cols <= ((int64_t)1 << 26)) {
+        /* a few rows on a small bf16 matrix (the router, the compressors, the indexer): one row-dot launch in
+         * fp32 beats split + GEMM + sum (three launches, W read as three planes' worth of columns) */
+        bcu_rowdot_args a = bcu_rowdot_for(w, e->d, NULL, r0, n, c0, dx, (int64_t)T, dy);
+        a.fmt = BCU_RW_BF16;
+        CU(bcu_rowdot(&a, c->st));
         return 0;
     }
     if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16)
@@ -1651,6 +1661,9 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->deq_T = 64;
     if (getenv("DEEPINFER_CUDA_DEQUANT_T") && *getenv("DEEPINFER_CUDA_DEQUANT_T"))
         c->deq_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_DEQUANT_T"), NULL, 10); /* 0: always; huge: never */
+    c->gemv_T = 8;
+    if (getenv("DEEPINFER_CUDA_GEMV_T") && *getenv("DEEPINFER_CUDA_GEMV_T"))
+        c->gemv_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_GEMV_T"), NULL, 10);
     c->moe_loop_T = 2048;
     if (getenv("DEEPINFER_CUDA_MOE_LOOP_T") && *getenv("DEEPINFER_CUDA_MOE_LOOP_T"))
         c->moe_loop_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_MOE_LOOP_T"), NULL, 10);
