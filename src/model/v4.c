@@ -10,10 +10,11 @@
  *
  * One forward call takes a batch of segments (sequence, new tokens).  Matrix
  * products run over all rows of all segments at once; attention, the
- * compressors and the indexer walk each segment in order because they read and
- * extend that sequence's state.  Every value computed for a token depends only
- * on the token, its position and the state before it, so one-shot prefill,
- * chunked prefill, decode and batching agree bit for bit.
+ * compressors and the indexer read and extend each segment's sequence state
+ * (the compressors pool the entries a segment completes in parallel, each from
+ * the rows and the state before the segment).  Every value computed for a
+ * token depends only on the token, its position and the state before it, so
+ * one-shot prefill, chunked prefill, decode and batching agree bit for bit.
  *
  * Semantics switch (docs/MODEL-SEMANTICS.md): MD_SEM_OFFICIAL adds the
  * round trips the model was trained with (window and compressed KV through FP8,
@@ -587,81 +588,221 @@ static void hc_head_task(void *arg, size_t t)
     }
 }
 
+/* Row layout of one forward call. */
+typedef struct {
+    size_t R;
+    int32_t *ids;
+    int64_t *pos;
+    size_t *seg_start;   /* [nseg + 1] */
+} rows_t;
+
 /* ------------------------------------------------------------- compressor */
 
-/* One token into a compressor's partial block; when the block completes,
- * pool it into an entry (gated softmax per channel over ratio slots, or over
- * 2*ratio slots with the previous block's half A when overlapping), then
- * norm, RoPE at the block's first position, and the official round trip. */
+/* A compressor turns each block of ratio consecutive tokens into one entry:
+ * per channel a softmax over the block's slots of the gate (the gate row plus
+ * ape of the slot) weighs the kv rows; when overlapping (CSA) over 2*ratio
+ * slots, the previous block's half A (channels 0..hd) then this block's
+ * half B (channels hd..2hd).  Then norm, RoPE at the block's first position,
+ * and the official round trip.
+ *
+ * Given the rows, the entries a segment completes are independent of each
+ * other, so a prefill pools them in parallel (comp_step): a serial pass
+ * allocates their KV blocks (the block allocator is not thread-safe), one task
+ * per entry gathers its slots and pools them (comp_pool, the only copy of that
+ * arithmetic), and a serial pass leaves the partial block and the half A
+ * exactly as pushing the tokens one by one would, stale slots included: the
+ * snapshot writes the partial block whole and is compared bit for bit. */
 typedef struct {
     int ratio, overlap, hd;     /* hd = entry width (head_dim or index_head_dim) */
-    float *kv, *gate, *ovkv, *ovg;
+    int is_indexer;             /* entries are indexer keys (which = 1 in ent_row) */
+    float *kv, *gate, *ovkv, *ovg;  /* the state: partial block [r, cd], half A [r, hd] */
     md_seq *s;                  /* entries go to s's blocks, layer l */
     int l;
     size_t *n;                  /* entries held */
     const float *ape, *norm;
-} comp_ref;
+    const float *rkv, *rgate;   /* the segment's rows [rn, cd] for positions p0 .. p0+rn-1, gate without ape */
+    int64_t p0;
+    size_t rn;
+} comp_seg;
 
-static int comp_push(const md_model *m, const comp_ref *cr, int is_indexer, const float *kv, const float *gate,
-                     int64_t pos)
+/* Entry b from its block's slots kv, g [r, hd] (the pooled channels, ape
+ * added) and, when overlapping and b > 0, the previous block's half A
+ * pkv, pg [r, hd] (else NULL); w holds 2r floats of scratch; into out [hd]. */
+static void comp_pool(const md_model *m, const comp_seg *cs, int64_t b, const float *kv, const float *g,
+                      const float *pkv, const float *pg, float *w, float *out)
 {
     const md_config *c = &m->cfg;
-    const int r = cr->ratio, hd = cr->hd, cd = (cr->overlap ? 2 : 1) * hd;
-    const int slot = (int)(pos % r);
-    memcpy(cr->kv + (size_t)slot * cd, kv, (size_t)cd * sizeof(float));
-    for (int i = 0; i < cd; i++) cr->gate[(size_t)slot * cd + i] = gate[i] + cr->ape[(size_t)slot * cd + i];
-    if (slot != r - 1) return 0;
-
-    const int64_t b = pos / r;
-    float e[1024];
-    float *out = hd <= 1024 ? e : malloc((size_t)hd * sizeof(float));
+    const int r = cs->ratio, hd = cs->hd;
     for (int ch = 0; ch < hd; ch++) {
         float mx = -INFINITY;
-        const int has_prev = cr->overlap && b > 0;
-        if (has_prev)
-            for (int s = 0; s < r; s++) mx = fmaxf(mx, cr->ovg[(size_t)s * hd + ch]);
-        const int off = cr->overlap ? hd : 0;
-        for (int s = 0; s < r; s++) mx = fmaxf(mx, cr->gate[(size_t)s * cd + off + ch]);
+        if (pg)
+            for (int s = 0; s < r; s++) mx = fmaxf(mx, pg[(size_t)s * hd + ch]);
+        for (int s = 0; s < r; s++) mx = fmaxf(mx, g[(size_t)s * hd + ch]);
         float den = 0, num = 0;
-        float w[2 * 128 + 8];
-        float *wp = (2 * r <= 256) ? w : malloc((size_t)2 * r * sizeof(float));
         int k = 0;
-        if (has_prev)
-            for (int s = 0; s < r; s++) den += (wp[k++] = expf(cr->ovg[(size_t)s * hd + ch] - mx));
-        for (int s = 0; s < r; s++) den += (wp[k++] = expf(cr->gate[(size_t)s * cd + off + ch] - mx));
+        if (pg)
+            for (int s = 0; s < r; s++) den += (w[k++] = expf(pg[(size_t)s * hd + ch] - mx));
+        for (int s = 0; s < r; s++) den += (w[k++] = expf(g[(size_t)s * hd + ch] - mx));
         k = 0;
-        if (has_prev)
-            for (int s = 0; s < r; s++) num += cr->ovkv[(size_t)s * hd + ch] * (wp[k++] / den);
-        for (int s = 0; s < r; s++) num += cr->kv[(size_t)s * cd + off + ch] * (wp[k++] / den);
-        if (wp != w) free(wp);
+        if (pg)
+            for (int s = 0; s < r; s++) num += pkv[(size_t)s * hd + ch] * (w[k++] / den);
+        for (int s = 0; s < r; s++) num += kv[(size_t)s * hd + ch] * (w[k++] / den);
         out[ch] = num;
     }
-    if (cr->overlap)
-        for (int s = 0; s < r; s++) {
-            memcpy(cr->ovkv + (size_t)s * hd, cr->kv + (size_t)s * cd, (size_t)hd * sizeof(float));
-            memcpy(cr->ovg + (size_t)s * hd, cr->gate + (size_t)s * cd, (size_t)hd * sizeof(float));
-        }
-    be_rmsnorm_rows(out, out, 1, (size_t)hd, cr->norm, c->rms_eps);
+    be_rmsnorm_rows(out, out, 1, (size_t)hd, cs->norm, c->rms_eps);
     rope(out + hd - c->rope_dim, c->rope_dim, m->inv_freq_comp, b * r, 0);
     if (m->sem == MD_SEM_OFFICIAL) {
-        if (is_indexer) {
+        if (cs->is_indexer) {
             if (is_pow2((size_t)hd)) hadamard(out, (size_t)hd);
             fq_fp4(out, (size_t)hd, 32);
         } else {
             fq_fp8(out, (size_t)(hd - c->rope_dim), 64);
         }
     }
-    /* b < n: a bounded replay over entries its blocks already hold (kept) */
-    int rc = 0;
-    if ((size_t)b >= *cr->n) {
-        assert((size_t)b == *cr->n);
-        rc = ent_slot(cr->s, cr->l, (size_t)b);
-        if (!rc) {
-            memcpy(ent_row(cr->s, cr->l, is_indexer, (size_t)b), out, (size_t)hd * sizeof(float));
-            *cr->n = (size_t)b + 1;
+}
+
+/* Channels c0 .. c0+hd of block b's slots into kv, g [r, hd], as the partial
+ * block holds them when b completes: positions before p0 from the state's
+ * partial block (valid for r*floor(p0/r) .. p0-1), later ones from the rows,
+ * with ape added as a push adds it. */
+static void comp_gather(const comp_seg *cs, int64_t b, int c0, float *kv, float *g)
+{
+    const int r = cs->ratio, hd = cs->hd, cd = (cs->overlap ? 2 : 1) * hd;
+    for (int s = 0; s < r; s++) {
+        const int64_t pos = b * r + s;
+        const size_t so = (size_t)s * cd + (size_t)c0;
+        float *ko = kv + (size_t)s * hd, *go = g + (size_t)s * hd;
+        if (pos < cs->p0) {
+            memcpy(ko, cs->kv + so, (size_t)hd * sizeof(float));
+            memcpy(go, cs->gate + so, (size_t)hd * sizeof(float));
+        } else {
+            const size_t ro = (size_t)(pos - cs->p0) * cd + (size_t)c0;
+            memcpy(ko, cs->rkv + ro, (size_t)hd * sizeof(float));
+            for (int i = 0; i < hd; i++) go[i] = cs->rgate[ro + i] + cs->ape[so + i];
         }
     }
-    if (out != e) free(out);
+}
+
+/* One entry to pool: block b of compressor cs. */
+typedef struct {
+    const comp_seg *cs;
+    int64_t b;
+} comp_item;
+
+typedef struct {
+    const md_model *m;
+    const comp_item *it;
+    int fail;           /* a task found no memory */
+} comp_job;
+
+static void comp_task(void *arg, size_t i)
+{
+    comp_job *j = arg;
+    const comp_seg *cs = j->it[i].cs;
+    const int64_t b = j->it[i].b;
+    const size_t rh = (size_t)cs->ratio * (size_t)cs->hd;
+    /* the previous block's half A: the state's when that block completed before the segment, else its slots */
+    const int prev = cs->overlap && b > 0, own = prev && b * cs->ratio > cs->p0;
+    /* the attention slot: the compressors run before attention, never inside one of its tasks */
+    float *kv = rc_scratch(RC_SCRATCH_ATTN, ((own ? 4 : 2) * rh + 2 * (size_t)cs->ratio) * sizeof(float));
+    if (!kv) {
+        __atomic_store_n(&j->fail, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *g = kv + rh, *w = g + rh, *pkv = NULL, *pg = NULL;
+    comp_gather(cs, b, cs->overlap ? cs->hd : 0, kv, g);
+    if (own) {
+        pkv = w + 2 * cs->ratio;
+        pg = pkv + rh;
+        comp_gather(cs, b - 1, 0, pkv, pg);
+    } else if (prev) {
+        pkv = cs->ovkv;
+        pg = cs->ovg;
+    }
+    comp_pool(j->m, cs, b, kv, g, pkv, pg, w, ent_row(cs->s, cs->l, cs->is_indexer, (size_t)b));
+}
+
+/* The entries the segment completes that the state does not hold yet: their
+ * blocks, in ascending order, and one item each.  Entries below *n are a
+ * bounded replay over blocks that already hold them: kept, not recomputed. */
+static int comp_plan(const comp_seg *cs, comp_item *it, size_t *ni)
+{
+    const int64_t r = cs->ratio, end = (cs->p0 + (int64_t)cs->rn) / r;
+    int64_t b = cs->p0 / r;
+    if (b < (int64_t)*cs->n) b = (int64_t)*cs->n;
+    assert(b >= end || b == (int64_t)*cs->n); /* entries are made in order, none skipped */
+    for (; b < end; b++) {
+        int rc = ent_slot(cs->s, cs->l, (size_t)b);
+        if (rc) return rc;
+        it[(*ni)++] = (comp_item){.cs = cs, .b = b};
+    }
+    return 0;
+}
+
+/* After the entries: the partial block and the half A as pushing the tokens
+ * one by one leaves them.  Only the last block the segment completes and the
+ * positions after it survive those pushes, so only they are pushed, in order
+ * (the slots before p0 of a block that straddles p0 stay as they are). */
+static void comp_finish(const comp_seg *cs)
+{
+    const int r = cs->ratio, hd = cs->hd, cd = (cs->overlap ? 2 : 1) * hd;
+    const int64_t q = cs->p0 + (int64_t)cs->rn, end = q / r;
+    int64_t from = cs->p0;
+    if (end > cs->p0 / r && (end - 1) * r > from) from = (end - 1) * r;
+    for (int64_t pos = from; pos < q; pos++) {
+        const int slot = (int)(pos % r);
+        const float *kv = cs->rkv + (size_t)(pos - cs->p0) * cd, *gate = cs->rgate + (size_t)(pos - cs->p0) * cd;
+        memcpy(cs->kv + (size_t)slot * cd, kv, (size_t)cd * sizeof(float));
+        for (int i = 0; i < cd; i++) cs->gate[(size_t)slot * cd + i] = gate[i] + cs->ape[(size_t)slot * cd + i];
+        if (cs->overlap && slot == r - 1)
+            for (int s = 0; s < r; s++) {
+                memcpy(cs->ovkv + (size_t)s * hd, cs->kv + (size_t)s * cd, (size_t)hd * sizeof(float));
+                memcpy(cs->ovg + (size_t)s * hd, cs->gate + (size_t)s * cd, (size_t)hd * sizeof(float));
+            }
+    }
+    if ((size_t)end > *cs->n) *cs->n = (size_t)end;
+}
+
+/* Layer l's compressors (and the CSA indexer's) over every segment: ckv / cg [R, cd] and ikv / ig [R, 2 ID] are
+ * host rows.  The entries of all segments are pooled in one parallel call. */
+static int comp_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *ckv,
+                     const float *cg, const float *ikv, const float *ig)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    const int d = c->head_dim, ID = c->index_head_dim, r = ly->ratio;
+    const size_t cd = (size_t)(ly->overlap ? 2 : 1) * d, icd = 2 * (size_t)ID, nc = ly->overlap ? 2 : 1;
+    size_t cap = 0;
+    for (size_t sgi = 0; sgi < nseg; sgi++) cap += nc * ((rw->seg_start[sgi + 1] - rw->seg_start[sgi]) / r + 1);
+    comp_seg *cs = malloc((nseg ? nseg * nc : 1) * sizeof *cs);
+    comp_item *it = malloc((cap ? cap : 1) * sizeof *it);
+    size_t ni = 0;
+    int rc = cs && it ? 0 : RC_ENOMEM;
+    for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
+        md_seq *sq = segs[sgi].seq;
+        seq_layer *sl = &sq->L[l];
+        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
+        comp_seg *sc = cs + sgi * nc;
+        sc[0] = (comp_seg){.ratio = r, .overlap = ly->overlap, .hd = d, .is_indexer = 0, .kv = sl->c_kv,
+                           .gate = sl->c_gate, .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
+                           .ape = ly->c_ape, .norm = ly->c_norm, .rkv = ckv + r0 * cd, .rgate = cg + r0 * cd,
+                           .p0 = sq->len, .rn = n};
+        if (ly->overlap)
+            sc[1] = (comp_seg){.ratio = r, .overlap = 1, .hd = ID, .is_indexer = 1, .kv = sl->i_kv,
+                               .gate = sl->i_gate, .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
+                               .ape = ly->i_ape, .norm = ly->i_norm, .rkv = ikv + r0 * icd, .rgate = ig + r0 * icd,
+                               .p0 = sq->len, .rn = n};
+        for (size_t x = 0; x < nc && !rc; x++) rc = comp_plan(&sc[x], it, &ni);
+    }
+    if (!rc) {
+        comp_job job = {.m = m, .it = it};
+        be_cpu_parallel(m->be, ni, comp_task, &job);
+        if (job.fail) rc = RC_ENOMEM;
+    }
+    /* the tasks read the partial blocks and half A as they were: update them only now */
+    for (size_t k = 0; k < nseg * nc && !rc; k++) comp_finish(&cs[k]);
+    free(cs);
+    free(it);
     return rc;
 }
 
@@ -788,14 +929,6 @@ static void attn_task(void *arg, size_t t)
     }
     rope(o + d - c->rope_dim, c->rope_dim, j->ly->ratio ? j->m->inv_freq_comp : j->m->inv_freq_main, pos, 1);
 }
-
-/* Row layout of one forward call. */
-typedef struct {
-    size_t R;
-    int32_t *ids;
-    int64_t *pos;
-    size_t *seg_start;   /* [nseg + 1] */
-} rows_t;
 
 static void *xalloc(size_t n, int *fail)
 {
@@ -938,8 +1071,6 @@ static int state_step(md_model *m, int l, md_segment *segs, size_t nseg, const r
 {
     const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
-    const int d = c->head_dim, ID = c->index_head_dim;
-    const int cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0;
     int rc = 0;
     for (size_t sgi = 0; sgi < nseg; sgi++) {
         const md_seq *sq = segs[sgi].seq;
@@ -947,27 +1078,7 @@ static int state_step(md_model *m, int l, md_segment *segs, size_t nseg, const r
         kst[sgi] = kstart < sq->win_lo ? sq->win_lo : kstart;
     }
     if (with_kbufs && (rc = build_kbufs(m, l, segs, nseg, rw, kv, kbufs, kst))) return rc;
-    for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
-        md_seq *sq = segs[sgi].seq;
-        seq_layer *sl = &sq->L[l];
-        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
-        const int64_t p0 = sq->len;
-
-        if (ly->ratio) {
-            comp_ref cr = {.ratio = ly->ratio, .overlap = ly->overlap, .hd = d, .kv = sl->c_kv, .gate = sl->c_gate,
-                           .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
-                           .ape = ly->c_ape, .norm = ly->c_norm};
-            comp_ref ci = {.ratio = ly->ratio, .overlap = 1, .hd = ID, .kv = sl->i_kv, .gate = sl->i_gate,
-                           .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
-                           .ape = ly->i_ape, .norm = ly->i_norm};
-            for (size_t i = 0; i < n && !rc; i++) {
-                rc = comp_push(m, &cr, 0, ckv + (r0 + i) * cd, cg + (r0 + i) * cd, p0 + (int64_t)i);
-                if (!rc && ly->overlap)
-                    rc = comp_push(m, &ci, 1, ikv + (r0 + i) * 2 * ID, ig + (r0 + i) * 2 * ID, p0 + (int64_t)i);
-            }
-        }
-    }
-    return rc;
+    return ly->ratio ? comp_step(m, l, segs, nseg, rw, ckv, cg, ikv, ig) : 0;
 }
 
 static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *x,

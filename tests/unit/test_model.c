@@ -4,6 +4,8 @@
  * Reference numbers (transformers) are checked by tests/py/test_model_ref.py;
  * here the claims are exact equalities that need no reference:
  *   - prefill in chunks of 1, 3, 7, 64 == one-shot prefill, bit for bit;
+ *   - the whole state (snapshot bytes) after any segmentation, segments
+ *     starting mid-block and bounded replay included == after one segment;
  *   - a batch of segments from different sequences == each run alone;
  *   - the FP8/FP4 checkpoint == its dequantised twin, bit for bit;
  *   - state bytes grow by exactly the documented per-token amount. */
@@ -66,6 +68,144 @@ static void chunking_is_invisible(md_semantics sem)
 
 static void test_chunking_official(void **st) { (void)st; chunking_is_invisible(MD_SEM_OFFICIAL); }
 static void test_chunking_transformers(void **st) { (void)st; chunking_is_invisible(MD_SEM_TRANSFORMERS); }
+
+/* feed ids[0..n) to s in segments of the sizes in sch (cycled), all logits into lg */
+static void feed_sched(md_model *m, md_seq *s, const int32_t *ids, size_t n, const size_t *sch, size_t nsch, float *lg)
+{
+    const size_t V = (size_t)md_model_config(m)->vocab_size;
+    rc_err err = {0};
+    for (size_t a = 0, k = 0; a < n; k++) {
+        size_t c = sch[k % nsch] < n - a ? sch[k % nsch] : n - a;
+        md_segment seg = {.seq = s, .ids = ids + a, .n = c, .logits = lg + a * V, .all_logits = 1};
+        if (md_forward(m, &seg, 1, &err)) fail_msg("forward: %s", err.msg);
+        a += c;
+    }
+}
+
+static uint8_t *snapshot_of(const md_seq *s, size_t *len)
+{
+    rc_err err = {0};
+    *len = md_seq_snapshot_size(s);
+    uint8_t *b = malloc(*len);
+    if (md_seq_snapshot(s, b, *len, &err)) fail_msg("snapshot: %s", err.msg);
+    return b;
+}
+
+/* Where partial block f (0 c_kv, 1 c_gate, 2 i_kv, 3 i_gate) of layer l starts in the snapshot of a state of
+ * len tokens (docs/KV.md: per layer win, c_kv, c_gate, c_ovkv, c_ovg, c_ent, i_kv, i_gate, i_ovkv, i_ovg, i_ent). */
+static const uint8_t *snap_partial(const uint8_t *snap, const md_config *c, int64_t len, int l, int f)
+{
+    static const int before[4] = {1, 2, 6, 7};
+    size_t p = 64 + 24 * (size_t)c->n_layers;
+    for (int j = 0;; j++) {
+        const size_t d = (size_t)c->head_dim, id = (size_t)c->index_head_dim, r = (size_t)c->ratio[j];
+        const size_t csa = r && c->ratio[j] == c->csa_ratio, cd = (csa ? 2 : 1) * d, ne = r ? (size_t)len / r : 0;
+        const size_t sz[11] = {(size_t)c->window * d, r * cd, r * cd, csa * r * d, csa * r * d, ne * d,
+                               csa * r * 2 * id, csa * r * 2 * id, csa * r * id, csa * r * id, csa * ne * id};
+        for (int k = 0; k < (j == l ? before[f] : 11); k++) p += sz[k] * 4;
+        if (j == l) return snap + p;
+    }
+}
+
+/* The compressors pool a segment's entries in parallel and then rebuild the partial blocks: the whole state
+ * (snapshot bytes, stale partial-block slots included) and the logits must not depend on where segments start.
+ * Segments that start mid-block and complete many entries: 5 + 295 (CSA ratio 4: p0 % 4 = 1, 73 entries; the
+ * first HCA block straddles p0), 130 + 170 (p0 mid-block for both ratios), against one-shot and token by token;
+ * and a bounded replay that starts mid-block (at 6), fed in one segment, token by token and as 5 + rest.
+ * The stale slots are those token-by-token pushes leave: at length q, partial-block slots q % r .. r-1 still
+ * hold the last complete block's, as at length r * floor(q / r). */
+static void state_is_invisible(md_semantics sem)
+{
+    be_backend *be = be_cpu_create(2);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, sem);
+    const md_config *c = md_model_config(m);
+    const size_t V = (size_t)c->vocab_size, n = 300;
+    int32_t *ids = make_ids(n + 2, (int)V, 13);
+    float *ref = malloc(n * V * sizeof(float)), *lg = malloc(n * V * sizeof(float));
+    static const size_t sch[][4] = {{300}, {1}, {5, 295}, {130, 170}, {2, 61, 127, 110}};
+    static const size_t nsch[] = {1, 1, 2, 2, 4};
+    size_t rl = 0;
+    uint8_t *rs = NULL;
+    md_seq *full = NULL;
+    for (size_t k = 0; k < 5; k++) {
+        md_seq *s = md_seq_create(m);
+        size_t len;
+        feed_sched(m, s, ids, n, sch[k], nsch[k], k ? lg : ref);
+        uint8_t *snap = snapshot_of(s, &len);
+        if (!k) {
+            rs = snap;
+            rl = len;
+            full = s;
+            continue;
+        }
+        assert_memory_equal(lg, ref, n * V * sizeof(float));
+        assert_int_equal(len, rl);
+        if (memcmp(snap, rs, len)) fail_msg("schedule %zu: the state differs from one-shot prefill", k);
+        free(snap);
+        md_seq_free(s);
+    }
+    /* bounded replay from 6 over the blocks of the first 256 tokens, then 44 more */
+    md_block *blk[2] = {md_seq_block(full, 0), md_seq_block(full, 1)};
+    static const size_t rsch[][2] = {{294}, {1}, {5, 289}};
+    uint8_t *r0 = NULL;
+    float *rlg = malloc(294 * V * sizeof(float));
+    for (size_t k = 0; k < 3; k++) {
+        md_seq *r = md_seq_create(m);
+        rc_err err = {0};
+        assert_int_equal(md_seq_attach(r, blk, 2, NULL, 0, 250, &err), 0);
+        feed_sched(m, r, ids + 6, 294, rsch[k], k == 2 ? 2 : 1, k ? lg : rlg);
+        size_t len;
+        uint8_t *snap = snapshot_of(r, &len);
+        assert_int_equal(len, rl);
+        if (!k) r0 = snap;
+        else {
+            assert_memory_equal(lg, rlg, 294 * V * sizeof(float));
+            if (memcmp(snap, r0, len)) fail_msg("replay schedule %zu: the state differs from one segment", k);
+            free(snap);
+        }
+        md_seq_free(r);
+    }
+    free(r0);
+    free(rlg);
+
+    /* stale slots at 302: CSA (ratio 4) slots 2, 3 as at 300, HCA (ratio 128) slots 46..127 as at 256 */
+    md_seq *s256 = md_seq_create(m);
+    const size_t one[] = {256}, two[] = {2};
+    feed_sched(m, s256, ids, 256, one, 1, lg);
+    feed_sched(m, full, ids + n, 2, two, 1, lg);
+    size_t l256, l302;
+    uint8_t *p256 = snapshot_of(s256, &l256), *p302 = snapshot_of(full, &l302);
+    int checked = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const int r = c->ratio[l], csa = r && r == c->csa_ratio;
+        if (!r) continue;
+        const uint8_t *at = r == 4 ? rs : r == 128 ? p256 : NULL;
+        const int64_t len = r == 4 ? 300 : 256;
+        assert_non_null(at);
+        for (int f = 0; f < (csa ? 4 : 2); f++) {
+            const size_t w = (f < 2 ? (csa ? 2 : 1) * (size_t)c->head_dim : 2 * (size_t)c->index_head_dim) * 4;
+            const size_t s0 = (size_t)(n + 2) % (size_t)r;
+            if (memcmp(snap_partial(p302, c, 302, l, f) + s0 * w, snap_partial(at, c, len, l, f) + s0 * w,
+                       ((size_t)r - s0) * w))
+                fail_msg("layer %d partial block %d: the stale slots are not the last complete block's", l, f);
+            checked++;
+        }
+    }
+    assert_int_equal(checked, 2 * 4 + 2 * 2); /* tiny-mixed: CSA layers 1, 3, HCA layers 2, 4 */
+    free(p256);
+    free(p302);
+    md_seq_free(s256);
+    free(rs);
+    md_seq_free(full);
+    free(ref);
+    free(lg);
+    free(ids);
+    md_model_free(m);
+    be_destroy(be);
+}
+
+static void test_state_official(void **st) { (void)st; state_is_invisible(MD_SEM_OFFICIAL); }
+static void test_state_transformers(void **st) { (void)st; state_is_invisible(MD_SEM_TRANSFORMERS); }
 
 /* Three sequences at different points (fresh prefill, mid-decode, chunk),
  * run in one batch, give what each gives alone. */
@@ -234,6 +374,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunking_official),
         cmocka_unit_test(test_chunking_transformers),
+        cmocka_unit_test(test_state_official),
+        cmocka_unit_test(test_state_transformers),
         cmocka_unit_test(test_batching_is_invisible),
         cmocka_unit_test(test_host_dev_graph_is_the_host_graph),
         cmocka_unit_test(test_quantized_equals_twin),
