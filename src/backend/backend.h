@@ -145,6 +145,9 @@ typedef struct be_dev_ops {
     void *(*alloc)(be_backend *be, size_t bytes);  /* NULL when out of device memory */
     void (*upload)(be_backend *be, void *dst, const void *src, size_t bytes);   /* host -> device; src reusable */
     int (*download)(be_backend *be, void *dst, const void *src, size_t bytes);  /* device -> host, waits; 0 or -1 */
+    /* device -> host, waits; a host view of the bytes (the backend's buffer), valid until the next op; NULL on
+     * error.  For results the caller scatters itself (logits): one copy fewer, and no fresh pages. */
+    const void *(*view)(be_backend *be, const void *src, size_t bytes);
     int (*failed)(be_backend *be);
     void (*zero)(be_backend *be, void *p, size_t bytes);
     void (*linear)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);

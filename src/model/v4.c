@@ -1557,12 +1557,11 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         if (segs[s].logits) nl += segs[s].all_logits ? segs[s].n : 1;
     if (!rc && nl) {
         int32_t *src = malloc(nl * sizeof(int32_t));
-        float *lg = malloc(nl * (size_t)V * sizeof(float));
         int32_t *dsrc = dalloc(&x, nl * sizeof(int32_t));
         float *hx = dalloc(&x, nl * (size_t)n * D * sizeof(float));
         float *y = dalloc(&x, nl * (size_t)D * sizeof(float));
         float *dl = dalloc(&x, nl * (size_t)V * sizeof(float));
-        if (!src || !lg || x.oom) {
+        if (!src || x.oom) {
             rc = RC_ENOMEM;
         } else {
             size_t k = 0;
@@ -1577,7 +1576,8 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
             dv->hc_head(be, &h, hx, nl, y);
             dv->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
             dv->linear(be, dl, y, nl, &m->head);
-            if (dv->download(be, lg, dl, nl * (size_t)V * sizeof(float))) rc = RC_EIO;
+            const float *lg = dv->view(be, dl, nl * (size_t)V * sizeof(float));
+            if (!lg) rc = RC_EIO;
             k = 0;
             for (size_t s = 0; !rc && s < nseg; s++) {
                 if (!segs[s].logits) continue;
@@ -1587,7 +1587,6 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
             }
         }
         free(src);
-        free(lg);
     } else if (!rc) {
         /* no logits: still wait for the device, so that a failure is seen here */
         float probe;
@@ -1643,6 +1642,12 @@ static int hd_download(be_backend *be, void *dst, const void *src, size_t bytes)
     (void)be;
     memcpy(dst, src, bytes);
     return 0;
+}
+static const void *hd_view(be_backend *be, const void *src, size_t bytes)
+{
+    (void)be;
+    (void)bytes;
+    return src;
 }
 static int hd_failed(be_backend *be) { (void)be; return 0; }
 static void hd_zero(be_backend *be, void *p, size_t bytes) { (void)be; memset(p, 0, bytes); }
@@ -1753,7 +1758,8 @@ static int hd_moe(be_backend *be, float *y, const float *x, size_t T, const int3
 }
 
 static const be_dev_ops hd_dev = {
-    .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .failed = hd_failed,
+    .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .view = hd_view,
+    .failed = hd_failed,
     .zero = hd_zero, .linear = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
     .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
     .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,

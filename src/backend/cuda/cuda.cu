@@ -1301,23 +1301,38 @@ static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
     DV_LEAVE;
 }
 
+/* the device graph's attention ran since the last wait: read its error flags now (the stream is idle) */
+static void attn_flags_check(cuda_be *c)
+{
+    if (c->failed || !c->aws_pending) return;
+    c->aws_pending = 0;
+    int fl = bcu_attn_workspace_flags(&c->aws, 1, c->st);
+    if (fl < 0) fail(c, "reading the attention error flags failed");
+    else if (fl) fail(c, "attention kernels flagged bad input (flags %d)", fl);
+}
+
 static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
-    /* large downloads (logits of a big batch) through pinned memory: a pageable copy of 100+ MB runs at a
-     * fraction of the link's speed */
+    /* large downloads through pinned memory: a pageable copy of 100+ MB runs at a fraction of the link's speed */
     const int pin = bytes >= ((size_t)1 << 20) && !grow(c, &c->down, &c->down_cap, bytes, 1);
     if (bytes && !c->failed) DV_CU(cudaMemcpyAsync(pin ? c->down : dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
     DV_CU(cudaStreamSynchronize(c->st));
     if (pin && !c->failed) memcpy(dst, c->down, bytes);
-    if (!c->failed && c->aws_pending) {
-        c->aws_pending = 0;
-        int fl = bcu_attn_workspace_flags(&c->aws, 1, c->st);
-        if (fl < 0) fail(c, "reading the attention error flags failed");
-        else if (fl) fail(c, "attention kernels flagged bad input (flags %d)", fl);
-    }
+    attn_flags_check(c);
     DV_LEAVE;
     return c->failed ? -1 : 0;
+}
+
+static const void *dv_view(be_backend *be, const void *src, size_t bytes)
+{
+    DV_ENTER(BCU_PROF_XFER);
+    if (!grow(c, &c->down, &c->down_cap, bytes ? bytes : 1, 1) && bytes)
+        DV_CU(cudaMemcpyAsync(c->down, src, bytes, cudaMemcpyDeviceToHost, c->st));
+    DV_CU(cudaStreamSynchronize(c->st));
+    attn_flags_check(c);
+    DV_LEAVE;
+    return c->failed ? NULL : c->down;
 }
 
 static int dv_failed(be_backend *be) { return get(be)->failed; }
@@ -1526,6 +1541,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .alloc = */ dv_alloc,
     /* .upload = */ dv_upload,
     /* .download = */ dv_download,
+    /* .view = */ dv_view,
     /* .failed = */ dv_failed,
     /* .zero = */ dv_zero,
     /* .linear = */ dv_linear,
