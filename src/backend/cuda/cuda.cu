@@ -761,6 +761,24 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* the size of a device pool: env (MB) when set, else 1/div of the free device memory */
+static int pool_bytes(cuda_be *c, const char *env, size_t div, size_t *bytes)
+{
+    size_t fr = 0, tot = 0;
+    CU(cudaMemGetInfo(&fr, &tot));
+    *bytes = fr / div;
+    const char *e = getenv(env);
+    if (e && *e) *bytes = (size_t)strtoull(e, NULL, 10) << 20;
+    return 0;
+}
+
+/* a size from the environment, or def when unset */
+static size_t env_size(const char *name, size_t def)
+{
+    const char *e = getenv(name);
+    return e && *e ? (size_t)strtoull(e, NULL, 10) : def;
+}
+
 static void kv_reset(cuda_be *c)
 {
     if (c->kv_dev) cudaFree(c->kv_dev);
@@ -779,11 +797,8 @@ static int kv_init(cuda_be *c, size_t blk)
     if (c->kv_blk == blk && c->kv_dev) return 0;
     CU(cudaStreamSynchronize(c->st));
     kv_reset(c);
-    size_t fr = 0, tot = 0;
-    CU(cudaMemGetInfo(&fr, &tot));
-    size_t bytes = fr / 5;
-    const char *e = getenv("DEEPINFER_CUDA_KV_MB");
-    if (e && *e) bytes = (size_t)strtoull(e, NULL, 10) << 20;
+    size_t bytes;
+    if (pool_bytes(c, "DEEPINFER_CUDA_KV_MB", 5, &bytes)) return -1;
     size_t n = bytes / (blk * 4);
     if (n < 16) n = 16;
     size_t nb = 1;
@@ -924,11 +939,8 @@ static int win_init(cuda_be *c, int W, int d)
     if (c->win_dev && c->win_W == (size_t)W && c->win_d == (size_t)d) return 0;
     CU(cudaStreamSynchronize(c->st));
     win_reset(c);
-    size_t fr = 0, tot = 0;
-    CU(cudaMemGetInfo(&fr, &tot));
-    size_t bytes = fr / 10;
-    const char *e = getenv("DEEPINFER_CUDA_WIN_MB");
-    if (e && *e) bytes = (size_t)strtoull(e, NULL, 10) << 20;
+    size_t bytes;
+    if (pool_bytes(c, "DEEPINFER_CUDA_WIN_MB", 10, &bytes)) return -1;
     size_t n = bytes / ((size_t)W * d * 4);
     if (n < 16) n = 16;
     c->win = (struct cuda_be::winslot *)calloc(n, sizeof *c->win);
@@ -1674,15 +1686,9 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     if (getenv("DEEPINFER_CUDA_ATTN_ROWS") && atoi(getenv("DEEPINFER_CUDA_ATTN_ROWS")) > 0)
         c->attn_rows = atoi(getenv("DEEPINFER_CUDA_ATTN_ROWS"));
     if (c->attn_rows > 65535) c->attn_rows = 65535;
-    c->deq_T = 64;
-    if (getenv("DEEPINFER_CUDA_DEQUANT_T") && *getenv("DEEPINFER_CUDA_DEQUANT_T"))
-        c->deq_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_DEQUANT_T"), NULL, 10); /* 0: always; huge: never */
-    c->gemv_T = 8;
-    if (getenv("DEEPINFER_CUDA_GEMV_T") && *getenv("DEEPINFER_CUDA_GEMV_T"))
-        c->gemv_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_GEMV_T"), NULL, 10);
-    c->moe_loop_T = 2048;
-    if (getenv("DEEPINFER_CUDA_MOE_LOOP_T") && *getenv("DEEPINFER_CUDA_MOE_LOOP_T"))
-        c->moe_loop_T = (size_t)strtoull(getenv("DEEPINFER_CUDA_MOE_LOOP_T"), NULL, 10);
+    c->deq_T = env_size("DEEPINFER_CUDA_DEQUANT_T", 64); /* 0: always; huge: never */
+    c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
+    c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;
