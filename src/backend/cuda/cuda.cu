@@ -97,6 +97,8 @@ typedef struct {
     size_t stage_cap;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
+    size_t hc_gemm_R; /* device graph: mHC pre over at least this many rows does its dot products as one GEMM
+                       * (DEEPINFER_CUDA_HC_GEMM_R, 128) */
     size_t gemv_T; /* bf16 matrices of <= 64M elements met by at most this many rows take the fp32 row-dot
                     * (DEEPINFER_CUDA_GEMV_T, 8; 0 turns it off) */
     size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
@@ -1406,6 +1408,7 @@ static int hc_site(cuda_be *c, const be_hc *h, int rows, int nscale, bcu_hc_site
     s->iters = h->iters;
     s->hc_eps = h->hc_eps;
     s->rms_eps = h->rms_eps;
+    s->mixes_in_ws = 0;
     s->fn = norm_weight(c, h->fn, (size_t)rows * h->n * h->D);
     s->base = norm_weight(c, h->base, (size_t)rows);
     s->scale = norm_weight(c, h->scale, (size_t)nscale);
@@ -1417,8 +1420,19 @@ static void dv_hc_pre(be_backend *be, const be_hc *h, const float *X, size_t R, 
     DV_ENTER(BCU_PROF_GRAPH);
     bcu_hc_site s;
     const size_t wb = bcu_hc_ws_bytes(R, h->n);
-    if (!hc_site(c, h, (2 + h->n) * h->n, 3, &s) && !scratch(c, wb))
-        DV_CU(bcu_hc_pre(&s, X, R, coll, post, comb, c->scratch, wb, c->st));
+    const int mix = (2 + h->n) * h->n, N = h->n * h->D;
+    if (!hc_site(c, h, mix, 3, &s) && !scratch(c, wb)) {
+        if (R >= c->hc_gemm_R && R <= 0x7fffffff) {
+            /* many rows: the (2+n)n dot products of every row as one fp32 GEMM (no TF32) instead of a block each,
+             * which would read the site's weights once per row */
+            const float one = 1.0f, zero = 0.0f;
+            const cublasStatus_t bs = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, mix, (int)R, N, &one, s.fn, N, X,
+                                                  N, &zero, bcu_hc_ws_mixes(c->scratch, R), mix);
+            if (bs != CUBLAS_STATUS_SUCCESS) fail(c, "mHC mixes GEMM: %s", cublasGetStatusString(bs));
+            s.mixes_in_ws = 1;
+        }
+        if (!c->failed) DV_CU(bcu_hc_pre(&s, X, R, coll, post, comb, c->scratch, wb, c->st));
+    }
     DV_LEAVE;
 }
 
@@ -1688,6 +1702,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     if (c->attn_rows > 65535) c->attn_rows = 65535;
     c->deq_T = env_size("DEEPINFER_CUDA_DEQUANT_T", 64); /* 0: always; huge: never */
     c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
+    c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     const char *what = "";
     cudaDeviceProp prop;

@@ -163,14 +163,14 @@ struct HcArgs {
 /* Stage 1, block (t, j): j < mix: the dot product fn[j] . x_t (fp32 FMA partials per thread, then a tree);
  * j == mix: ss = sum x_t^2 in double (the products are exact).  Every (t, j) is its own block, so a decode
  * step (R = 1) spreads over mix + 1 SMs instead of one, and the order of each sum is fixed. */
-__global__ void __launch_bounds__(GR_NT) gr_hc_mix_kernel(HcArgs a, const float *X, float *wmix, double *wss)
+__global__ void __launch_bounds__(GR_NT) gr_hc_mix_kernel(HcArgs a, const float *X, float *wmix, double *wss, int j0)
 {
     __shared__ double dpart[GR_NT];
     __shared__ float part[GR_NT];
     const int tid = threadIdx.x, n = a.n, D = a.D, N = n * D;
     const int mix = a.head ? n : (2 + n) * n;
     const size_t t = blockIdx.x;
-    const int j = (int)blockIdx.y;
+    const int j = (int)blockIdx.y + j0;
     const float *x = X + t * (size_t)N;
     if (j == mix) {
         double ss = 0;
@@ -494,6 +494,8 @@ extern "C" cudaError_t bcu_embed(float *X, const void *table, int emb, const int
     return cudaGetLastError();
 }
 
+extern "C" float *bcu_hc_ws_mixes(void *ws, size_t R) { return (float *)((double *)ws + R); }
+
 extern "C" size_t bcu_hc_ws_bytes(size_t R, int n)
 {
     const size_t mix = (size_t)(2 + n) * (size_t)n;
@@ -511,8 +513,10 @@ static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, siz
     const HcArgs a = {s->n, s->D, s->iters, head, s->hc_eps, s->rms_eps, s->fn, s->base, s->scale};
     const int mix = head ? s->n : (2 + s->n) * s->n;
     double *wss = (double *)ws;
-    float *wmix = (float *)(wss + R);
-    gr_hc_mix_kernel<<<dim3((unsigned)R, (unsigned)(mix + 1)), GR_NT, 0, st>>>(a, X, wmix, wss);
+    float *wmix = bcu_hc_ws_mixes(ws, R);
+    /* the dot products (unless given) and the sum of squares */
+    const int j0 = s->mixes_in_ws ? mix : 0;
+    gr_hc_mix_kernel<<<dim3((unsigned)R, (unsigned)(mix + 1 - j0)), GR_NT, 0, st>>>(a, X, wmix, wss, j0);
     gr_hc_pre_kernel<<<(unsigned)R, GR_NT, 0, st>>>(a, X, wmix, wss, coll, post, comb);
     return cudaGetLastError();
 }

@@ -33,6 +33,8 @@ typedef struct {
     int n, D, iters;   /* hc_mult (<= 16), hidden size, Sinkhorn iterations */
     float hc_eps, rms_eps;
     const float *fn, *base, *scale;
+    int mixes_in_ws; /* 1: the workspace already holds the dot products fn . x, [R, mixes] at bcu_hc_ws_mixes (the
+                      * caller ran them as one GEMM); only the sums of squares are computed */
 } bcu_hc_site;
 
 /* v4.c hc_pre_task for rows [0, R): X [R, n, D] -> coll [R, D], post [R, n],
@@ -47,6 +49,7 @@ typedef struct {
  * spreads over the GPU), into the workspace ws (8-byte aligned, bcu_hc_ws_bytes(R, n)); then one block per row
  * for the rest. */
 size_t bcu_hc_ws_bytes(size_t R, int n);
+float *bcu_hc_ws_mixes(void *ws, size_t R); /* where the workspace keeps the dot products [R, mixes] */
 cudaError_t bcu_hc_pre(const bcu_hc_site *s, const float *X, size_t R, float *coll, float *post, float *comb,
                        void *ws, size_t ws_bytes, cudaStream_t st);
 /* v4.c hc_head_task: only pre (n mixes from fn's first n rows), coll [R, D]; the same workspace */
