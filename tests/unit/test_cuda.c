@@ -36,6 +36,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include "cuda_skip.h"
 
 #include "model_util.h"
 
@@ -749,12 +751,7 @@ static void test_device_ring_copies_follow_the_state(void **st)
 
 int main(void)
 {
-    int n = 0;
-    cudaError_t r = cudaGetDeviceCount(&n);
-    if (r != cudaSuccess || n <= 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
-        return 77;
-    }
+    if (!cuda_device_present()) return 77;
     const char *filter = getenv("TEST_CUDA_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);
     const char *skip = getenv("TEST_CUDA_SKIP"); /* e.g. "test_model_*" under compute-sanitizer */

@@ -35,6 +35,7 @@
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
+#include "cuda_skip.h"
 
 #include "backend/cuda/attn.h"
 
@@ -934,12 +935,7 @@ int main(void)
         cmocka_unit_test(test_select_emulation),
     };
     const int cpu_fail = cmocka_run_group_tests_name("cpu", cpu, NULL, NULL);
-    int n = 0;
-    cudaError_t r = cudaGetDeviceCount(&n);
-    if (r != cudaSuccess || n <= 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
-        return cpu_fail ? 1 : 77;
-    }
+    if (!cuda_device_present()) return cpu_fail ? 1 : 77;
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_small_window_only),

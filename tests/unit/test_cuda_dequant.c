@@ -40,6 +40,7 @@
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
+#include "cuda_skip.h"
 
 #include "backend/cuda/cuda_internal.h"
 #include "model/dtype.h"
@@ -378,12 +379,7 @@ int main(void)
         cmocka_unit_test(test_bad_arguments),
     };
     const int cpu_fail = cmocka_run_group_tests_name("cpu", cpu, NULL, NULL);
-    int n = 0;
-    cudaError_t r = cudaGetDeviceCount(&n);
-    if (r != cudaSuccess || n <= 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
-        return cpu_fail ? 1 : 77;
-    }
+    if (!cuda_device_present()) return cpu_fail ? 1 : 77;
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_negative_control), cmocka_unit_test(test_fp8_v4),     cmocka_unit_test(test_fp8_ragged),
         cmocka_unit_test(test_fp4),              cmocka_unit_test(test_nan_inputs),

@@ -37,7 +37,9 @@
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
+#include "cuda_skip.h"
 
+#include "backend/backend.h"
 #include "backend/cuda/graph.h"
 #include "model/dtype.h"
 
@@ -213,17 +215,6 @@ static void expect_tol(const char *what, const float *got, const float *ref, siz
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* be_dot_f32 (src/backend/cpu/cpu.c): 8 accumulators, then a fixed tree */
-static float ref_dot(const float *a, const float *b, size_t n)
-{
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
-}
 
 static float pow2_ceil(float v)
 {
@@ -303,7 +294,7 @@ static void ref_hc(const hc_host *p, const float *x, float *coll, float *post, f
     for (int i = 0; i < n * D; i++) ss += (double)x[i] * x[i];
     float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + p->rms_eps);
     float mixes[(2 + 16) * 16];
-    for (int k = 0; k < mix; k++) mixes[k] = ref_dot(p->fn + (size_t)k * n * D, x, (size_t)n * D) * rs;
+    for (int k = 0; k < mix; k++) mixes[k] = be_dot_f32(p->fn + (size_t)k * n * D, x, (size_t)n * D) * rs; /* v4.c's own dot */
     float pre[16];
     for (int i = 0; i < n; i++) {
         pre[i] = sigmoidf_(radd(rmul(mixes[i], p->scale[0]), p->base[i])) + eps;
@@ -1112,12 +1103,7 @@ int main(void)
         cmocka_unit_test(test_fq_tie_data),
     };
     const int cpu_fail = cmocka_run_group_tests_name("cpu", cpu, NULL, NULL);
-    int n = 0;
-    cudaError_t r = cudaGetDeviceCount(&n);
-    if (r != cudaSuccess || n <= 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
-        return cpu_fail ? 1 : 77;
-    }
+    if (!cuda_device_present()) return cpu_fail ? 1 : 77;
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_embed),

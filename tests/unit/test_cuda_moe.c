@@ -37,6 +37,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include "cuda_skip.h"
 
 #include "backend/cuda/moe.h"
 #include "model/dtype.h"
@@ -724,12 +726,7 @@ int main(void)
     };
     int rc = cmocka_run_group_tests_name("moe_host", host, NULL, NULL);
     if (rc) return rc;
-    int n = 0;
-    cudaError_t r = cudaGetDeviceCount(&n);
-    if (r != cudaSuccess || n <= 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", r != cudaSuccess ? cudaGetErrorString(r) : "none found");
-        return 77;
-    }
+    if (!cuda_device_present()) return 77;
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_gpu_refuses_bad_calls),
         cmocka_unit_test(test_gpu_small),
