@@ -10,11 +10,17 @@
 #                                 rebuild there would need into .carry/ (ignored
 #                                 through .git/info/exclude)
 #   tools/gpu_check.sh [OUTDIR]   on the GPU machine, from the repo root, with
-#                                 .carry/ carried: unit_cuda, the CLI on the
-#                                 fixtures (--backend cuda vs cpu), the linear
-#                                 benchmark and compute-sanitizer; everything
-#                                 goes to OUTDIR (default $OUT), the summary to
-#                                 OUTDIR/gpu_check.txt.
+#                                 .carry/ carried: the kernel tests (graph,
+#                                 dequant), unit_cuda (device graph and host
+#                                 graph, and re-runs with 5-row attention launches
+#                                 and with every FP8/FP4 GEMM dequantised), the CLI
+#                                 and serve on the fixtures (--backend cuda vs
+#                                 cpu), the kernel benchmarks, compute-sanitizer
+#                                 (op tests, model tests, the device graph) and the
+#                                 V4-Flash slice benchmark beside transformers;
+#                                 everything goes to OUTDIR (default $OUT), the
+#                                 summary to OUTDIR/gpu_check.txt.  Sections:
+#                                 GPU_CHECK_ONLY (below).
 #
 # The GPU machine has its own CUDA 13.0 (libcublas is too big to carry); the
 # script finds it.  If the carried binaries cannot start there (another glibc),
