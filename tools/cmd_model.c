@@ -175,7 +175,8 @@ static const char logits_help[] =
     "  --chunk N            feed the input in chunks of N tokens through the decoding state instead of one\n"
     "                       pass (N=1 is token-by-token decode); the logits must not change\n"
     "  --out-f32 FILE       write all logits as raw little-endian float32 [positions, vocab]\n"
-    "  --backend B          cpu (default) or cuda (GPU 0; DEEPINFER_CUDA_MATH=bf16x3|bf16|fp32, docs/CUDA.md)\n"
+    "  --backend B          cpu (default) or cuda (GPU 0; DEEPINFER_CUDA_MATH=bf16x3|bf16|fp32,\n"
+    "                       DEEPINFER_CUDA_GRAPH=device|host; docs/CUDA.md)\n"
     "  --threads N          CPU threads (default: all)\n";
 
 int cmd_logits(int argc, char **argv)
@@ -288,7 +289,8 @@ static const char generate_help[] =
     "  --semantics S        official (default) or transformers; see `deepinfer logits --help`\n"
     "  --recompute          check mode: recompute the whole sequence from scratch at every step\n"
     "                       instead of using the decoding state (slow; must give the same tokens)\n"
-    "  --backend B          cpu (default) or cuda (GPU 0; DEEPINFER_CUDA_MATH=bf16x3|bf16|fp32, docs/CUDA.md)\n"
+    "  --backend B          cpu (default) or cuda (GPU 0; DEEPINFER_CUDA_MATH=bf16x3|bf16|fp32,\n"
+    "                       DEEPINFER_CUDA_GRAPH=device|host; docs/CUDA.md)\n"
     "  --threads N          CPU threads (default: all)\n";
 
 static uint64_t xorshift(uint64_t *s)
