@@ -198,22 +198,17 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
     free(s0);
 }
 
-/* bcu_rowdot on device copies of the weight: the simple kernel vs the mma kernel */
-static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, int path, int inner)
+/* seconds per call of fn(ctx, k), median of REPS runs of `inner` calls (one untimed run first), k rotating over
+ * ncopy weight copies so that they come from HBM */
+static double time_calls(void (*fn)(void *ctx, int k), void *ctx, int ncopy, int inner)
 {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    a.path = path;
     double t[REPS];
     for (int r = -1; r < REPS; r++) {
         CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < inner; i++) {
-            const int k = ((r + 1) * inner + i) % ncopy;
-            a.w = dw[k];
-            a.scale = ds[k];
-            CK(bcu_rowdot(&a, 0));
-        }
+        for (int i = 0; i < inner; i++) fn(ctx, ((r + 1) * inner + i) % ncopy);
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float ms;
@@ -223,6 +218,27 @@ static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, in
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     return median(t, REPS);
+}
+
+/* bcu_rowdot on device copies of the weight: the simple kernel vs the mma kernel */
+typedef struct {
+    bcu_rowdot_args a;
+    void **dw, **ds;
+} rowdot_ctx;
+
+static void rd_call(void *ctx, int k)
+{
+    rowdot_ctx *c = ctx;
+    c->a.w = c->dw[k];
+    c->a.scale = c->ds[k];
+    CK(bcu_rowdot(&c->a, 0));
+}
+
+static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, int path, int inner)
+{
+    rowdot_ctx c = {a, dw, ds};
+    c.a.path = path;
+    return time_calls(rd_call, &c, ncopy, inner);
 }
 
 /* enough device copies of a quantised weight (codes in dw, scales in ds, at most 64) that a timing loop over
@@ -314,8 +330,9 @@ typedef struct {
     int planes;    /* 1 or 3 */
 } prefill_ctx;
 
-static void pf_rowdot(prefill_ctx *c, int k)
+static void pf_rowdot(void *ctx, int k)
 {
+    prefill_ctx *c = ctx;
     bcu_rowdot_args a;
     memset(&a, 0, sizeof a);
     a.fmt = c->s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
@@ -333,15 +350,17 @@ static void pf_rowdot(prefill_ctx *c, int k)
     CK(bcu_rowdot(&a, 0));
 }
 
-static void pf_dequant(prefill_ctx *c, int k)
+static void pf_dequant(void *ctx, int k)
 {
+    prefill_ctx *c = ctx;
     CK(bcu_dequant_bf16(c->wb, c->s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, c->dw[k], c->ds[k], BCU_SC_E8M0,
                         c->s->rows, c->s->cols, c->block, 0, c->s->rows, 0));
 }
 
 /* y = x . W^T through the bf16 copy, as core() in cuda.cu runs a dense bf16 weight */
-static void pf_gemm(prefill_ctx *c, int k)
+static void pf_gemm(void *ctx, int k)
 {
+    prefill_ctx *c = ctx;
     const int n = (int)c->s->rows, K = (int)c->s->cols, planes = c->planes;
     const float one = 1.0f, zero = 0.0f;
     pf_dequant(c, k);
@@ -356,29 +375,14 @@ static void pf_gemm(prefill_ctx *c, int k)
     if (planes == 3) CK(bcu_sum3(c->dy, c->part, c->T * (size_t)n, 0));
 }
 
-/* seconds per call, median of REPS, rotating over the weight copies */
-static double time_prefill(void (*fn)(prefill_ctx *, int), prefill_ctx *c, int inner)
+/* seconds per call of a prefill variant, median of REPS, rotating over the weight copies */
+static double time_prefill(void (*fn)(void *, int), prefill_ctx *c, int inner)
 {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    double t[REPS];
-    for (int r = -1; r < REPS; r++) {
-        CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < inner; i++) fn(c, ((r + 1) * inner + i) % c->ncopy);
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 0) t[r] = ms * 1e-3 / inner;
-    }
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return median(t, REPS);
+    return time_calls(fn, c, c->ncopy, inner);
 }
 
 /* the first min(T, 64) rows of y after fn */
-static void prefill_rows(void (*fn)(prefill_ctx *, int), prefill_ctx *c, float *out, size_t nt)
+static void prefill_rows(void (*fn)(void *, int), prefill_ctx *c, float *out, size_t nt)
 {
     fn(c, 0);
     CK(cudaMemcpy(out, c->dy, nt * (size_t)c->s->rows * sizeof *out, cudaMemcpyDeviceToHost));
