@@ -67,6 +67,7 @@
 #define BENCH_NAME "bench_gpu_layers"
 #define BENCH_WITH_CUBLAS
 #include "backend/cuda/bench_util.h"
+#include <cuda_profiler_api.h>
 
 #define MAXL 64
 #define MAXREP 16
@@ -385,14 +386,24 @@ static void run_decode(md_seq *base, result *r, int reps)
     {
         double fr[MAXREP];
         int nf = 0;
+        /* BENCH_NCU_B=B: the last of these steps at batch B (first context) is the profiler range, for
+         * ncu --profile-from-start off (docs/CUDA.md, "Where a decode step goes") */
+        const char *nb = getenv("BENCH_NCU_B");
+        static int ncu_done;
+        const int ncu = on_gpu && nb && atoi(nb) == B && !ncu_done;
         for (int i = 0; i < reps && nf < MAXREP; i++) {
             random_ids(ids, (size_t)B);
             rc_err err = {0};
             sync_dev();
+            if (ncu && i == reps - 1) CK(cudaProfilerStart());
             double a = bench_now();
             if (md_forward(M, sg, (size_t)B, &err)) break;
             sync_dev();
             fr[nf++] = 1e3 * (bench_now() - a);
+            if (ncu && i == reps - 1) {
+                CK(cudaProfilerStop());
+                ncu_done = 1;
+            }
         }
         r->free_ms = med_of(fr, nf);
         random_ids(ids, (size_t)B);

@@ -1,0 +1,103 @@
+/* mma_frag.cuh - the tensor-core fragment primitives shared by the row-dot
+ * (kernels.cu) and the grouped expert kernels (moe.cu): the m16n8k16 bf16
+ * mma, exact e4m3 / e2m1 -> bf16 decoders, the ue8m0 scale as a bf16 pair,
+ * and the exact split of an fp32 value into three bf16 planes.  Everything
+ * is in an anonymous namespace: internal to each file that includes it. */
+#ifndef DEEPINFER_CUDA_MMA_FRAG_CUH
+#define DEEPINFER_CUDA_MMA_FRAG_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+/* D += A.B, m16n8k16, bf16 inputs, fp32 accumulate.  PTX ISA fragment layout,
+ * g = lane / 4, q = lane % 4, the lower half of a register holding the lower
+ * index: a[0] = A[g][2q, 2q+1], a[1] = A[g+8][2q, 2q+1], a[2] = A[g][2q+8, 2q+9],
+ * a[3] = A[g+8][2q+8, 2q+9]; b0 = B[2q, 2q+1][g], b1 = B[2q+8, 2q+9][g];
+ * d[0], d[1] = D[g][2q, 2q+1]; d[2], d[3] = D[g+8][2q, 2q+1]. */
+__device__ __forceinline__ void rd_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two e4m3 codes (bits 0-7, 8-15) -> two bf16 (low half, high half).  Exact:
+ * e4m3 -> f16 is exact for every code (NaN stays NaN), f16 -> f32 is exact,
+ * and the f32 has at most 4 significant bits, so its top half is the bf16. */
+__device__ __forceinline__ uint32_t rd_e4m3x2(uint32_t v)
+{
+    uint32_t h;
+    float lo, hi;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)(v & 0xffffu)));
+    asm("{.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
+/* bf16x2 product, round to nearest (only ever exact here: a power of two times
+ * an e2m1 value) */
+__device__ __forceinline__ uint32_t rd_hmul2(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* byte i of the result = byte (s >> 4i) & 7 of {b, a} (selector nibbles < 8) */
+__device__ __forceinline__ uint32_t rd_prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &v, int k)
+{
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+/* x = hi + mid + lo, three bf16 (the top 16 bits of x, of the rest, of the
+ * rest), exact for finite x; inf and NaN go to hi alone */
+__device__ __forceinline__ void rd_split3(float v, uint32_t s[3])
+{
+    const uint32_t u = __float_as_uint(v);
+    const float r = v - __uint_as_float(u & 0xffff0000u);
+    const uint32_t ru = __float_as_uint(r);
+    const float r2 = r - __uint_as_float(ru & 0xffff0000u);
+    const bool fin = (u & 0x7f800000u) != 0x7f800000u;
+    s[0] = fin ? u >> 16 : (u >> 16) | ((u & 0x007fffffu) ? 0x40u : 0u);
+    s[1] = fin ? ru >> 16 : 0u;
+    s[2] = fin ? __float_as_uint(r2) >> 16 : 0u;
+}
+
+/* 8 e2m1 codes (element j in bits 4j..4j+3) -> bf16 pairs (e0,e4), (e2,e6),
+ * (e1,e5), (e3,e7), exactly: the magnitudes' low and high bytes from two
+ * 8-entry byte tables (prmt), the signs or-ed into the high bytes */
+__device__ __forceinline__ void rd_fp4x8(uint32_t w, uint32_t r[4])
+{
+    const uint32_t TL0 = 0xC0800000u, TL1 = 0xC0804000u; /* low bytes of bf16 0, .5, 1, 1.5 | 2, 3, 4, 6 */
+    const uint32_t TH0 = 0x3F3F3F00u, TH1 = 0x40404040u; /* high bytes */
+    const uint32_t t = w & 0x07070707u, u = (w >> 4) & 0x07070707u;
+    const uint32_t se = t | (t >> 12), so = u | (u >> 12); /* selector nibbles: e0 e4 e2 e6 | e1 e5 e3 e7 */
+    const uint32_t le = rd_prmt(TL0, TL1, se), lo = rd_prmt(TL0, TL1, so);
+    uint32_t he = rd_prmt(TH0, TH1, se), ho = rd_prmt(TH0, TH1, so);
+    he |= rd_prmt(w << 4, 0u, 0x3120u) & 0x80808080u; /* sign of element 2k: bit 8k+3 */
+    ho |= rd_prmt(w, 0u, 0x3120u) & 0x80808080u;      /* sign of element 2k+1: bit 8k+7 */
+    r[0] = rd_prmt(le, he, 0x5140u);
+    r[1] = rd_prmt(le, he, 0x7362u);
+    r[2] = rd_prmt(lo, ho, 0x5140u);
+    r[3] = rd_prmt(lo, ho, 0x7362u);
+}
+
+/* 2^(b-127) as a bf16 pair (dtype.c's ue8m0: 0 -> 2^-127, 255 -> NaN) */
+__device__ __forceinline__ uint32_t ue8m0_bf16x2(uint32_t b)
+{
+    uint32_t p = b << 7;
+    if (b == 0) p = 0x0040u;
+    if (b == 255) p = 0x7fc0u;
+    return p | (p << 16);
+}
+
+} /* namespace */
+
+#endif
