@@ -7,7 +7,7 @@
  *   bf16     a cublasGemmEx 8192^3, bf16 x bf16 -> fp32 (COMPUTE_32F): the
  *            dense bf16 tensor-core peak as cuBLAS reaches it
  *   fp32     a cublasSgemm 4096^3 without TF32 (pedantic): the SIMT peak
- * Then per T (1, 8, 64, 256, 4096, 16384) and per path / math:
+ * Then per T (1, 8, 64, 256, 1024, 2048, 4096, 16384) and per path / math:
  *   us        one bcu_moe_forward (routing + 2 GEMMs + combine), cudaEvent
  *             timed, median of the repetitions after a warmup; the routing
  *             rotates over 8 random draws so the experts come from HBM
@@ -111,8 +111,22 @@ int main(void)
                                 .weight_before_w2 = 0, .w1 = dtab + 0 * E, .s1 = dtab + 1 * E,
                                 .w3 = dtab + 2 * E, .s3 = dtab + 3 * E, .w2 = dtab + 4 * E, .s2 = dtab + 5 * E};
 
-    const int64_t Ts[] = {1, 8, 64, 256, 4096, 16384};
-    const int nT = (int)(sizeof Ts / sizeof Ts[0]);
+    int64_t Ts[8] = {1, 8, 64, 256, 1024, 2048, 4096, 16384};
+    int nT = (int)(sizeof Ts / sizeof Ts[0]);
+    /* BENCH_GPU_MOE_T=1,256: only these batch sizes (ascending; e.g. for a profiler) */
+    const char *only = getenv("BENCH_GPU_MOE_T");
+    if (only && *only) {
+        nT = 0;
+        for (char *e; *only && nT < 8; only = *e ? e + 1 : e) {
+            const long v = strtol(only, &e, 10);
+            if (v <= 0 || e == only) break;
+            Ts[nT++] = v;
+        }
+        if (!nT) {
+            fprintf(stderr, "bench_gpu_moe: BENCH_GPU_MOE_T must be a list of positive sizes\n");
+            return 2;
+        }
+    }
     const int64_t Tmax = Ts[nT - 1];
     const size_t wsb = bcu_moe_workspace_bytes(Tmax, TOPK, E, DIM, INTER);
     void *ws;
@@ -169,9 +183,11 @@ int main(void)
         } runs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32},
                     {BCU_MOE_TILED, BCU_MOE_FP32},
                     {BCU_MOE_TILED, BCU_MOE_BF16X3},
-                    {BCU_MOE_TILED, BCU_MOE_BF16}};
+                    {BCU_MOE_TILED, BCU_MOE_BF16},
+                    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3}};
         for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
             if (runs[ri].path == BCU_MOE_ROWS && T > 4096) continue; /* a 4-token pass per weight read: far too slow */
+            if (runs[ri].path == BCU_MOE_MMAROWS && T > 4096) continue; /* 21 rows per weight read */
             /* short calls: several per event pair; long ones: one, fewer repetitions */
             const int inner = T <= 256 ? 10 : 1, reps = T <= 256 ? 15 : T <= 4096 ? 7 : 3;
             double t[15];
@@ -200,7 +216,7 @@ int main(void)
     for (int ti = 0; ti < nT; ti++)
         printf("T=%lld %s/%s%s", (long long)Ts[ti], bcu_moe_path_name(bcu_moe_auto_path(Ts[ti], TOPK, E, BCU_MOE_FP32)),
                bcu_moe_path_name(bcu_moe_auto_path(Ts[ti], TOPK, E, BCU_MOE_BF16X3)), ti + 1 < nT ? ", " : "\n");
-    printf("(fp32 / bf16 maths; the rows path always computes in fp32)\n");
+    printf("(fp32 / bf16 maths; the rows path always computes in fp32, the mma rows in three bf16 planes)\n");
     free(ids);
     free(wt);
     cudaFree(ws); cudaFree(dx); cudaFree(dy); cudaFree(dids); cudaFree(dwt); cudaFree((void *)dtab);

@@ -103,6 +103,8 @@ typedef struct {
                     * (DEEPINFER_CUDA_GEMV_T, 8; 0 turns it off) */
     size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
                         * core() instead of the grouped kernel (DEEPINFER_CUDA_MOE_LOOP_T, 2048) */
+    size_t moe_mmarows_max; /* MoE batches of at most this many (token, expert) pairs per expert take the mma
+                               rows (bf16x3 / bf16 maths; DEEPINFER_CUDA_MOE_MMAROWS_MAX) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
@@ -722,8 +724,12 @@ run:
         CU(cudaMemcpyAsync(dids, ids, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
         CU(cudaMemcpyAsync(dw, w, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
     }
-    CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, c->math == BCU_MATH_BF16 ? BCU_MOE_BF16 : BCU_MOE_FP32,
-                       BCU_MOE_AUTO, dws, wsb, c->st));
+    /* bf16x3 / bf16: the tensor-core kernels (three bf16 planes, ~1e-6); fp32: FFMA */
+    const bcu_moe_math mm = c->math == BCU_MATH_BF16 ? BCU_MOE_BF16 : c->math == BCU_MATH_BF16X3 ? BCU_MOE_BF16X3 : BCU_MOE_FP32;
+    const bcu_moe_path mp = mm != BCU_MOE_FP32 && (int64_t)T * topk <= (int64_t)c->moe_mmarows_max * E
+                                ? BCU_MOE_MMAROWS
+                                : BCU_MOE_AUTO;
+    CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, mm, mp, dws, wsb, c->st));
     if (dev) return 0;
     CU(cudaMemcpyAsync(y, dy, T * (size_t)D * 4, cudaMemcpyDeviceToHost, c->st));
     CU(cudaStreamSynchronize(c->st));
@@ -1704,6 +1710,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
+    c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;

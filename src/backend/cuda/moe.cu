@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "backend/cuda/moe.h"
+#include "backend/cuda/mma_frag.cuh"
 
 #define RT_THREADS 512 /* routing kernel: threads, >= BCU_MOE_MAX_EXPERTS */
 #define RT_WARPS 16    /* routing kernel: chunks of pairs */
@@ -268,6 +269,7 @@ struct MoeArgs {
     const float *x, *w;
     const int32_t *off, *act, *tile_e, *tile_r0, *sorted;
     float *h, *yp;
+    uint16_t *xq, *hq; /* mma rows: bf16 planes of x and of h (mr_kernel) */
 };
 
 /* ---------------------------------------------------------------- rows (decode) kernels
@@ -720,6 +722,248 @@ __global__ void __launch_bounds__(256, 2) mma_kernel(MoeArgs a)
         }
 }
 
+/* ---------------------------------------------------------------- mma rows (decode and small batches)
+ * The weights are the B operand of mma.sync m16n8k16, streamed straight
+ * from global memory into registers as in the row-dot (kernels.cu): lane
+ * (g, q) of a warp loads 16 bytes (32 e2m1 codes = one 1x32 scale block) of
+ * weight row g of each of its n8 tiles per 128-column chunk, several chunks
+ * ahead, and decodes them to exact bf16 (byte-table lookup, then the ue8m0
+ * scale by one exact bf16x2 multiply).  The activations are the A operand:
+ * row m of the pass's m16 tiles is bf16 plane m % 3 of the expert's row
+ * m / 3 (a tile need not hold whole tokens), read from planes split once per
+ * call (mr_split_kernel for x, the gate/up epilogue for h) in the chunk
+ * layout the fragments want, so a lane's A operand for a step pair is one
+ * 16-byte load that stays in L1 across the block's warps.  No barrier in the
+ * main loop.
+ * The sums, for every (row, feature), whatever the other rows: per plane
+ * (and per quarter of K with KS = 4), the tensor-core sum over the chunks in
+ * order from zero; the quarters in order; then hi + (mid + lo).
+ * G = 1: a warp owns 8 features: n8 tile 0 their W1 rows, tile 1 their W3
+ * rows, so gate and up of a (token, feature) meet in one lane; G = 2: 16
+ * rows of W2.  MT m16 tiles (5, 10 or 21 rows of the expert) share one
+ * decode of the weights; more rows take more passes.
+ * H200 (bench_gpu_moe, V4-Flash experts): T = 1 82 us (23% of the bandwidth
+ * floor, like the fp32 rows kernel), T = 64 1.81 ms (rows: 2.94), T = 256
+ * 3.38 ms (rows: 10.4, tiled bf16x3: 11.0), T = 1024 11.0 ms (tiled: 13.4).
+ * The kernel issues ~270 instructions per warp per 1 KB of weights (the
+ * e2m1 decode is most of them): at T = 1 it is issue- and latency-bound
+ * (ncu: SM throughput 48%, DRAM 20%, 12 warps per SM by registers).  Two
+ * tiles per pass beat four even at 24 rows per expert; splitting K over the
+ * block's warps (KS = 4) was slower everywhere. */
+#define MR_WARPS 4 /* warps per block */
+#define MR_WN 2    /* n8 tiles per warp */
+#define MR_PD 4    /* chunks of weights in flight per lane */
+#define MR_CH 128  /* columns per chunk: 64 bytes of a weight row */
+
+/* 16 bytes of weights, not kept in L1 (they are read once; the activations live there) */
+__device__ __forceinline__ uint4 mr_ldw(const uint8_t *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* the place of column c in a plane row: 8-column groups stored x0 x4 x1 x5 x2 x6 x3 x7 (rd_fp4x8's pairs) */
+__device__ __forceinline__ int64_t mr_perm(int64_t c) { return (c & ~(int64_t)7) + ((c & 3) << 1) + ((c >> 2) & 1); }
+
+/* planes of x [T, D] -> xq [T][3][Dp] (Dp = D rounded up to a chunk, zero past D); a thread per 8-column group */
+__global__ void mr_split_kernel(uint16_t *xq, const float *x, int64_t T, int64_t D, int64_t Dp)
+{
+    const int64_t ng = Dp / 8;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * ng; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / ng, c0 = (i - t * ng) * 8;
+        float v[8];
+        if (c0 < D) {
+            const float4 a = __ldg((const float4 *)(x + t * D + c0)), b = __ldg((const float4 *)(x + t * D + c0 + 4));
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = 0.0f;
+        }
+        uint32_t s[8][3];
+#pragma unroll
+        for (int j = 0; j < 8; j++) rd_split3(v[j], s[j]);
+#pragma unroll
+        for (int p = 0; p < 3; p++)
+            *(uint4 *)(xq + (t * 3 + p) * Dp + c0) =
+                make_uint4(s[0][p] | (s[4][p] << 16), s[1][p] | (s[5][p] << 16), s[2][p] | (s[6][p] << 16),
+                           s[3][p] | (s[7][p] << 16));
+    }
+}
+
+/* MT m16 tiles per pass (MT = 1: 5 rows, 2: 10, 4: 21).  KS = 1: grid x = groups of MR_WARPS x 8 (G = 1) or
+ * MR_WARPS x 8 MR_WN (G = 2) weight rows, a warp's own rows over all of K.  KS = MR_WARPS: grid x = groups of
+ * 8 or 8 MR_WN rows that the block's warps share, each over a fixed quarter of K's chunks; their partial sums
+ * meet in shared memory in warp order.  y = active-expert slot. */
+template <int G, int MT, int KS>
+__global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
+{
+    constexpr int TOK = 16 * MT / 3;
+    __shared__ float red[MR_WARPS][16 * MT][8 * MR_WN + 1];
+    const int e = a.act[blockIdx.y];
+    if (e < 0) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int64_t K = G == 1 ? a.D : a.I, N = G == 1 ? a.I : a.D;
+    const int64_t Kp = (K + MR_CH - 1) / MR_CH * MR_CH, nch = Kp / MR_CH, nkb = K / 32;
+    const int64_t f0 = ((int64_t)blockIdx.x * (MR_WARPS / KS) + (KS == 1 ? warp : 0)) * 8 * (G == 1 ? 1 : MR_WN);
+    const int ks = KS == 1 ? 0 : warp;
+    const int64_t cs = nch * ks / KS, ce = nch * (ks + 1) / KS; /* this warp's chunks */
+    if (KS == 1 && f0 >= N) return; /* warp-uniform; KS = 1 has no block barrier */
+    const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
+
+    /* this lane's weight row in each n8 tile, its first scale, and whether it exists */
+    const uint8_t *wp[MR_WN], *sp[MR_WN];
+    bool wok[MR_WN];
+#pragma unroll
+    for (int nt = 0; nt < MR_WN; nt++) {
+        const int64_t f = G == 1 ? f0 + g : f0 + 8 * nt + g;
+        wok[nt] = f < N;
+        const int64_t fr = wok[nt] ? f : 0;
+        const uint8_t *W = G == 1 ? (nt ? a.w3[e] : a.w1[e]) : a.w2[e];
+        const uint8_t *S = G == 1 ? (nt ? a.s3[e] : a.s1[e]) : a.s2[e];
+        wp[nt] = W + fr * (K / 2) + 16 * q;
+        sp[nt] = S + fr * nkb + q;
+    }
+    /* lane q's 32 columns of chunk c: [128 c + 32 q, +32), inside K or not at all (K % 32 == 0) */
+    auto wload = [&](int64_t c, uint4 (&w)[MR_WN], uint32_t (&s)[MR_WN]) {
+        const bool cok = MR_CH * c + 32 * q < K;
+#pragma unroll
+        for (int nt = 0; nt < MR_WN; nt++) {
+            const bool ok = cok && wok[nt];
+            w[nt] = ok ? mr_ldw(wp[nt] + 64 * c) : make_uint4(0u, 0u, 0u, 0u);
+            s[nt] = ok ? (uint32_t)__ldg(sp[nt] + 4 * c) : 127u;
+        }
+    };
+    const uint16_t *src = G == 1 ? a.xq : a.hq;
+
+    for (int64_t t0 = 0; t0 < nrows; t0 += TOK) {
+        const int ntk = nrows - t0 < TOK ? (int)(nrows - t0) : TOK;
+        const int mtv = (3 * ntk + 15) / 16; /* m16 tiles holding a row */
+        /* the A rows of this lane: 16 im + g and 16 im + 8 + g, NULL if no row */
+        const unsigned char *xr[MT][2];
+#pragma unroll
+        for (int im = 0; im < MT; im++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int m = 16 * im + 8 * hh + g, tau = m / 3, p = m - 3 * tau;
+                xr[im][hh] = NULL;
+                if (tau < ntk) {
+                    const int64_t row = r0 + t0 + tau;
+                    const int64_t s = G == 1 ? (int64_t)(a.sorted[row] / a.topk) : row;
+                    xr[im][hh] = (const unsigned char *)(src + (s * 3 + p) * Kp) + 64 * q;
+                }
+            }
+        float acc[MT][MR_WN][4];
+#pragma unroll
+        for (int im = 0; im < MT; im++)
+#pragma unroll
+            for (int nt = 0; nt < MR_WN; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[im][nt][c] = 0.0f;
+
+        uint4 wr[MR_PD][MR_WN];
+        uint32_t sr[MR_PD][MR_WN];
+#pragma unroll
+        for (int i = 0; i < MR_PD; i++)
+            if (cs + i < ce) wload(cs + i, wr[i], sr[i]);
+        for (int64_t c = cs; c < ce; c += MR_PD) {
+#pragma unroll
+            for (int i = 0; i < MR_PD; i++) {
+                const int64_t cc = c + i;
+                if (cc >= ce) break; /* warp-uniform */
+                uint4 wv[MR_WN];
+                uint32_t s2[MR_WN];
+#pragma unroll
+                for (int nt = 0; nt < MR_WN; nt++) {
+                    wv[nt] = wr[i][nt];
+                    s2[nt] = ue8m0_bf16x2(sr[i][nt]);
+                }
+                if (cc + MR_PD < ce) wload(cc + MR_PD, wr[i], sr[i]);
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    uint32_t b[MR_WN][4];
+#pragma unroll
+                    for (int nt = 0; nt < MR_WN; nt++) {
+                        uint32_t r[4];
+                        rd_fp4x8(word_of(wv[nt], h), r);
+                        b[nt][0] = rd_hmul2(r[0], s2[nt]);
+                        b[nt][1] = rd_hmul2(r[2], s2[nt]);
+                        b[nt][2] = rd_hmul2(r[1], s2[nt]);
+                        b[nt][3] = rd_hmul2(r[3], s2[nt]);
+                    }
+#pragma unroll
+                    for (int im = 0; im < MT; im++) {
+                        if (im >= mtv) break; /* warp-uniform */
+                        const int64_t o = 256 * cc + 16 * h;
+                        const uint4 va = xr[im][0] ? __ldg((const uint4 *)(xr[im][0] + o)) : make_uint4(0u, 0u, 0u, 0u);
+                        const uint4 vb = xr[im][1] ? __ldg((const uint4 *)(xr[im][1] + o)) : make_uint4(0u, 0u, 0u, 0u);
+                        const uint32_t ae[4] = {va.x, vb.x, va.y, vb.y}, ao[4] = {va.z, vb.z, va.w, vb.w};
+#pragma unroll
+                        for (int nt = 0; nt < MR_WN; nt++) {
+                            rd_mma(acc[im][nt], ae, b[nt][0], b[nt][1]);
+                            rd_mma(acc[im][nt], ao, b[nt][2], b[nt][3]);
+                        }
+                    }
+                }
+            }
+        }
+
+        /* each warp's partial sums to shared memory; a (row, weight column)'s planes and K ranges then meet */
+        float(*R)[8 * MR_WN + 1] = red[warp];
+#pragma unroll
+        for (int im = 0; im < MT; im++) {
+            if (im >= mtv) break;
+#pragma unroll
+            for (int nt = 0; nt < MR_WN; nt++) {
+                R[16 * im + g][8 * nt + 2 * q] = acc[im][nt][0];
+                R[16 * im + g][8 * nt + 2 * q + 1] = acc[im][nt][1];
+                R[16 * im + 8 + g][8 * nt + 2 * q] = acc[im][nt][2];
+                R[16 * im + 8 + g][8 * nt + 2 * q + 1] = acc[im][nt][3];
+            }
+        }
+        if (KS == 1) __syncwarp();
+        else __syncthreads();
+        /* row 3 tau + p, column j: the K ranges in warp order, then hi + (mid + lo) */
+        auto sum = [&](int tau, int j) {
+            float v[3];
+#pragma unroll
+            for (int p = 0; p < 3; p++) {
+                float s = red[KS == 1 ? warp : 0][3 * tau + p][j];
+#pragma unroll
+                for (int w = 1; w < KS; w++) s = s + red[w][3 * tau + p][j];
+                v[p] = s;
+            }
+            return v[0] + (v[1] + v[2]);
+        };
+        const int ti0 = KS == 1 ? lane : (int)threadIdx.x, tstep = KS == 1 ? 32 : 32 * MR_WARPS;
+        if (G == 1) {
+            const int64_t Ip = (a.I + MR_CH - 1) / MR_CH * MR_CH; /* h rows: I rounded up to a chunk */
+            for (int it = ti0; it < 8 * ntk; it += tstep) {
+                const int tau = it >> 3, j = it & 7;
+                const int64_t row = r0 + t0 + tau, f = f0 + j;
+                if (f >= N) continue;
+                float hv = swiglu1(sum(tau, j), sum(tau, 8 + j), a.limit);
+                if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                uint32_t s[3];
+                rd_split3(hv, s);
+                const int64_t pc = mr_perm(f);
+#pragma unroll
+                for (int p = 0; p < 3; p++) a.hq[(row * 3 + p) * Ip + pc] = (uint16_t)s[p];
+            }
+        } else {
+            for (int it = ti0; it < 8 * MR_WN * ntk; it += tstep) {
+                const int tau = it / (8 * MR_WN), j = it - tau * 8 * MR_WN;
+                const int64_t f = f0 + j;
+                if (f < N) a.yp[(r0 + t0 + tau) * a.D + f] = sum(tau, j);
+            }
+        }
+        if (KS == 1) __syncwarp(); /* red is rewritten by the next pass */
+        else __syncthreads();
+    }
+}
+
 /* ---------------------------------------------------------------- combine */
 
 /* y[t, d..d+3] = sum over the token's rows in comb order, starting from 0 as
@@ -757,6 +1001,25 @@ __global__ void combine_kernel(float *y, const float *yp, const int32_t *comb, c
 
 static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
+template <int MT, int KS>
+static void mr_launch_v(const MoeArgs &a, unsigned ny, cudaStream_t st)
+{
+    const int64_t r1 = 8 * (MR_WARPS / KS), r2 = 8 * MR_WN * (MR_WARPS / KS); /* weight rows per block */
+    mr_kernel<1, MT, KS><<<dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st>>>(a);
+    mr_kernel<2, MT, KS><<<dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st>>>(a);
+}
+
+static cudaError_t mr_launch(int mt, int ks, const MoeArgs &a, unsigned ny, cudaStream_t st)
+{
+    if (ks == 1 && mt == 1) mr_launch_v<1, 1>(a, ny, st);
+    else if (ks == 1 && mt == 2) mr_launch_v<2, 1>(a, ny, st);
+    else if (ks == 1 && mt == 4) mr_launch_v<4, 1>(a, ny, st);
+    else if (ks == MR_WARPS && mt == 1) mr_launch_v<1, MR_WARPS>(a, ny, st);
+    else if (ks == MR_WARPS && mt == 4) mr_launch_v<4, MR_WARPS>(a, ny, st);
+    else return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
 extern "C" int bcu_moe_plan_layout(void *base, int64_t T, int topk, int n_experts, int64_t dim, int64_t inter,
                                    bcu_moe_plan *p)
 {
@@ -789,6 +1052,8 @@ extern "C" int bcu_moe_plan_layout(void *base, int64_t T, int topk, int n_expert
     p->route_bytes = o;
     TAKE(h, float, P * inter);
     TAKE(yp, float, P * dim);
+    TAKE(xq, uint16_t, T * 3 * ((dim + MR_CH - 1) / MR_CH * MR_CH));
+    TAKE(hq, uint16_t, P * 3 * ((inter + MR_CH - 1) / MR_CH * MR_CH));
 #undef TAKE
     p->bytes = o;
     p->P = P;
@@ -898,6 +1163,7 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
     case BCU_MOE_AUTO: return "auto";
     case BCU_MOE_ROWS: return "rows";
     case BCU_MOE_TILED: return "tiled";
+    case BCU_MOE_MMAROWS: return "mma-rows";
     }
     return "?";
 }
@@ -907,8 +1173,9 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
  * pays for its empty rows in 8-row steps). */
 extern "C" bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math)
 {
-    const int64_t per = math == BCU_MOE_FP32 ? 8 : 4;
-    return T * topk <= per * n_experts ? BCU_MOE_ROWS : BCU_MOE_TILED;
+    if (math == BCU_MOE_FP32) return T * topk <= 8 * n_experts ? BCU_MOE_ROWS : BCU_MOE_TILED;
+    /* tensor cores: the mma rows decode a weight once per 5-21 rows, the tiles once per 128 */
+    return T * topk <= BCU_MOE_MMAROWS_MAX * n_experts ? BCU_MOE_MMAROWS : BCU_MOE_TILED;
 }
 
 extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, const float *x, const int32_t *ids,
@@ -924,7 +1191,8 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         return cudaErrorInvalidValue;
     if (math != BCU_MOE_FP32 && math != BCU_MOE_BF16X3 && math != BCU_MOE_BF16) return cudaErrorInvalidValue;
     if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math);
-    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED) return cudaErrorInvalidValue;
+    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS) return cudaErrorInvalidValue;
+    if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
 
     RouteArgs r;
     r.ids = ids;
@@ -969,7 +1237,32 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     a.h = p.h;
     a.yp = p.yp;
 
-    if (path == BCU_MOE_ROWS) {
+    a.xq = p.xq;
+    a.hq = p.hq;
+
+    if (path == BCU_MOE_MMAROWS) {
+        const int64_t Dp = (a.D + MR_CH - 1) / MR_CH * MR_CH, Ip = (a.I + MR_CH - 1) / MR_CH * MR_CH;
+        if (Ip != a.I) { /* the columns of h past I are read (times zero weights): they must be finite */
+            cudaError_t e = cudaMemsetAsync(p.hq, 0, (size_t)(p.P * 3 * Ip) * sizeof(uint16_t), st);
+            if (e != cudaSuccess) return e;
+        }
+        const int64_t ng = T * (Dp / 8);
+        mr_split_kernel<<<(unsigned)(ng < 4096 * 256 ? (ng + 255) / 256 : 4096), 256, 0, st>>>(p.xq, x, T, a.D, Dp);
+        const unsigned ny = (unsigned)p.n_slots;
+        /* MT by the average rows per expert (H200, bench_gpu_moe: 1 tile up to 2 rows, else 2 tiles: 2 beat 4
+         * even at 24 rows per expert, by occupancy); DEEPINFER_CUDA_MOE_MR = "MT,KS" (1/2/4, 1/4) forces a
+         * variant for the test and the benchmark */
+        const int64_t avg = (p.P + ex->n_experts - 1) / ex->n_experts;
+        int mt = avg <= 2 ? 1 : 2, ks = 1;
+        const char *ev = getenv("DEEPINFER_CUDA_MOE_MR");
+        if (ev && *ev) {
+            mt = atoi(ev);
+            const char *c = strchr(ev, ',');
+            ks = c ? atoi(c + 1) : 1;
+        }
+        cudaError_t e = mr_launch(mt, ks, a, ny, st);
+        if (e != cudaSuccess) return e;
+    } else if (path == BCU_MOE_ROWS) {
         const unsigned ny = (unsigned)p.n_slots;
         rows_kernel<1><<<dim3((unsigned)((a.I + 2 * RW_WARPS - 1) / (2 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
         rows_kernel<2><<<dim3((unsigned)((a.D + 4 * RW_WARPS - 1) / (4 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);

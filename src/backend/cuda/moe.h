@@ -45,8 +45,9 @@ typedef struct {
     const uint8_t *const *w2, *const *s2;
 } bcu_moe_experts;
 
-/* How the activations meet the decoded weights in the tiled (prefill) path.
- * The rows (decode) path always computes in fp32. */
+/* How the activations meet the decoded weights.  The rows path always
+ * computes in fp32; the mma rows only in bf16 planes (BF16X3 or BF16 take
+ * the same three planes: ~1e-6). */
 typedef enum {
     BCU_MOE_FP32 = 0,   /* fp32 FFMA: the CPU's numbers to ~1e-7 relative */
     BCU_MOE_BF16X3 = 1, /* x = hi + mid + lo bf16 planes on mma.sync tensor cores: ~1e-6 */
@@ -57,7 +58,10 @@ typedef enum {
     BCU_MOE_AUTO = 0,  /* rows while the average tokens per expert is small, else tiled */
     BCU_MOE_ROWS = 1,  /* a warp per output feature, all of an expert's tokens per weight read */
     BCU_MOE_TILED = 2, /* 128 x 128 tiles of (rows of one expert) x (weight rows) */
+    BCU_MOE_MMAROWS = 3, /* tensor cores, weights streamed into registers, 21 rows per weight read (bf16 maths) */
 } bcu_moe_path;
+/* AUTO with bf16 / bf16x3 maths takes the mma rows while T * topk <= this * n_experts */
+#define BCU_MOE_MMAROWS_MAX 32
 
 /* Bytes of workspace bcu_moe_forward needs for these sizes (0 if they are out
  * of range).  About 4 * T * topk * (dim + inter) + small, so chunk very long
@@ -96,6 +100,8 @@ typedef struct {
     float *combw;     /* [P] the routing weight of each comb entry (0 after) */
     float *h;         /* [P, inter] swiglu output per row */
     float *yp;        /* [P, dim] W2 output per row */
+    uint16_t *xq;     /* [T, 3, dim rounded up to 128] bf16 planes of x (mma rows) */
+    uint16_t *hq;     /* [P, 3, inter rounded up to 128] bf16 planes of h (mma rows) */
     int64_t P, n_slots, max_tiles;
     size_t route_bytes; /* bytes from the base up to h (the routing plan) */
     size_t bytes;       /* the whole workspace */
