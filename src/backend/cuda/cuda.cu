@@ -29,6 +29,7 @@
  * a message (be_cuda_error) and every op from then on writes NaN. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <type_traits>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -911,24 +912,30 @@ typedef struct {
     int32_t T;
 } win_desc;
 
+/* V floats at a time (V = 4: d % 4 == 0 and every pointer 16-byte aligned, as the arena's are) */
+template <int V>
 __global__ void win_build_kernel(const win_desc *ds, int W, int d)
 {
+    typedef typename std::conditional<V == 4, float4, float>::type vec;
     const win_desc D = ds[blockIdx.y];
-    const int64_t n = (D.p0 + D.T - D.kstart) * (int64_t)d;
+    const int dv = d / V;
+    const int64_t n = (D.p0 + D.T - D.kstart) * (int64_t)dv;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n; q += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t pos = D.kstart + q / d, ch = q % d;
-        D.dst[q] = pos < D.p0 ? D.ring[(pos % W) * d + ch] : D.rows[(pos - D.p0) * d + ch];
+        const int64_t pos = D.kstart + q / dv, ch = q % dv;
+        ((vec *)D.dst)[q] = pos < D.p0 ? ((const vec *)D.ring)[(pos % W) * dv + ch] : ((const vec *)D.rows)[(pos - D.p0) * dv + ch];
     }
 }
 
+template <int V>
 __global__ void win_put_kernel(const win_desc *ds, int W, int d)
 {
+    typedef typename std::conditional<V == 4, float4, float>::type vec;
     const win_desc D = ds[blockIdx.y];
-    const int keep = D.T < W ? D.T : W;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < (int64_t)keep * d;
+    const int keep = D.T < W ? D.T : W, dv = d / V;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < (int64_t)keep * dv;
          q += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = D.T - keep + q / d, ch = q % d;
-        D.ring[((D.p0 + r) % W) * d + ch] = D.rows[r * d + ch];
+        const int64_t r = D.T - keep + q / dv, ch = q % dv;
+        ((vec *)D.ring)[((D.p0 + r) % W) * dv + ch] = ((const vec *)D.rows)[r * dv + ch];
     }
 }
 
@@ -1091,10 +1098,21 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     if (nwd) {
         /* the windows of the ring sequences, then their rings advanced past this call's keys */
         CU(cudaMemcpyAsync(dev + o_wd, hst + o_wd, nwd * sizeof(win_desc), cudaMemcpyHostToDevice, c->st));
-        const dim3 grid(16, (unsigned)nwd);
-        win_build_kernel<<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        /* a window is W x d floats (V4-Flash: 256 KB): enough blocks that each thread moves one or two vectors,
+         * fewer when many sequences fill the GPU anyway */
+        int v4 = d % 4 == 0 && (uintptr_t)(dev + o_win) % 16 == 0 && (uintptr_t)c->win_dev % 16 == 0;
+        const win_desc *hwd = (const win_desc *)(hst + o_wd);
+        for (size_t i = 0; v4 && i < nwd; i++) v4 = (uintptr_t)hwd[i].rows % 16 == 0;
+        const int64_t per = (int64_t)a->window * d / (v4 ? 4 : 1);
+        unsigned gx = (unsigned)((per + 511) / 512);
+        if (gx > 64) gx = 64;
+        if (nwd >= 64 && gx > 4) gx = 4;
+        const dim3 grid(gx ? gx : 1, (unsigned)nwd);
+        if (v4) win_build_kernel<4><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        else win_build_kernel<1><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
         CU(cudaGetLastError());
-        win_put_kernel<<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        if (v4) win_put_kernel<4><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        else win_put_kernel<1><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
         CU(cudaGetLastError());
         for (int s = 0; s < nseq; s++) /* the slots are at p0 + T now */
             if (!sq[s].kwin) win_mark(c, sq[s].win_key, a->layer, sq[s].p0 + sq[s].T);
