@@ -104,6 +104,7 @@ static rweight make_fp8(int64_t rows, int64_t cols, int bs, md_dtype sdt)
     void *s = malloc(ns * 4);
     for (size_t i = 0; i < ns; i++) {
         if (sdt == MD_F8_E8M0) ((uint8_t *)s)[i] = (uint8_t)(118 + rnd() % 8);
+        else if (sdt == MD_BF16) ((uint16_t *)s)[i] = md_f32_to_bf16(ldexpf(1.0f + 0.1f * unif(), -9));
         else ((float *)s)[i] = ldexpf(1.0f + 0.1f * unif(), -9);
     }
     r.data = d;
@@ -248,17 +249,19 @@ static void test_ops_fp32(void **st) { (void)st; ops_in_mode(BCU_MATH_FP32); }
 
 /* ------------------------------------------------------------------ bcu_rowdot: shapes and batch invariance */
 
-/* FP8 / FP4 weights the tensor-core row-dot takes: ragged against its tiles (64 / 128 outputs, 5 / 16 / 32
- * tokens), against the 64-byte chunks and the 128-column scale blocks, and with 1 to 5 K slices */
+/* FP8 / FP4 weights the tensor-core row-dot takes: ragged against its tiles (32 / 64 / 128 outputs, 5 / 16 / 32
+ * tokens), against the 64-byte chunks and the 64 / 128-column scale blocks, every scale dtype, 1 to 5 K slices */
 static rweight mk_q_fp8_ragged(void) { return make_fp8(200, 304, 128, MD_F8_E8M0); } /* last block 48 columns */
 static rweight mk_q_fp8_f32(void) { return make_fp8(136, 1040, 128, MD_F32); }       /* last block 16, 3 slices */
 static rweight mk_q_fp8_long(void) { return make_fp8(96, 2112, 128, MD_F8_E8M0); }   /* 5 slices */
+static rweight mk_q_fp8_bf16(void) { return make_fp8(72, 656, 64, MD_BF16); }        /* 64-blocks, 2 slices */
 static rweight mk_q_fp4(void) { return make_fp4(96, 512, 32); }
 static rweight mk_q_fp4_ragged(void) { return make_fp4(130, 544, 32); } /* last chunk 32 of 128 columns */
 static rweight mk_q_fp4_long(void) { return make_fp4(80, 2304, 32); }   /* 3 slices */
 
 static const wcase qcases[] = {{"fp8/e8m0 200x304", mk_q_fp8_ragged}, {"fp8/f32 136x1040", mk_q_fp8_f32},
-                               {"fp8/e8m0 96x2112", mk_q_fp8_long},   {"fp4 96x512", mk_q_fp4},
+                               {"fp8/e8m0 96x2112", mk_q_fp8_long},   {"fp8/bf16 72x656", mk_q_fp8_bf16},
+                               {"fp4 96x512", mk_q_fp4},
                                {"fp4 130x544", mk_q_fp4_ragged},      {"fp4 80x2304", mk_q_fp4_long}};
 
 /* the bcu_rowdot arguments the backend builds for rows [r0, r0+n), columns [c0, cols) of w (device pointers
@@ -272,12 +275,12 @@ static bcu_rowdot_args q_args(const be_weight *w, const void *dw, const void *ds
 static int64_t q_align(const be_weight *w) { return w->fmt == BE_W_FP8 ? 48 : 96; } /* inside a 128-column block */
 
 /* every case at T = 1 .. 1000 against the CPU: the whole weight, a slice at an aligned column (the mma kernel,
- * rows from R/3), and a slice at column 3 (the simple kernel) */
+ * rows from R/3), and a slice at column 3 (the simple kernel); T <= 5 is the decode kernel */
 static void test_rowdot_shapes(void **st)
 {
     (void)st;
     be_backend *gpu = cuda(BCU_MATH_BF16X3), *cpu = be_cpu_create(4);
-    const size_t Ts[] = {1, 5, 16, 64, 300, 1000};
+    const size_t Ts[] = {1, 2, 3, 5, 16, 64, 300, 1000};
     const void *stand_in = (const void *)(uintptr_t)256;
     for (size_t k = 0; k < sizeof qcases / sizeof qcases[0]; k++) {
         rweight r = qcases[k].make();
@@ -309,7 +312,7 @@ static size_t q_scale_bytes(const be_weight *w)
 {
     if (w->fmt == BE_W_FP4) return (size_t)(w->rows * (w->cols / w->block));
     size_t ns = (size_t)(((w->rows + w->block - 1) / w->block) * ((w->cols + w->block - 1) / w->block));
-    return ns * (w->scale_dtype == MD_F8_E8M0 ? 1 : 4);
+    return ns * (w->scale_dtype == MD_F8_E8M0 ? 1 : w->scale_dtype == MD_BF16 ? 2 : 4);
 }
 
 static void ck(cudaError_t e, const char *what)
@@ -346,9 +349,10 @@ static size_t q_diff(const float *a, size_t a0, const float *b, size_t b0, size_
     return bad;
 }
 
-/* Batch invariance, bit for bit: token j alone (T = 1) equals token j inside T = 300 and T = 1000; every tiling
- * and K split of the mma kernel at T = 5, 16, 40 equals the same tokens inside T = 300; the backend's be_linear
- * (weight cache, host copies) gives the same bits at T = 1 and T = 300.  The simple kernel is held to 1e-5. */
+/* Batch invariance, bit for bit: token j alone (T = 1, the decode kernel) equals token j inside T = 300 and
+ * T = 1000; every tiling of the mma kernel (the decode kernel, 1, 3, 6 m16 tiles) and K split at T = 1, 2, 3, 5,
+ * 16, 40 equals the same tokens inside T = 300; the backend's be_linear (weight cache, host copies) gives the
+ * same bits at T = 1 and T = 300.  The simple kernel is held to 1e-5. */
 static void test_rowdot_batch_invariance(void **st)
 {
     (void)st;
@@ -388,10 +392,10 @@ static void test_rowdot_batch_invariance(void **st)
                 free(y1);
                 runs++;
             }
-            const size_t Tc[] = {5, 16, 40};
-            const int tiles[] = {1, 3, 6};
-            for (size_t t = 0; t < 3; t++)
-                for (int ti = 0; ti < 3; ti++)
+            const size_t Tc[] = {1, 2, 3, 5, 16, 40};
+            const int tiles[] = {BCU_ROWDOT_TILE_DEC, 1, 3, 6};
+            for (size_t t = 0; t < sizeof Tc / sizeof Tc[0]; t++)
+                for (int ti = 0; ti < 4; ti++)
                     for (int sp = 1; sp <= 2; sp++) {
                         float *y = q_run(a, dx + 100 * (size_t)K, Tc[t], dy, BCU_ROWDOT_MMA, tiles[ti], sp);
                         size_t b = q_diff(y300, 100, y, 0, Tc[t], (size_t)n);

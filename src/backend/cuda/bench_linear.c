@@ -20,6 +20,11 @@
  * weights, its simple kernel against its mma kernel (the one be_linear
  * uses), at the V4-Flash shapes; the simple kernel only up to T = 64.
  *
+ * A decode table (T = 1, 2, 5) times the mma kernel's two forms for T <= 5,
+ * the decode kernel (staged x, no barrier per chunk) against rowmma with one
+ * m16 tile, at every V4-Flash FP8 decode shape, and the grouped wo_a as
+ * cuda.cu runs it (8 strided calls) beside the same bytes in one call.
+ *
  * A third table is prefill on FP8 weights (T = 512 .. 16384), device
  * pointers: bcu_rowdot as be_linear runs it today, against expanding the
  * weight to a transient bf16 copy (bcu_dequant_bf16, timed alone too, with
@@ -241,6 +246,27 @@ static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, in
     return time_calls(rd_call, &c, ncopy, inner);
 }
 
+/* the grouped wo_a as grouped_locked in cuda.cu runs it: one bcu_rowdot per group, strided x and y */
+typedef struct {
+    bcu_rowdot_args a; /* group 0's */
+    int groups;
+    void **dw, **ds;
+} grouped_ctx;
+
+static void rd_grouped_call(void *ctx, int k)
+{
+    grouped_ctx *c = ctx;
+    for (int g = 0; g < c->groups; g++) {
+        bcu_rowdot_args a = c->a;
+        a.w = c->dw[k];
+        a.scale = c->ds[k];
+        a.r0 = g * a.n;
+        a.x += (size_t)g * (size_t)a.K;
+        a.y += (size_t)g * (size_t)a.n;
+        CK(bcu_rowdot(&a, 0));
+    }
+}
+
 /* enough device copies of a quantised weight (codes in dw, scales in ds, at most 64) that a timing loop over
  * them reads ≥ 256 MB, so the weights come from HBM and not from L2 */
 static int device_copies(const shape *s, const be_weight *w0, const void *d0, const void *s0, void **dw, void **ds)
@@ -306,6 +332,74 @@ static void run_ab(const shape *s, size_t T, double bw)
            (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", T, simple, tm * 1e6, 100.0 * bytes / tm / bw,
            flop / tm / 1e12, bcu_rowdot_path(&a) == BCU_ROWDOT_MMA ? "mma" : "simple");
     fflush(stdout);
+    free_copies(dw, ds, ncopy);
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    free(x);
+    free(d0);
+    free(s0);
+}
+
+/* decode, T = 1, 2, 5 on device pointers: the decode kernel (what bcu_rowdot runs at T <= 5) against rowmma with one
+ * m16 tile (BCU_ROWDOT_TILE_DEC vs tile 1: the same bits).  groups > 1: the weight's rows in that many groups of
+ * rows / groups, each its own call on strided x [T, groups * cols] and y [T, rows] (the grouped wo_a); then a
+ * last line times the same bytes as one call, the floor a single grouped launch would have. */
+static void run_decode(const shape *s, int groups, double bw)
+{
+    be_weight w0;
+    void *d0, *s0;
+    make_weight(s, &w0, &d0, &s0);
+    void *dw[64], *ds[64];
+    const int ncopy = device_copies(s, &w0, d0, s0, dw, ds);
+    const size_t wb = wbytes(&w0), cols = (size_t)s->cols, rows = (size_t)s->rows;
+    const size_t xcols = cols * (size_t)groups;
+    float *x = malloc(5 * xcols * sizeof *x), *dx, *dy;
+    for (size_t i = 0; i < 5 * xcols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
+    CK(cudaMalloc((void **)&dx, 5 * xcols * 4));
+    CK(cudaMalloc((void **)&dy, 5 * rows * 4));
+    CK(cudaMemcpy(dx, x, 5 * xcols * 4, cudaMemcpyHostToDevice));
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
+    a.sc_dtype = BCU_SC_E8M0;
+    a.wrows = s->rows;
+    a.wcols = s->cols;
+    a.block = w0.block;
+    a.n = s->rows / groups;
+    a.K = s->cols;
+    a.x = dx;
+    a.y = dy;
+    a.w = dw[0];
+    a.scale = ds[0];
+    a.path = BCU_ROWDOT_MMA;
+    if (groups > 1) {
+        a.ldx = (int64_t)xcols;
+        a.ldy = s->rows;
+    }
+    const size_t Ts[] = {1, 2, 5};
+    for (int one = 0; one < (groups > 1 ? 2 : 1); one++) {
+        char label[64];
+        if (one) { /* the same bytes in one call */
+            a.n = s->rows;
+            a.ldx = a.ldy = 0;
+            snprintf(label, sizeof label, "%s, 1 call", s->label);
+        } else if (groups > 1) snprintf(label, sizeof label, "%s, %d calls", s->label, groups);
+        else snprintf(label, sizeof label, "%s", s->label);
+        for (size_t t = 0; t < 3; t++) {
+            a.T = (int64_t)Ts[t];
+            const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + (one ? cols : xcols));
+            double tm[2];
+            for (int v = 0; v < 2; v++) {
+                a.tile = v ? BCU_ROWDOT_TILE_DEC : 1;
+                grouped_ctx c = {a, one || groups == 1 ? 1 : groups, dw, ds};
+                tm[v] = time_calls(rd_grouped_call, &c, ncopy, INNER);
+            }
+            printf("| %-28s | %5lldx%-5lld | %-4s | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %5.2fx |\n", label,
+                   (long long)s->rows, (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", Ts[t], tm[0] * 1e6,
+                   100.0 * bytes / tm[0] / bw, tm[1] * 1e6, 100.0 * bytes / tm[1] / bw, tm[0] / tm[1]);
+            fflush(stdout);
+        }
+    }
     free_copies(dw, ds, ncopy);
     CK(cudaFree(dx));
     CK(cudaFree(dy));
@@ -510,6 +604,20 @@ int main(void)
     printf("|------------------|-------------|------|------|-----------|---------|-----------|--------|---------|--------|\n");
     for (size_t i = 0; i < sizeof v4q / sizeof v4q[0]; i++)
         for (size_t t = 0; t < sizeof Tq / sizeof Tq[0]; t++) run_ab(&v4q[i], Tq[t], bw);
+    /* decode: the decode kernel vs rowmma tile 1 at the V4-Flash decode shapes */
+    printf("\ndecode on device pointers: bcu_rowdot's decode kernel (what it runs at T <= 5) vs rowmma tile 1 (what it "
+           "ran before; the same bits), %% copy as above\n\n");
+    printf("| case                         | rows x cols | fmt  |    T | tile 1 us | %% copy | decode us | %% copy | "
+           "speedup |\n");
+    printf("|------------------------------|-------------|------|------|-----------|---------|-----------|---------|"
+           "---------|\n");
+    const shape dshapes[] = {{"v4 fp8 wq_b", 32768, 1024, BE_W_FP8},   {"v4 fp8 wo_b", 4096, 8192, BE_W_FP8},
+                             {"v4 fp8 1024x4096", 1024, 4096, BE_W_FP8}, {"v4 fp8 512x4096", 512, 4096, BE_W_FP8},
+                             {"v4 fp8 2048x4096", 2048, 4096, BE_W_FP8}, {"v4 fp8 4096x2048", 4096, 2048, BE_W_FP8},
+                             {"v4 fp4 2048x4096", 2048, 4096, BE_W_FP4}};
+    for (size_t i = 0; i < sizeof dshapes / sizeof dshapes[0]; i++) run_decode(&dshapes[i], 1, bw);
+    const shape wo_a = {"v4 fp8 wo_a", 8192, 4096, BE_W_FP8}; /* 8 groups of 1024 rows */
+    run_decode(&wo_a, 8, bw);
     /* prefill: the row-dot vs a transient bf16 copy and cuBLAS */
     const double peak = gemm_peak(1, 8192);
     printf("\nprefill on FP8 weights, device pointers: bcu_rowdot vs bcu_dequant_bf16 + cuBLAS bf16 GEMM "

@@ -62,6 +62,7 @@ enum { BCU_RW_BF16 = 0, BCU_RW_F16 = 1, BCU_RW_F32 = 2, BCU_RW_FP8 = 3, BCU_RW_F
  * passes) means automatic, and DEEPINFER_CUDA_ROWDOT=simple (read once)
  * makes automatic mean simple. */
 enum { BCU_ROWDOT_AUTO = 0, BCU_ROWDOT_SIMPLE = 1, BCU_ROWDOT_MMA = 2 };
+enum { BCU_ROWDOT_TILE_DEC = -1 }; /* bcu_rowdot_args.tile of the decode kernel */
 typedef struct {
     int fmt;
     const void *w;
@@ -75,7 +76,9 @@ typedef struct {
     float *y;
     int64_t ldx, ldy; /* row strides of x and y in floats; 0: dense (K, n) */
     int path;  /* BCU_ROWDOT_*; MMA on a weight it cannot take returns cudaErrorInvalidValue */
-    int tile;  /* mma: 1, 3 or 6 m16 tiles of x rows per block (5, 16, 32 tokens); 0: by T */
+    int tile;  /* mma: 1, 3 or 6 m16 tiles of x rows per block (5, 16, 32 tokens), or BCU_ROWDOT_TILE_DEC (the
+                  decode kernel: 5 tokens per block, x staged once; tile 1 where its shared memory is too
+                  small); 0: by T (BCU_ROWDOT_TILE_DEC at T <= 5).  All give the same bits. */
     int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);

@@ -31,14 +31,39 @@
  *            a row's chunks are cut into at most 8 slices;
  *      A   = ((0 + S_0) + S_1) + ... per plane;  y = A_hi + (A_mid + A_lo).
  *    Slices are a function of (c0, K) only.  Three tilings (5, 16 or 32
- *    tokens per block, picked by T) and the K split (one slice per block of
- *    a thread-block cluster, reduced through distributed shared memory in
- *    slice order, when the grid would otherwise not fill the GPU) therefore
- *    all give the same bits: the result for token t does not depend on T or
- *    on the other tokens, provided the tensor core computes each output
- *    element from its own row and column only, wherever they sit in the
- *    tile (what cuBLAS's bit-exact chunked prefill on the H200 suggests;
- *    unit_cuda checks it).
+ *    tokens per block, picked by T), the decode kernel below and the K split
+ *    (one slice per block of a thread-block cluster, reduced through
+ *    distributed shared memory in slice order, when the grid would otherwise
+ *    not fill the GPU) therefore all give the same bits: the result for
+ *    token t does not depend on T or on the other tokens, provided the tensor
+ *    core computes each output element from its own row and column only,
+ *    wherever they sit in the tile (what cuBLAS's bit-exact chunked prefill
+ *    on the H200 suggests; unit_cuda checks it, on the decode kernel too).
+ *    The decode kernel (rowdec_kernel, what T <= 5 runs; tile
+ *    BCU_ROWDOT_TILE_DEC forces it at any T, 5 tokens a block) computes the
+ *    one-tile sums above and moves the data differently.  rowmma_kernel
+ *    stages x per chunk behind a barrier, with the next chunk's x one L2
+ *    round trip ahead, and fetches an FP8 block scale right before its use;
+ *    at decode that left it at ~20% of the copy bandwidth.  A decode block
+ *    copies x for its whole chunk range (its slice under a K split, else the
+ *    row) into shared memory once (cp.async), splits it there into the three
+ *    planes laid out as A fragments (one 16-byte load a k16 step, no
+ *    register moves), puts the FP8 scales of its rows and chunks beside
+ *    them, and after that one barrier runs its chunk loop with none: each
+ *    lane streams 16 bytes a chunk of 1 or 2 weight rows, 8 or 4 chunks
+ *    ahead in registers (128 bytes in flight a lane; FP4 scale bytes with
+ *    them), and two chunks' products are computed together (independent
+ *    tensor-core chains), their S updates then in chunk order.  Where its
+ *    shared memory would pass 96 KB (a long row that cannot be split) tile 1
+ *    runs instead, with the same bits.  Measured (bench_cuda_linear's decode
+ *    table, H200, 2026-11-30, T = 1, tile 1 -> decode kernel, % of the
+ *    device-to-device copy bandwidth): 32768x1024 36.8 -> 15.4 us (22 ->
+ *    52%), 4096x8192 39.6 -> 20.7 us (20 -> 38%), 2048x4096 and 4096x2048
+ *    13.7 -> 10.0 us (14 -> 20%), 1024x4096 12.1 -> 7.7 us, 512x4096 11.4 ->
+ *    6.7 us; T = 5 1.2x to 1.7x.  What bounds it now (ncu): issue, ~125
+ *    instructions a KB of FP8 weights (half of them the exact e4m3 -> bf16
+ *    decode) at 16-20 warps an SM; below ~8 MB, a block's latency (its x
+ *    staging, then up to 8 dependent chunks) and the launch.
  *  - simple, for everything else (f16, unaligned slices, other block sizes)
  *    and for DEEPINFER_CUDA_ROWDOT=simple (read once): one warp per output
  *    feature, 8 tokens per warp, 8 weights per lane per step decoded in
@@ -52,8 +77,10 @@
  * "rowdot primitives" markers.  Before any device time, the code after them
  * was compiled as C++ and run on the build machine under a CPU emulation of
  * those primitives and of the CUDA execution model (threads as fibers, real
- * barriers, mma from the PTX ISA's fragment tables); the emulator is not in
- * the tree. */
+ * barriers, mma from the PTX ISA's fragment tables, cp.async landing only at
+ * its wait, clusters with distributed shared memory); the decode kernel too,
+ * bit for bit against rowmma_kernel at the V4-Flash shapes.  The emulator is
+ * not in the tree. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -73,6 +100,23 @@ namespace {
 
 __device__ __forceinline__ uint4 rd_ldg16(const void *p) { return __ldg((const uint4 *)p); }
 __device__ __forceinline__ float4 rd_ldg_f4(const float *p) { return __ldg((const float4 *)p); }
+/* 16 bytes of a weight row that is read once: not kept in L1, and L2 fetches the 256-byte segment around it
+ * (the lane asks for the next chunks of the same row right after) */
+__device__ __forceinline__ uint4 rd_ldg16_stream(const void *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+/* global -> shared, 16 bytes, asynchronous; rd_cp_wait waits for every copy this thread issued */
+__device__ __forceinline__ void rd_cp16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void rd_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* the thread-block cluster of a split launch (cluster dims (gridDim.x, 1, 1)) */
 __device__ __forceinline__ void rd_cluster_sync() { cooperative_groups::this_cluster().sync(); }
@@ -132,6 +176,35 @@ cudaError_t rd_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, in
     cudaLaunchAttribute at[1] = {};
     if (cluster_x > 1) rd_cluster_attr(&cfg, at, cluster_x);
     return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
+/* how many clusters of cluster_x blocks of kern (cluster_x = 1: blocks), threads and smem bytes each, the
+ * device can hold at once; 0 if none or unknown */
+template <typename... P>
+int rd_max_clusters(void (*kern)(P...), int cluster_x, int threads, size_t smem)
+{
+    int n = 0;
+    if (cluster_x <= 1) {
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, threads, smem) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        return n * sms;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)cluster_x, 1, 1);
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1] = {};
+    rd_cluster_attr(&cfg, at, cluster_x);
+    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 /* the current device, 0 if unknown */
@@ -667,6 +740,329 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
     if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
 }
 
+/* ---- the decode row-dot (T <= 5; see the top of the file)
+ *
+ * The sums of rowmma_kernel with one m16 tile (5 tokens, token tau's planes in rows 3 tau + p), in a block
+ * that stages its x planes once: the block's whole range of chunks [cs, ce) (its slice in a K split, else the
+ * row) is copied to shared memory (cp.async, fp32), split into the three bf16 planes as the A fragments of
+ * rowmma's registers, and the FP8 scales of its rows and chunks are put beside them; after that one barrier
+ * the chunk loop has none.  Each lane streams 16 bytes per chunk of WN weight rows, PD chunks ahead in
+ * registers (PD WN = 8: 128 bytes in flight per lane, FP4 scale bytes with them); 4 warps, 32 WN outputs per
+ * block. */
+template <int FMT, int WN>
+struct DecCfg {
+    static constexpr int NT = 128;                         /* 4 warps */
+    static constexpr int TB = 5;                           /* tokens per block (grid z) */
+    static constexpr int RB = 32 * WN;                     /* outputs (weight rows) per block */
+    static constexpr int RBP = RB + 8;                     /* Sx row stride, floats (RBP % 32 == 8) */
+    static constexpr int EPB = FMT == BCU_RW_FP4 ? 2 : 1;  /* elements per byte */
+    static constexpr int STEPS = 4 * EPB;                  /* k16 steps per 64-byte chunk */
+    static constexpr int PD = 8 / WN;                      /* chunks of weights in flight (even: two a step) */
+    /* blocks per SM the registers must allow: 5 where that costs no spill (FP8, one n8 tile: 96 registers) */
+    static constexpr int MINB = FMT == BCU_RW_FP8 && WN == 1 ? 5 : 4;
+};
+
+/* The shared memory of a decode block, for tbl = min(T, 5) tokens and room for ncm chunks:
+ * Sx [16][RBP] f32 (rowmma's), the planes as A fragments [ncm][STEPS][32 lanes][16 bytes], the fp32 copy of x
+ * [ncm][tbl][16 items of 16 EPB bytes], the FP8 scales [2][ncm] f32 (a block's RB <= 64 <= block rows span at
+ * most two row blocks). */
+struct DecSmem {
+    size_t xp, xr, ss, total;
+};
+template <int FMT, int WN>
+__host__ __device__ __forceinline__ DecSmem dec_smem(int tbl, int ncm)
+{
+    typedef DecCfg<FMT, WN> C;
+    DecSmem m;
+    m.xp = (size_t)16 * C::RBP * 4;
+    m.xr = m.xp + (size_t)ncm * C::STEPS * 512;
+    m.ss = m.xr + (size_t)ncm * tbl * 256 * C::EPB;
+    m.total = m.ss + (FMT == BCU_RW_FP8 ? (size_t)2 * ncm * 4 : 0);
+    return m;
+}
+
+template <int FMT, int WN>
+__global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) rowdec_kernel(MmArgs a)
+{
+    typedef DecCfg<FMT, WN> C;
+    extern __shared__ __align__(16) unsigned char rd_smem[];
+    const int tid = (int)threadIdx.x, lane = tid & 31, wn = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int ns = (int)gridDim.x; /* blocks of the K split (a cluster), 1 = none */
+    const int64_t ob = (int64_t)blockIdx.y * C::RB;
+    const int64_t t0 = (int64_t)blockIdx.z * C::TB;
+    const int tbv = a.T - t0 < C::TB ? (int)(a.T - t0) : C::TB; /* this block's tokens */
+    const int tbl = a.T < C::TB ? (int)a.T : C::TB;             /* the layout's */
+    const int cs = ns == 1 ? 0 : (int)blockIdx.x * a.cps;
+    const int ce = ns == 1 ? a.nch : min(a.nch, cs + a.cps);
+    const int nc = ce - cs;
+    const DecSmem L = dec_smem<FMT, WN>(tbl, ns == 1 ? a.nch : a.cps);
+    float *Sx = (float *)rd_smem;          /* [16][RBP]: per-lane accumulators, then the block's partial result */
+    unsigned char *Xp = rd_smem + L.xp;    /* [nc][STEPS][32 lanes][16]: the planes as A fragments */
+    unsigned char *Xr = rd_smem + L.xr;    /* x as fp32, each item read back by the thread that copied it */
+    float *Ss = (float *)(rd_smem + L.ss); /* FP8: [2][ncb] the block's scales */
+    constexpr int CH = C::STEPS * 512;     /* bytes per chunk of Xp */
+
+    /* The lane's 16 bytes of chunk c in each of its rows (row g of each n8 tile) are wq[nt] + 64 c; they are
+     * inside [c0, c0+K) and its row inside [0, n) iff (unsigned)(c - clo[nt]) < cn[nt] (else zero, as rowmma). */
+    const uint8_t *wq[WN];
+    const uint8_t *sq[WN]; /* FP4: the scale byte of those 32 columns is sq[nt][4 c] */
+    int clo[WN];
+    unsigned cn[WN];
+    {
+        /* the first chunk whose lane column (64 (cb + c) + 16 q) EPB is >= v */
+        auto first = [&](int64_t v) -> int64_t {
+            const int64_t x = v / C::EPB - 16 * q; /* v is a multiple of 16 EPB */
+            return (x >= 0 ? (x + 63) >> 6 : -((-x) >> 6)) - a.cb;
+        };
+        const int64_t lo = first(a.c0), hi = first(a.c0 + a.K);
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++) {
+            const int64_t o = ob + 8 * (wn * WN + nt) + g;
+            const int64_t r = a.r0 + (o < a.n ? o : 0);
+            wq[nt] = a.w + r * a.rowbytes + 64 * a.cb + 16 * q;
+            sq[nt] = (const uint8_t *)a.scale + r * a.nsb + 4 * a.cb + q;
+            clo[nt] = (int)lo;
+            cn[nt] = o < a.n && hi > lo ? (unsigned)(hi - lo) : 0u;
+        }
+    }
+    auto cok = [&](int nt, int c) { return (unsigned)(c - clo[nt]) < cn[nt]; };
+    /* the ring: chunk c in slot (c - cs) % PD; FP4: the scale byte with it, 0x100 where the weights are zero */
+    uint4 wr[C::PD][WN];
+    uint32_t sr[C::PD][WN];
+    auto wload = [&](int c, uint4(&dst)[WN], uint32_t(&sdst)[WN]) {
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++) {
+            const bool ok = cok(nt, c);
+            dst[nt] = ok ? rd_ldg16_stream(wq[nt] + 64 * c) : make_uint4(0u, 0u, 0u, 0u);
+            sdst[nt] = FMT == BCU_RW_FP4 && ok ? (uint32_t)__ldg(sq[nt] + 4 * c) : 0x100u;
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < C::PD; i++)
+        if (i < nc) wload(cs + i, wr[i], sr[i]);
+
+    /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
+    const int ipc = 16 * tbv; /* items per chunk */
+    for (int it = tid; it < nc * ipc; it += C::NT) {
+        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
+        const int64_t xc = 64 * (a.cb + cs + i) * C::EPB - a.c0 + 4 * C::EPB * j;
+        unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
+#pragma unroll
+        for (int e = 0; e < C::EPB; e++) {
+            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, a.x + (t0 + tau) * a.ldx + xc + 4 * e);
+            else *(uint4 *)(dst + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    /* FP8: the scales of the block's row blocks (at most two) and the range's column blocks, [row block][column
+     * block]; the lane's outputs (columns 2q, 2q+1 of each n8 tile) find theirs at Ss[sb[nt][hh] + column block]
+     * (an output past n reads row block 0: its sums are never written) */
+    const int cbs = FMT == BCU_RW_FP4 ? 0 : a.bshift - 6; /* chunk -> column block: >> cbs */
+    const int cb32 = (int)a.cb;
+    int sb[WN][2] = {};
+    if (FMT == BCU_RW_FP8) {
+        const int rb0 = (int)((a.r0 + ob) >> a.bshift);
+        const int cb0 = (cb32 + cs) >> cbs;
+        const int ncb = ((cb32 + ce - 1) >> cbs) - cb0 + 1;
+        const int64_t ol = (ob + C::RB < a.n ? ob + C::RB : a.n) - 1; /* the block's last output */
+        const int nrb = (int)((a.r0 + ol) >> a.bshift) - rb0 + 1;
+        for (int i = tid; i < nrb * ncb; i += C::NT) {
+            const int ri = i / ncb;
+            Ss[i] = scale_at(a.scale, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
+        }
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int64_t o = ob + 8 * (wn * WN + nt) + 2 * q + hh;
+                sb[nt][hh] = (o < a.n ? (int)((a.r0 + o) >> a.bshift) - rb0 : 0) * ncb - cb0;
+            }
+    }
+    /* this lane's accumulator slots of Sx start at 0; the A fragments too (the rows of no token stay so) */
+#pragma unroll
+    for (int nt = 0; nt < WN; nt++) {
+        const int nl = 8 * (wn * WN + nt) + 2 * q;
+        *(float2 *)&Sx[g * C::RBP + nl] = make_float2(0.0f, 0.0f);
+        *(float2 *)&Sx[(g + 8) * C::RBP + nl] = make_float2(0.0f, 0.0f);
+    }
+    for (int i = tid; i < nc * CH / 16; i += C::NT) *(uint4 *)(Xp + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads(); /* the zeros are in before the planes */
+    /* the copies of this thread land; split them into the planes, as the A fragments of rowmma_kernel's
+     * registers: for the step pair h, lane 4g + q holds {a0, a1, a2, a3} of the even step at
+     * Xp[chunk][2h][lane] and of the odd step at Xp[chunk][2h + 1][lane]; a0 / a2 are plane row g, a1 / a3 row
+     * g + 8 (rowmma's va / vb), so one 16-byte load gives the fragment */
+    rd_cp_wait();
+    for (int it = tid; it < nc * ipc; it += C::NT) {
+        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
+        const float4 *src = (const float4 *)(Xr + (size_t)it * 16 * C::EPB);
+        float v[4 * C::EPB];
+#pragma unroll
+        for (int e = 0; e < C::EPB; e++) {
+            const float4 f = src[e];
+            v[4 * e] = f.x;
+            v[4 * e + 1] = f.y;
+            v[4 * e + 2] = f.z;
+            v[4 * e + 3] = f.w;
+        }
+        uint32_t s[4 * C::EPB][3];
+#pragma unroll
+        for (int e = 0; e < 4 * C::EPB; e++) rd_split3(v[e], s[e]);
+        /* rowmma's va (row g) at xoff(q, h): FP8 columns 16q + 8h .. +7 = items j = 4q + 2h (.x .y: the even
+         * step's a0, a2) and 4q + 2h + 1 (.z .w: the odd step's); FP4 item j = 4q + h, the pairs (x0, x4) (x1,
+         * x5) | (x2, x6) (x3, x7) */
+        unsigned char *xc = Xp + (size_t)i * CH;
+#pragma unroll
+        for (int p = 0; p < 3; p++) {
+            const int m = 3 * tau + p, hf = m >> 3, ln = 4 * (m & 7);
+            if (FMT == BCU_RW_FP4) {
+                const int qq = j >> 2, h = j & 3;
+                uint32_t *ev = (uint32_t *)(xc + (2 * h * 32 + ln + qq) * 16);
+                uint32_t *od = (uint32_t *)(xc + ((2 * h + 1) * 32 + ln + qq) * 16);
+                ev[hf] = s[0][p] | (s[4][p] << 16);
+                ev[2 + hf] = s[1][p] | (s[5][p] << 16);
+                od[hf] = s[2][p] | (s[6][p] << 16);
+                od[2 + hf] = s[3][p] | (s[7][p] << 16);
+            } else {
+                const int qq = j >> 2, h = (j >> 1) & 1, odd = j & 1;
+                uint32_t *f = (uint32_t *)(xc + ((2 * h + odd) * 32 + ln + qq) * 16);
+                f[hf] = s[0][p] | (s[1][p] << 16);
+                f[2 + hf] = s[2][p] | (s[3][p] << 16);
+            }
+        }
+    }
+    __syncthreads(); /* the planes and the scales are in; no barrier until the end */
+
+    /* The chunk loop, two chunks a step: their products P (independent, each from zero) interleaved for the
+     * tensor cores, then S += P * scale for the first and then the second, in chunk order. */
+    float S[WN][4];
+#pragma unroll
+    for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) S[nt][e] = 0.0f;
+    int sp = 0; /* chunks of the current slice done */
+    /* the B operand of one chunk for the k16 steps 2h (b[nt][h][0..1]) and 2h+1 (b[nt][h][2..3]) */
+    auto decode = [&](const uint4(&wv)[WN], const uint32_t(&s2)[WN], int h, uint32_t(&b)[WN][4]) {
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++) {
+            if (FMT == BCU_RW_FP4) {
+                uint32_t r[4];
+                rd_fp4x8(word_of(wv[nt], h), r);
+                b[nt][0] = rd_hmul2(r[0], s2[nt]);
+                b[nt][1] = rd_hmul2(r[2], s2[nt]);
+                b[nt][2] = rd_hmul2(r[1], s2[nt]);
+                b[nt][3] = rd_hmul2(r[3], s2[nt]);
+            } else {
+                const uint32_t w0 = word_of(wv[nt], 2 * h), w1 = word_of(wv[nt], 2 * h + 1);
+                b[nt][0] = rd_e4m3x2(w0);
+                b[nt][1] = rd_e4m3x2(w0 >> 16);
+                b[nt][2] = rd_e4m3x2(w1);
+                b[nt][3] = rd_e4m3x2(w1 >> 16);
+            }
+        }
+    };
+    /* S += P * scale for chunk cc, and the slice's flush into Sx: ((0 + S_0) + S_1) + ... */
+    auto update = [&](int cc, const float(&P)[WN][4]) {
+        float sc[WN][2];
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                sc[nt][hh] = FMT == BCU_RW_FP4 ? 1.0f : Ss[sb[nt][hh] + ((cb32 + cc) >> cbs)];
+#pragma unroll
+        for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) S[nt][e] = fmaf(P[nt][e], sc[nt][e & 1], S[nt][e]);
+        if (++sp == a.cps || cc + 1 == a.nch) { /* block-uniform */
+            sp = 0;
+#pragma unroll
+            for (int nt = 0; nt < WN; nt++) {
+                const int nl = 8 * (wn * WN + nt) + 2 * q;
+                float2 *d0 = (float2 *)&Sx[g * C::RBP + nl], *d1 = (float2 *)&Sx[(g + 8) * C::RBP + nl];
+                float2 v0 = *d0, v1 = *d1;
+                v0.x = v0.x + S[nt][0];
+                v0.y = v0.y + S[nt][1];
+                v1.x = v1.x + S[nt][2];
+                v1.y = v1.y + S[nt][3];
+                *d0 = v0;
+                *d1 = v1;
+#pragma unroll
+                for (int e = 0; e < 4; e++) S[nt][e] = 0.0f;
+            }
+        }
+    };
+    for (int c = cs; c < ce; c += C::PD) {
+#pragma unroll
+        for (int i = 0; i < C::PD; i += 2) {
+            const int ca = c + i, cb2 = ca + 1;
+            if (ca >= ce) break;       /* block-uniform */
+            const bool hb = cb2 < ce; /* block-uniform: the step has a second chunk */
+            uint4 wa[WN], wb[WN];
+            uint32_t s2a[WN], s2b[WN];
+#pragma unroll
+            for (int nt = 0; nt < WN; nt++) {
+                wa[nt] = wr[i][nt];
+                wb[nt] = wr[i + 1][nt];
+                s2a[nt] = FMT == BCU_RW_FP4 && sr[i][nt] < 0x100u ? ue8m0_bf16x2(sr[i][nt]) : 0u;
+                s2b[nt] = FMT == BCU_RW_FP4 && sr[i + 1][nt] < 0x100u ? ue8m0_bf16x2(sr[i + 1][nt]) : 0u;
+            }
+            if (ca + C::PD < ce) wload(ca + C::PD, wr[i], sr[i]);
+            if (cb2 + C::PD < ce) wload(cb2 + C::PD, wr[i + 1], sr[i + 1]);
+            const unsigned char *xa = Xp + (size_t)(ca - cs) * CH, *xb = hb ? xa + CH : xa;
+            float Pa[WN][4], Pb[WN][4];
+#pragma unroll
+            for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    Pa[nt][e] = 0.0f;
+                    Pb[nt][e] = 0.0f;
+                }
+#pragma unroll
+            for (int h = 0; h < C::STEPS / 2; h++) {
+                uint32_t ba[WN][4], bb[WN][4];
+                decode(wa, s2a, h, ba);
+                decode(wb, s2b, h, bb);
+                const uint4 fae = *(const uint4 *)(xa + (2 * h * 32 + lane) * 16);
+                const uint4 fao = *(const uint4 *)(xa + ((2 * h + 1) * 32 + lane) * 16);
+                const uint4 fbe = *(const uint4 *)(xb + (2 * h * 32 + lane) * 16);
+                const uint4 fbo = *(const uint4 *)(xb + ((2 * h + 1) * 32 + lane) * 16);
+                const uint32_t ae[4] = {fae.x, fae.y, fae.z, fae.w}, ao[4] = {fao.x, fao.y, fao.z, fao.w};
+                const uint32_t be[4] = {fbe.x, fbe.y, fbe.z, fbe.w}, bo[4] = {fbo.x, fbo.y, fbo.z, fbo.w};
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++) {
+                    rd_mma(Pa[nt], ae, ba[nt][0], ba[nt][1]);
+                    rd_mma(Pb[nt], be, bb[nt][0], bb[nt][1]);
+                }
+#pragma unroll
+                for (int nt = 0; nt < WN; nt++) {
+                    rd_mma(Pa[nt], ao, ba[nt][2], ba[nt][3]);
+                    rd_mma(Pb[nt], bo, bb[nt][2], bb[nt][3]);
+                }
+            }
+            update(ca, Pa);
+            if (hb) update(cb2, Pb);
+        }
+    }
+
+    /* y = A_hi + (A_mid + A_lo), A = ((0 + S_0) + S_1) + ... over the slices, as rowmma_kernel */
+    if (ns > 1) rd_cluster_sync();
+    else __syncthreads();
+    const int rank = ns > 1 ? (int)blockIdx.x : 0;
+    for (int e = rank * C::NT + tid; e < tbv * C::RB; e += ns * C::NT) {
+        const int tau = e / C::RB, ol = e - tau * C::RB;
+        const int64_t o = ob + ol;
+        if (o >= a.n) continue;
+        float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
+        for (int j = 0; j < ns; j++) {
+            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + 3 * tau * C::RBP + ol;
+            A0 = A0 + src[0];
+            A1 = A1 + src[C::RBP];
+            A2 = A2 + src[2 * C::RBP];
+        }
+        a.y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
+    }
+    if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
+}
+
 /* the chunking of [c0, c0+K) and the slices: a function of the weight and the slice only */
 struct MmGeom {
     int64_t cb;
@@ -740,16 +1136,102 @@ static cudaError_t mm_launch_cfg(const MmArgs &a, int64_t n, int64_t T, int nsl,
     return e;
 }
 
+#define DEC_SMEM_MAX (96 * 1024) /* the decode kernel's shared memory: at most this (two blocks per SM) */
+
+/* the decode kernel of WN n8 tiles per warp may take DEC_SMEM_MAX of shared memory (set once per device) */
+template <int FMT, int WN>
+static cudaError_t dec_prepare(void)
+{
+    static std::atomic<unsigned long long> attr_set(0);
+    const int dev = rd_device();
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (attr_set.load(std::memory_order_relaxed) & bit) return cudaSuccess;
+    cudaError_t e = rd_smem_attr(rowdec_kernel<FMT, WN>, DEC_SMEM_MAX);
+    if (e == cudaSuccess) attr_set.fetch_or(bit, std::memory_order_relaxed);
+    return e;
+}
+
+/* how many clusters of ns blocks of it with smem bytes each fit the device at once (cached per device, ns and
+ * smem in KB; after dec_prepare) */
+template <int FMT, int WN>
+static int dec_capacity(int ns, size_t smem)
+{
+    static std::atomic<unsigned long long> cache[64]; /* (key << 16) | (capacity + 1), 0: empty */
+    const int dev = rd_device();
+    const unsigned long long key = ((unsigned long long)(dev & 63) << 32) | ((unsigned long long)ns << 24) |
+                                   (unsigned long long)((smem + 1023) / 1024);
+    for (int i = 0; i < 64; i++) {
+        const unsigned long long v = cache[i].load(std::memory_order_relaxed);
+        if (!v) break;
+        if (v >> 16 == key) return (int)(v & 0xffff) - 1;
+    }
+    int cap = rd_max_clusters(rowdec_kernel<FMT, WN>, ns, DecCfg<FMT, WN>::NT, ((smem + 1023) / 1024) * 1024);
+    if (cap > 65534) cap = 65534;
+    for (int i = 0; i < 64; i++) {
+        unsigned long long e = 0;
+        if (cache[i].compare_exchange_strong(e, (key << 16) | (unsigned long long)(cap + 1)) || e >> 16 == key) break;
+    }
+    return cap;
+}
+
+/* The decode kernel's shape.  Two n8 tiles per warp (64 outputs per block) where that grid, with every slice a
+ * block, fills the GPU twice over, else one (32 outputs per block; more blocks per SM: its registers allow 5).
+ * The K split (every slice a block of a cluster) where the grid would not fill the GPU twice over, or where the
+ * whole row does not fit DEC_SMEM_MAX.  (What the H200 said, 2026-11-30: fewer waves of bigger blocks beat more
+ * waves of smaller ones unless the grid is small; a model of waves x bytes per block chose worse.)  *took false
+ * (nothing launched) where the shape does not fit DEC_SMEM_MAX as asked (split 1, or split 2 with too long
+ * slices). */
+template <int FMT>
+static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, int split, cudaStream_t st, bool *took)
+{
+    *took = false;
+    const int tbl = T < 5 ? (int)T : 5;
+    const int64_t gz = (T + 4) / 5, sms = rd_sm_count();
+    const int wn = (n + 63) / 64 * nsl * gz >= 2 * sms ? 2 : 1;
+    const int64_t gy = (n + 32 * wn - 1) / (32 * wn);
+    if (gy > 65535 || gz > 65535) return cudaErrorInvalidConfiguration;
+    cudaError_t e = wn == 2 ? dec_prepare<FMT, 2>() : dec_prepare<FMT, 1>();
+    if (e != cudaSuccess) return e;
+    const size_t s1 = wn == 2 ? dec_smem<FMT, 2>(tbl, a.nch).total : dec_smem<FMT, 1>(tbl, a.nch).total;
+    const size_t sk = wn == 2 ? dec_smem<FMT, 2>(tbl, a.cps).total : dec_smem<FMT, 1>(tbl, a.cps).total;
+    int ns = 1;
+    if (nsl > 1 && (split == 2 || (split == 0 && (gy * gz < 2 * sms || s1 > DEC_SMEM_MAX)))) ns = nsl;
+    if (ns > 1 && split != 2 &&
+        (sk > DEC_SMEM_MAX || (wn == 2 ? dec_capacity<FMT, 2>(ns, sk) : dec_capacity<FMT, 1>(ns, sk)) <= 0))
+        ns = 1; /* the same sums without the split */
+    const size_t sm = ns > 1 ? sk : s1;
+    if (sm > DEC_SMEM_MAX) return cudaSuccess;
+    *took = true;
+    void (*kern)(MmArgs) = wn == 2 ? rowdec_kernel<FMT, 2> : rowdec_kernel<FMT, 1>;
+    e = rd_launch(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(128), sm, ns, st, a);
+    if (e != cudaSuccess && ns > 1 && split != 2) {
+        (void)cudaGetLastError(); /* a cluster launch refused: the same sums without the split, if they fit */
+        if (s1 > DEC_SMEM_MAX) {
+            *took = false;
+            return cudaSuccess;
+        }
+        e = rd_launch(kern, dim3(1u, (unsigned)gy, (unsigned)gz), dim3(128), s1, 1, st, a);
+    }
+    return e;
+}
+
 static int mm_tile(const bcu_rowdot_args *p)
 {
-    if (p->tile == 1 || p->tile == 3 || p->tile == 6) return p->tile;
-    return p->T <= 5 ? 1 : p->T <= 16 ? 3 : 6;
+    if (p->tile == 1 || p->tile == 3 || p->tile == 6 || p->tile == BCU_ROWDOT_TILE_DEC) return p->tile;
+    return p->T <= 5 ? BCU_ROWDOT_TILE_DEC : p->T <= 16 ? 3 : 6;
 }
 
 template <int FMT>
 static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st)
 {
-    switch (mm_tile(p)) {
+    const int tile = mm_tile(p);
+    if (tile == BCU_ROWDOT_TILE_DEC) {
+        bool took = false;
+        cudaError_t e = dec_launch<FMT>(a, p->n, p->T, nsl, p->split, st, &took);
+        if (took || e != cudaSuccess) return e;
+        /* its chunk range does not fit its shared memory: tile 1, the same sums */
+    }
+    switch (tile == BCU_ROWDOT_TILE_DEC ? 1 : tile) {
     case 1: return mm_launch_cfg<FMT, 1, 2, 1, 4>(a, p->n, p->T, nsl, p->split, st);
     case 3: return mm_launch_cfg<FMT, 3, 2, 1, 4>(a, p->n, p->T, nsl, p->split, st);
     default: return mm_launch_cfg<FMT, 3, 4, 2, 4>(a, p->n, p->T, nsl, p->split, st);
@@ -836,26 +1318,43 @@ extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
 }
 
 /* ---- RMSNorm: one block per row; the sum of squares in double, as the CPU
- * reference does, so the two agree to the last bit nearly always */
+ * reference does, so the two agree to the last bit nearly always.  The block
+ * size is a function of dim alone (1024 threads from dim 2048: a decode
+ * step's single row is then 4 independent loads per thread instead of a
+ * chain of 16), so a row's result never depends on the batch.  Each thread
+ * keeps its RMS_KEEP first elements in registers between the two passes. */
 
-#define RMS_THREADS 256
+#define RMS_KEEP 4
 
-__global__ void __launch_bounds__(RMS_THREADS)
-    rmsnorm_kernel(float *y, const float *x, size_t dim, const float *w, float eps)
+template <int NT>
+__global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, size_t dim, const float *w, float eps)
 {
-    __shared__ double part[RMS_THREADS / 32];
+    __shared__ double part[NT / 32];
     const float *xr = x + blockIdx.x * dim;
     float *yr = y + blockIdx.x * dim;
+    float keep[RMS_KEEP];
     double ss = 0;
-    for (size_t i = threadIdx.x; i < dim; i += RMS_THREADS) ss += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const size_t i = threadIdx.x + (size_t)k * NT;
+        keep[k] = i < dim ? xr[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) ss += (double)keep[k] * keep[k];
+    for (size_t i = threadIdx.x + (size_t)RMS_KEEP * NT; i < dim; i += NT) ss += (double)xr[i] * xr[i];
     for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
     double tot = 0;
-    for (int k = 0; k < RMS_THREADS / 32; k++) tot += part[k];
+    for (int k = 0; k < NT / 32; k++) tot += part[k];
     const float inv = 1.0f / sqrtf((float)(tot / (double)dim) + eps);
     /* each element is read and written by the same thread: in place is safe */
-    for (size_t i = threadIdx.x; i < dim; i += RMS_THREADS) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * inv);
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const size_t i = threadIdx.x + (size_t)k * NT;
+        if (i < dim) yr[i] = (w ? w[i] : 1.0f) * (keep[k] * inv);
+    }
+    for (size_t i = threadIdx.x + (size_t)RMS_KEEP * NT; i < dim; i += NT) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * inv);
 }
 
 extern "C" cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t dim, const float *w, float eps,
@@ -863,7 +1362,8 @@ extern "C" cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t
 {
     if (!rows || !dim) return cudaSuccess;
     if (rows > 0x7fffffffu) return cudaErrorInvalidConfiguration;
-    rmsnorm_kernel<<<(unsigned)rows, RMS_THREADS, 0, st>>>(y, x, dim, w, eps);
+    if (dim >= 2048) rmsnorm_kernel<1024><<<(unsigned)rows, 1024, 0, st>>>(y, x, dim, w, eps);
+    else rmsnorm_kernel<256><<<(unsigned)rows, 256, 0, st>>>(y, x, dim, w, eps);
     return cudaGetLastError();
 }
 
