@@ -10,15 +10,22 @@
  *
  * On a GPU, per op, random inputs at small sizes and V4-Flash sizes (D 4096,
  * hc_mult 4, moe_inter 2048, 256 experts top-6, head_dim 512, rope_dim 64,
- * index_head_dim 128) with R in {1, 7, 300}:
+ * index_head_dim 128) with R in {1, 7, 300} (mHC: {1, 3, 7, 64, 256, 300},
+ * hc_mult 1 to 6 and 16):
  *   bit for bit   embed (bf16/f16 tables of random codes: NaN, inf,
  *                 subnormals), gather, scale, add, hc_post, hadamard, fq_fp8
  *                 and fq_fp4 (ties, +-1 ulp around ties, subnormals, NaN,
  *                 tails, untouched padding), route idx (and, where the scores
  *                 are exact: logits > 20 under sqrt-softplus, also wt), the
  *                 channels RoPE does not touch;
+ *                 hc_pre (coll, post, comb) and hc_head where scales of 0
+ *                 and bases of 0 / +-200 make every transcendental exact
+ *                 (the parallel softmax, Sinkhorn and collapse bit for bit),
+ *                 by the block path and with the dot products given
+ *                 (mixes_in_ws);
  *   1e-5          per row, max |gpu - ref| / max |ref|: hc_pre (coll, post,
- *                 comb), hc_head, rope, swiglu, route wt;
+ *                 comb; also with v4.c's dot products given), hc_head, rope,
+ *                 swiglu, route wt;
  *   route idx on inexact scores: equal, except that a disagreement is
  *                 allowed at a near-tie of the reference's values (counted);
  *   repeat        a second run is bit-identical; a row alone (R = 1) gives
@@ -849,23 +856,40 @@ static void hc_make(hc_host *h, const hccase *c)
     h->scale[2] = 2.0f;
 }
 
+/* the mHC batch sizes: a decode row, a few, a batch below the GEMM switch (cuda.cu's hc_gemm_R, 128) and above it
+ * (the test calls the kernels directly, so every R takes the block path unless the GEMM's mixes are given) */
+static const size_t hc_Rs[] = {1, 3, 7, 64, 256, 300};
+#define HC_NR (sizeof hc_Rs / sizeof hc_Rs[0])
+
+/* the cases' n, D, iters: V4-Flash (4 x 4096, 20 Sinkhorn rounds), V4-Pro's 7168, and the edges: n 5 is the
+ * largest whose n*n small math is one warp, n 6 the smallest that takes the block, 16 the largest */
+static const hccase hc_cases[] = {{4, 4096, 20}, {4, 7168, 20}, {1, 100, 3}, {16, 300, 5},
+                                  {3, 257, 0},   {2, 64, 1},    {5, 130, 4}, {6, 200, 3}};
+#define HC_NC (sizeof hc_cases / sizeof hc_cases[0])
+
+/* v4.c's dot products of R rows, [R, mix], where bcu_hc_ws_mixes puts a GEMM's (mixes_in_ws) */
+static void hc_host_mixes(const hc_host *h, const float *X, size_t R, int mix, float *out)
+{
+    const size_t N = (size_t)h->n * h->D;
+    for (size_t t = 0; t < R; t++)
+        for (int j = 0; j < mix; j++) out[t * mix + j] = be_dot_f32(h->fn + (size_t)j * N, X + t * N, N);
+}
+
 static void test_hc(void **st)
 {
     (void)st;
-    /* V4-Flash (4 x 4096, 20 Sinkhorn rounds), V4-Pro's 7168, and the edges */
-    const hccase cs[] = {{4, 4096, 20}, {4, 7168, 20}, {1, 100, 3}, {16, 300, 5}, {3, 257, 0}, {2, 64, 1}};
-    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+    for (size_t ci = 0; ci < HC_NC; ci++) {
         hc_host h;
-        hc_make(&h, &cs[ci]);
+        hc_make(&h, &hc_cases[ci]);
         const int n = h.n, D = h.D, mix = (2 + n) * n;
         const size_t N = (size_t)n * D;
         bcu_hc_site s = {.n = n, .D = D, .iters = h.iters, .hc_eps = h.hc_eps, .rms_eps = h.rms_eps};
         s.fn = up(h.fn, (size_t)mix * N * sizeof(float));
         s.base = up(h.base, (size_t)mix * sizeof(float));
         s.scale = up(h.scale, 3 * sizeof(float));
-        double wc = 0, wp = 0, wm = 0, wh = 0;
-        for (size_t ri = 0; ri < NR; ri++) {
-            const size_t R = Rs[ri];
+        double wc = 0, wp = 0, wm = 0, wh = 0, wg = 0;
+        for (size_t ri = 0; ri < HC_NR; ri++) {
+            const size_t R = hc_Rs[ri];
             float *X = xmalloc(R * N * sizeof(float));
             for (size_t t = 0; t < R; t++) { /* rows of very different scales */
                 const float amp = (float)pow(10.0, (double)(rnd() % 5) - 2.0);
@@ -905,6 +929,9 @@ static void test_hc(void **st)
             RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, dws, wsb, 0));
             down(c2, dcoll, R * D * sizeof(float));
             if (bits_diff(c2, coll, R * D) >= 0) fail_msg("hc_pre n %d D %d R %zu: a second run differs", n, D, R);
+            RUN(bcu_hc_head(&s, dX + t * N, 1, dcoll, dws, wsb, 0));
+            down(c2, dcoll, D * sizeof(float));
+            if (bits_diff(c2, head + t * D, D) >= 0) fail_msg("hc_head n %d D %d: row %zu alone differs", n, D, t);
             RUN(bcu_hc_pre(&s, dX + t * N, 1, dcoll, dpost, dcomb, dws, wsb, 0));
             down(c2, dcoll, D * sizeof(float));
             if (bits_diff(c2, coll + t * D, D) >= 0) fail_msg("hc_pre n %d D %d: row %zu alone differs", n, D, t);
@@ -912,9 +939,35 @@ static void test_hc(void **st)
             down(p2, dcomb, (size_t)n * n * sizeof(float));
             if (bits_diff(p2, comb + t * n * n, (size_t)n * n) >= 0)
                 fail_msg("hc_pre n %d D %d: comb of row %zu alone differs", n, D, t);
+            down(p2, dpost, (size_t)n * sizeof(float));
+            if (bits_diff(p2, post + t * n, (size_t)n) >= 0)
+                fail_msg("hc_pre n %d D %d: post of row %zu alone differs", n, D, t);
             free(c2);
 
-            /* hc_post on the batch's post/comb (row 0 was overwritten by the single-row call) and a
+            /* the GEMM path (mixes_in_ws, as cuda.cu does for many rows) with v4.c's own dot products: only the
+             * sum of squares' order and expf stand between it and the reference */
+            {
+                float *mx = xmalloc(R * mix * sizeof(float));
+                hc_host_mixes(&h, X, R, mix, mx);
+                bcu_hc_site sg = s;
+                sg.mixes_in_ws = 1;
+                CK(cudaMemcpy(bcu_hc_ws_mixes(dws, R), mx, R * mix * sizeof(float), cudaMemcpyHostToDevice));
+                RUN(bcu_hc_pre(&sg, dX, R, dcoll, dpost, dcomb, dws, wsb, 0));
+                float *g = xmalloc(R * D * sizeof(float));
+                down(g, dcoll, R * D * sizeof(float));
+                snprintf(what, sizeof what, "hc_pre (mixes in ws) n %d D %d R %zu coll", n, D, R);
+                expect_tol(what, g, rc, R, (size_t)D, &wg);
+                down(g, dcomb, R * n * n * sizeof(float));
+                snprintf(what, sizeof what, "hc_pre (mixes in ws) n %d D %d R %zu comb", n, D, R);
+                expect_tol(what, g, rm, R, (size_t)n * n, &wg);
+                down(g, dpost, R * n * sizeof(float));
+                snprintf(what, sizeof what, "hc_pre (mixes in ws) n %d D %d R %zu post", n, D, R);
+                expect_tol(what, g, rp, R, (size_t)n, &wg);
+                free(mx);
+                free(g);
+            }
+
+            /* hc_post on the batch's post/comb (uploaded again: the later calls overwrote the device's) and a
              * sublayer output: bit for bit */
             float *f = rand_floats(R * D, 2.0f);
             float *df = up(f, R * D * sizeof(float));
@@ -932,11 +985,90 @@ static void test_hc(void **st)
             free(X); free(coll); free(post); free(comb); free(head); free(rc); free(rp); free(rm); free(rh);
             free(f); free(Xg);
         }
-        printf("  hc n %2d D %4d iters %2d: coll %.2e post %.2e comb %.2e head %.2e; hc_post bit-exact\n", n, D,
-               h.iters, wc, wp, wm, wh);
+        printf("  hc n %2d D %4d iters %2d: coll %.2e post %.2e comb %.2e head %.2e, mixes in ws %.2e; hc_post "
+               "bit-exact\n", n, D, h.iters, wc, wp, wm, wh, wg);
         CK(cudaFree((void *)s.fn)); CK(cudaFree((void *)s.base)); CK(cudaFree((void *)s.scale));
         free(h.fn); free(h.base); free(h.scale);
     }
+}
+
+/* The small math bit for bit.  With scale = 0 the dot products drop out (mix * rs * 0 = +-0), and bases of 0 or
+ * +-200 make every transcendental exact on both sides (expf(+-0) = 1, expf(-200) = 0, expf(200) = inf: sigmoid 1/2,
+ * 0 or 1; softmax rows of ones and zeros); hc_eps 0.1 keeps the Sinkhorn matrices far from a fixed point.  What is
+ * left is IEEE arithmetic in v4.c's order, so pre (coll, head), post and comb must be the reference's bits, through
+ * the block path and the GEMM path alike: a changed order, index or missing barrier in the parallel softmax,
+ * Sinkhorn or collapse shows as a bit difference here even where it hides under 1e-5. */
+static void test_hc_exact(void **st)
+{
+    (void)st;
+    int rows = 0;
+    for (size_t ci = 0; ci < HC_NC; ci++) {
+        hc_host h;
+        hc_make(&h, &hc_cases[ci]);
+        const int n = h.n, D = h.D, mix = (2 + n) * n;
+        const size_t N = (size_t)n * D;
+        h.hc_eps = 0.1f;
+        h.scale[0] = h.scale[1] = h.scale[2] = 0.0f;
+        static const float pick[3] = {0.0f, 200.0f, -200.0f};
+        for (int i = 0; i < 2 * n; i++) h.base[i] = pick[rnd() % 3];
+        for (int i = 0; i < n; i++) { /* each row of C: one 0 at least (its max), the others 0 or -200 */
+            const int top = (int)(rnd() % (uint64_t)n);
+            for (int k = 0; k < n; k++) h.base[2 * n + i * n + k] = k == top || rnd() % 3 == 0 ? 0.0f : -200.0f;
+        }
+        bcu_hc_site s = {.n = n, .D = D, .iters = h.iters, .hc_eps = h.hc_eps, .rms_eps = h.rms_eps};
+        s.fn = up(h.fn, (size_t)mix * N * sizeof(float));
+        s.base = up(h.base, (size_t)mix * sizeof(float));
+        s.scale = up(h.scale, 3 * sizeof(float));
+        for (size_t ri = 0; ri < HC_NR; ri++) {
+            const size_t R = hc_Rs[ri];
+            float *X = rand_floats(R * N, 3.0f);
+            float *dX = up(X, R * N * sizeof(float));
+            float *dcoll = dmalloc(R * D * sizeof(float)), *dpost = dmalloc(R * n * sizeof(float)),
+                  *dcomb = dmalloc(R * n * n * sizeof(float)), *dhead = dmalloc(R * D * sizeof(float));
+            const size_t wsb = bcu_hc_ws_bytes(R, n);
+            void *dws = dmalloc(wsb);
+            float *rc = xmalloc(R * D * sizeof(float)), *rp = xmalloc(R * n * sizeof(float)),
+                  *rm = xmalloc(R * n * n * sizeof(float)), *rh = xmalloc(R * D * sizeof(float));
+            for (size_t t = 0; t < R; t++) {
+                ref_hc(&h, X + t * N, rc + t * D, rp + t * n, rm + t * n * n, 0);
+                ref_hc(&h, X + t * N, rh + t * D, NULL, NULL, 1);
+            }
+            float *got = xmalloc(R * N * sizeof(float)), *mx = xmalloc(R * mix * sizeof(float));
+            hc_host_mixes(&h, X, R, mix, mx);
+            for (int gemm = 0; gemm < 2; gemm++) {
+                bcu_hc_site sg = s;
+                sg.mixes_in_ws = gemm;
+                const char *path = gemm ? " (mixes in ws)" : "";
+                char what[96];
+                if (gemm) CK(cudaMemcpy(bcu_hc_ws_mixes(dws, R), mx, R * mix * sizeof(float), cudaMemcpyHostToDevice));
+                RUN(bcu_hc_pre(&sg, dX, R, dcoll, dpost, dcomb, dws, wsb, 0));
+                down(got, dcoll, R * D * sizeof(float));
+                snprintf(what, sizeof what, "exact hc_pre%s n %d D %d R %zu coll", path, n, D, R);
+                expect_bits(what, got, rc, R * D);
+                down(got, dpost, R * n * sizeof(float));
+                snprintf(what, sizeof what, "exact hc_pre%s n %d D %d R %zu post", path, n, D, R);
+                expect_bits(what, got, rp, R * n);
+                down(got, dcomb, R * n * n * sizeof(float));
+                snprintf(what, sizeof what, "exact hc_pre%s n %d D %d R %zu comb", path, n, D, R);
+                expect_bits(what, got, rm, R * n * n);
+                if (gemm) /* hc_head's given mixes are its n dot products, [R, n] */
+                    for (size_t t = 0; t < R; t++)
+                        CK(cudaMemcpy(bcu_hc_ws_mixes(dws, R) + t * n, mx + t * mix, n * sizeof(float),
+                                      cudaMemcpyHostToDevice));
+                RUN(bcu_hc_head(&sg, dX, R, dhead, dws, wsb, 0));
+                down(got, dhead, R * D * sizeof(float));
+                snprintf(what, sizeof what, "exact hc_head%s n %d D %d R %zu", path, n, D, R);
+                expect_bits(what, got, rh, R * D);
+            }
+            rows += (int)R;
+            CK(cudaFree(dX)); CK(cudaFree(dcoll)); CK(cudaFree(dpost)); CK(cudaFree(dcomb)); CK(cudaFree(dhead)); CK(cudaFree(dws));
+            free(X); free(rc); free(rp); free(rm); free(rh); free(got); free(mx);
+        }
+        CK(cudaFree((void *)s.fn)); CK(cudaFree((void *)s.base)); CK(cudaFree((void *)s.scale));
+        free(h.fn); free(h.base); free(h.scale);
+    }
+    printf("  hc exact small math: %zu cases x R 1..300 (%d rows), block and GEMM paths: coll, post, comb, head "
+           "bit-exact\n", HC_NC, rows);
 }
 
 /* ------------------------------------------------------------------ GPU: routing */
@@ -1113,6 +1245,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_hc),
+        cmocka_unit_test(test_hc_exact),
         cmocka_unit_test(test_route),
     };
     const int gpu_fail = cmocka_run_group_tests_name("gpu", gpu, NULL, NULL);

@@ -14,15 +14,23 @@
  *  - Transcendentals are CUDA's accurate expf / log1pf / cosf / sinf (a few
  *    ulp from glibc's): sigmoid, softplus, RoPE and SwiGLU agree to ~1e-7.
  *  - Long sums cannot keep the CPU's order in parallel; they keep a fixed
- *    one instead (per-thread strided partials, then a shared-memory tree),
- *    with no float atomics, so a call is deterministic.  The mHC mean square
- *    is summed in double as on the CPU; its dot products in fp32 (FMA).
- *  - Every row is handled by one block (hc_pre/head/post, hadamard, route) or
- *    by a fixed set of threads, so a row's result never depends on the other
- *    rows of the batch.
- * The small serial parts (mHC's sigmoid / softmax / Sinkhorn on at most 16 x
- * 16 numbers, the routing weights) run on one thread of the row's block,
- * operation for operation as in v4.c.
+ *    one instead, which depends on the sizes alone, with no float atomics,
+ *    so a call is deterministic.  Most: per-thread strided partials, then a
+ *    shared-memory tree.  mHC's dot products (fp32 FMA) and mean square (in
+ *    double, as on the CPU): a lane's chain over its elements of one of
+ *    HC_S chunks of the row, a warp butterfly, then a butterfly over the
+ *    chunks' partials, which the workspace holds between two kernels.
+ *  - A row's result never depends on the other rows of the batch: every row
+ *    is handled by one block (hadamard, route), by a fixed set of blocks
+ *    (mHC: a row's chunks or column blocks; a block of the dot products
+ *    holds HC_RB rows, each summed exactly as it would be alone) or by a
+ *    fixed set of threads.
+ * The small serial parts run operation for operation as in v4.c: the
+ * routing weights on one thread; mHC's sigmoid / softmax / Sinkhorn (at most
+ * 16 x 16 numbers) on one thread per element, each element getting exactly
+ * the operations of the serial loops in their order (a row's or column's
+ * sum is taken, in the serial order, by each thread that needs it), with a
+ * barrier between phases: from the same sums, the bits the serial loops give.
  *
  * Sizes are checked first (cudaErrorInvalidValue for what a kernel cannot
  * take), then an empty batch returns cudaSuccess without a launch.  The
@@ -39,12 +47,21 @@
 
 #define GR_NT 256          /* threads per block, every kernel */
 #define GR_GRID_CAP 8192u  /* blocks of a grid-stride kernel */
-#define HC_MAX_N 16
-#define HC_MAX_MIX ((2 + HC_MAX_N) * HC_MAX_N)
-#define HC_MIXC 24         /* dot products per pass over a row (V4's (2+4)*4 in one) */
+#define HC_MAX_N 16        /* mHC streams (hc_mult) at most */
+#define HC_SMALL_N 4       /* streams of the lean instances of the column kernels (V4's hc_mult) */
+#define HC_S 32            /* chunk partials per row of each mHC dot product / sum of squares (one a lane) */
+#define HC_RB 4            /* rows a block of the mHC dot products takes (its weights are read once for them) */
+#define HC_EPL 16          /* elements per lane in one pass over a chunk */
+#define HC_PASS (32 * HC_EPL) /* elements of a pass, a multiple of GR_NT */
+#define HC_VPT 2           /* columns per thread of the collapse and of hc_post */
+#define HC_CPB (GR_NT * HC_VPT) /* columns per block */
+#define HC_YMAX 65535      /* gridDim.y limit: the column blocks of a row loop beyond it */
 #define RT_MAX_E 512
 #define RT_MAX_K 16
 #define HD_MAX_N 1024
+
+static_assert(HC_PASS % GR_NT == 0 && HC_RB <= 32 && HC_MAX_N * HC_MAX_N <= GR_NT,
+              "mHC: a pass is whole blocks, a lane stores a row, C[i][k] is a thread each");
 
 namespace {
 
@@ -154,142 +171,372 @@ __global__ void __launch_bounds__(GR_NT)
 
 /* ---------------------------------------------------------------- mHC */
 
+/* Two kernels a call.  gr_hc_mix_kernel: the chunk partials of every row's dot products and sum of squares, into
+ * the workspace, over row blocks x HC_S chunks x groups of 8 values, so one decode row keeps ~100 blocks busy
+ * (gr_hc_ss_kernel instead when a GEMM gave the dot products).  gr_hc_pre_kernel: per row, column blocks of HC_CPB
+ * columns that sum pre's partials and collapse, and (hc_pre) one block for post and comb.  hc_post: column blocks
+ * of HC_CPB columns.  The column kernels come in a lean instance for n <= HC_SMALL_N (registers for 4 streams, not
+ * 16). */
+
 struct HcArgs {
-    int n, D, iters, head;
+    int n, D, iters, head, gemm; /* gemm: the dot products are already in the workspace, [R, mix] */
     float hc_eps, rms_eps;
     const float *fn, *base, *scale;
 };
 
-/* Stage 1, block (t, j): j < mix: the dot product fn[j] . x_t (fp32 FMA partials per thread, then a tree);
- * j == mix: ss = sum x_t^2 in double (the products are exact).  Every (t, j) is its own block, so a decode
- * step (R = 1) spreads over mix + 1 SMs instead of one, and the order of each sum is fixed. */
-__global__ void __launch_bounds__(GR_NT) gr_hc_mix_kernel(HcArgs a, const float *X, float *wmix, double *wss, int j0)
+/* Chunk length of a row of N = n D floats: HC_S chunks, each a whole number of warp strides. */
+__host__ __device__ __forceinline__ size_t hc_chunk(size_t N) { return ((N + HC_S - 1) / HC_S + 31) & ~(size_t)31; }
+
+/* Stage 1: the HC_S chunk partials of each row's dot products fn[j] . x (fp32 FMA) and of its sum of squares
+ * (double; the products are exact, so an FMA adds what the CPU adds).  Block (row block, chunk c, value group z):
+ * warp w takes value j = 8 z + w: the dot product with fn[j] while j < mix, the sum of squares at j == mix; over
+ * chunk c of HC_RB rows, a lane sums its elements c0 + lane, c0 + lane + 32, ... in order (one pass of HC_EPL at a
+ * time; past the chunk's end it adds zeros, fmaf(0, 0, s), which at most turns a -0 into +0 and is as fixed as the
+ * rest), then a butterfly over the warp.  The block stages the x chunk in shared memory once for its warps and reads
+ * each weight once for its HC_RB rows.  Every order depends on N alone, never on R or on the block a row falls in. */
+__global__ void __launch_bounds__(GR_NT)
+    gr_hc_mix_kernel(HcArgs a, const float *X, size_t R, float *pmix, double *pss)
 {
-    __shared__ double dpart[GR_NT];
-    __shared__ float part[GR_NT];
-    const int tid = threadIdx.x, n = a.n, D = a.D, N = n * D;
-    const int mix = a.head ? n : (2 + n) * n;
-    const size_t t = blockIdx.x;
-    const int j = (int)blockIdx.y + j0;
-    const float *x = X + t * (size_t)N;
-    if (j == mix) {
-        double ss = 0;
-        for (int i = tid; i < N; i += GR_NT) ss += (double)x[i] * x[i];
-        dpart[tid] = ss;
-        __syncthreads();
-        for (int s = GR_NT / 2; s > 0; s >>= 1) {
-            if (tid < s) dpart[tid] += dpart[tid + s];
-            __syncthreads();
+    __shared__ float xs[HC_RB * HC_PASS];
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int mix = a.head ? a.n : (2 + a.n) * a.n;
+    const int j = (int)blockIdx.z * (GR_NT / 32) + (tid >> 5);
+    const bool dot = j < mix, sq = j == mix;
+    const size_t N = (size_t)a.n * a.D, L = hc_chunk(N), c = blockIdx.y;
+    const size_t c0 = c * L < N ? c * L : N, c1 = N - c0 < L ? N : c0 + L;
+    const size_t t0 = (size_t)blockIdx.x * HC_RB;
+    const int nr = R - t0 < HC_RB ? (int)(R - t0) : HC_RB;
+    const float *f = a.fn + (dot ? (size_t)j * N : 0);
+    float acc[HC_RB];
+    double ss[HC_RB];
+#pragma unroll
+    for (int r = 0; r < HC_RB; r++) {
+        acc[r] = 0.0f;
+        ss[r] = 0.0;
+    }
+    for (size_t p = c0; p < c1; p += HC_PASS) {
+        float fv[HC_EPL], xr[HC_RB * HC_PASS / GR_NT];
+#pragma unroll
+        for (int q = 0; q < HC_EPL; q++) {
+            const size_t i = p + (size_t)(q * 32 + lane);
+            fv[q] = dot && i < c1 ? f[i] : 0.0f;
         }
-        if (tid == 0) wss[t] = dpart[0];
+        /* the x chunk: every load issued before the first store waits for one */
+#pragma unroll
+        for (int u = 0; u < HC_RB * HC_PASS / GR_NT; u++) {
+            const int r = u * GR_NT / HC_PASS; /* GR_NT divides HC_PASS: u's elements are in one row */
+            const size_t i = p + (size_t)(u * GR_NT % HC_PASS + tid);
+            xr[u] = r < nr && i < c1 ? X[(t0 + (size_t)r) * N + i] : 0.0f;
+        }
+        __syncthreads(); /* the last pass is done with xs */
+#pragma unroll
+        for (int u = 0; u < HC_RB * HC_PASS / GR_NT; u++) xs[u * GR_NT + tid] = xr[u];
+        __syncthreads();
+        /* no branch inside, so the rows' chains interleave (rows past R sum zeros and are not stored) */
+        if (dot) {
+#pragma unroll
+            for (int q = 0; q < HC_EPL; q++)
+#pragma unroll
+                for (int r = 0; r < HC_RB; r++) acc[r] = fmaf(fv[q], xs[r * HC_PASS + q * 32 + lane], acc[r]);
+        } else if (sq) {
+#pragma unroll
+            for (int q = 0; q < HC_EPL; q++)
+#pragma unroll
+                for (int r = 0; r < HC_RB; r++) {
+                    const double xv = xs[r * HC_PASS + q * 32 + lane];
+                    ss[r] = __fma_rn(xv, xv, ss[r]);
+                }
+        }
+    }
+    if (dot) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+#pragma unroll
+            for (int r = 0; r < HC_RB; r++) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], o));
+        float s = acc[0]; /* every lane holds every row's sum: lane r stores row r's */
+#pragma unroll
+        for (int r = 1; r < HC_RB; r++) s = lane == r ? acc[r] : s;
+        if (lane < nr) pmix[((t0 + (size_t)lane) * mix + j) * HC_S + c] = s;
+    } else if (sq) {
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+#pragma unroll
+            for (int r = 0; r < HC_RB; r++) ss[r] = __dadd_rn(ss[r], __shfl_xor_sync(0xffffffffu, ss[r], o));
+        double s = ss[0];
+#pragma unroll
+        for (int r = 1; r < HC_RB; r++) s = lane == r ? ss[r] : s;
+        if (lane < nr) pss[(t0 + (size_t)lane) * HC_S + c] = s;
+    }
+}
+
+/* The sums of squares alone (the GEMM gave the dot products): a warp per row chunk w = t HC_S + c (grid-stride);
+ * a lane sums the same elements in the same order as gr_hc_mix_kernel, so the partials are the same bits. */
+__global__ void __launch_bounds__(GR_NT) gr_hc_ss_kernel(HcArgs a, const float *X, size_t R, double *pss)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t N = (size_t)a.n * a.D, L = hc_chunk(N);
+    for (size_t w = GR_TID / 32; w < R * HC_S; w += GR_STEP / 32) {
+        const size_t t = w / HC_S, c = w % HC_S;
+        const size_t c0 = c * L < N ? c * L : N, c1 = N - c0 < L ? N : c0 + L;
+        const float *x = X + t * N;
+        double ss = 0.0;
+        for (size_t p = c0; p < c1; p += HC_PASS) {
+            float xv[HC_EPL];
+#pragma unroll
+            for (int q = 0; q < HC_EPL; q++) {
+                const size_t i = p + (size_t)(q * 32 + lane);
+                xv[q] = i < c1 ? x[i] : 0.0f;
+            }
+#pragma unroll
+            for (int q = 0; q < HC_EPL; q++) ss = __fma_rn((double)xv[q], (double)xv[q], ss);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss = __dadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, o));
+        if (lane == 0) pss[w] = ss;
+    }
+}
+
+/* Row t's dot products j0 .. j0 + nv - 1 (nv * HC_S <= K * GR_NT) into val[0 .. nv) and its sum of squares into
+ * *ssq.  All threads copy the partials into shared memory first (sp, sd: every load issued before the first store,
+ * one round trip), then a warp per value sums its HC_S partials by a butterfly, whose additions are commutative
+ * pairs, so every lane ends with the same bits (the GEMM's dot products are taken as they are).  Ends with a
+ * barrier. */
+template <int K>
+__device__ __forceinline__ void hc_sums(const HcArgs &a, const float *pmix, const double *pss, size_t t, int mix,
+                                        int j0, int nv, float *sp, double *sd, float *val, double *ssq)
+{
+    const int tid = threadIdx.x, lane = tid & 31, w = a.gemm ? 1 : HC_S;
+    const float *src = pmix + (t * mix + j0) * w;
+    float v[K];
+#pragma unroll
+    for (int u = 0; u < K; u++) v[u] = u * GR_NT + tid < nv * w ? src[u * GR_NT + tid] : 0.0f;
+    const double d = tid < HC_S ? pss[t * HC_S + tid] : 0.0;
+#pragma unroll
+    for (int u = 0; u < K; u++)
+        if (u * GR_NT + tid < nv * w) sp[u * GR_NT + tid] = v[u];
+    if (tid < HC_S) sd[tid] = d;
+    __syncthreads();
+    for (int u = tid >> 5; u <= nv; u += GR_NT / 32) {
+        if (u < nv) {
+            float s = sp[u * w + (a.gemm ? 0 : lane)];
+            if (!a.gemm)
+#pragma unroll
+                for (int o = 16; o; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+            if (lane == 0) val[u] = s;
+        } else {
+            double s = sd[lane];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+            if (lane == 0) *ssq = s;
+        }
+    }
+    __syncthreads();
+}
+
+/* v4.c: rs = 1 / sqrt(mean square + rms_eps) */
+__device__ __forceinline__ float hc_rs(const HcArgs &a, double ss)
+{
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(ss / (double)((size_t)a.n * a.D)), a.rms_eps)));
+}
+
+/* 0 + v[0] + v[s] + ... + v[(n - 1) s], in that order (v4.c's float s = 0; s += ...), the loads issued first */
+template <int NS> __device__ __forceinline__ float hc_sum(const float *v, int s, int n)
+{
+    float x[NS];
+#pragma unroll
+    for (int m = 0; m < NS; m++) x[m] = m < n ? v[m * s] : 0.0f;
+    float sum = 0;
+#pragma unroll
+    for (int m = 0; m < NS; m++)
+        if (m < n) sum = __fadd_rn(sum, x[m]);
+    return sum;
+}
+
+/* the barrier between two phases of the small math: its threads are one warp when n*n <= 32 */
+__device__ __forceinline__ void hc_sync(bool one)
+{
+    if (one) __syncwarp();
+    else __syncthreads();
+}
+
+/* hc_pre_task's small math for row t: post and comb.  Thread q = i n + k owns C[i][k] (q < n: also post[q]) and
+ * does exactly the operations the serial loops do on that element, in their order: a row's max and sum in k order
+ * and a column's sum in i order, each taken by every thread of that row or column (same operations, same bits);
+ * the n*n elements of a phase are independent, and a barrier separates the phases (softmax, then Sinkhorn:
+ * columns; then rows and columns, iters - 1 times).  The matrix alternates between two shared buffers, so one
+ * barrier a phase also keeps the next phase's writes from a slow reader. */
+template <int NS>
+__device__ void hc_small(const HcArgs &a, size_t t, const float *pmix, const double *pss, float *post, float *comb)
+{
+    __shared__ float sp[(1 + NS) * NS * HC_S];
+    __shared__ double sd[HC_S];
+    __shared__ float mixes[(1 + NS) * NS]; /* the dot products j = n .. mix - 1, at j - n */
+    __shared__ float cm[2 * NS * NS];
+    __shared__ double ssq;
+    const int tid = threadIdx.x, n = a.n, nn = n * n, mix = (2 + n) * n;
+    const int q = tid, i = q / n, k = q - i * n;
+    const bool on = q < nn;
+    /* the parameters, loaded with the partials */
+    const float s1 = a.scale[1], s2 = a.scale[2];
+    const float bp = q < n ? a.base[n + q] : 0.0f, bc = on ? a.base[2 * n + q] : 0.0f;
+    /* the dot products post and comb use (j >= n) and the sum of squares */
+    hc_sums<((1 + NS) * NS * HC_S + GR_NT - 1) / GR_NT>(a, pmix, pss, t, mix, n, mix - n, sp, sd, mixes, &ssq);
+    const bool one = nn <= 32;
+    if (one && tid >= 32) return;
+    const float rs = hc_rs(a, ssq), eps = a.hc_eps;
+    if (q < n) post[t * n + q] = __fmul_rn(2.0f, gr_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mixes[q], rs), s1), bp)));
+    /* C[i][k]: from stream i (row) to stream k (column); softmax along rows (+ eps) */
+    float *cur = cm, *nxt = cm + NS * NS, c = 0.0f;
+    if (on) {
+        c = __fadd_rn(__fmul_rn(__fmul_rn(mixes[n + q], rs), s2), bc);
+        cur[q] = c;
+    }
+    hc_sync(one);
+    if (on) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int m = 0; m < NS; m++)
+            if (m < n) mx = fmaxf(mx, cur[i * n + m]);
+        c = expf(__fsub_rn(c, mx));
+        nxt[q] = c;
+    }
+    hc_sync(one);
+    if (on) {
+        c = __fadd_rn(__fdiv_rn(c, hc_sum<NS>(nxt + i * n, 1, n)), eps);
+        cur[q] = c;
+    }
+    hc_sync(one);
+    /* Sinkhorn: round 0 columns only, later rounds rows then columns; each divides by (sum + eps).  A phase reads
+     * cur, writes nxt, and they swap. */
+    for (int it = 0; it < a.iters; it++) {
+        if (it > 0) {
+            if (on) {
+                c = __fdiv_rn(c, __fadd_rn(hc_sum<NS>(cur + i * n, 1, n), eps));
+                nxt[q] = c;
+            }
+            hc_sync(one);
+            float *const tmp = cur;
+            cur = nxt;
+            nxt = tmp;
+        }
+        if (on) {
+            c = __fdiv_rn(c, __fadd_rn(hc_sum<NS>(cur + k, n, n), eps));
+            nxt[q] = c;
+        }
+        hc_sync(one);
+        float *const tmp = cur;
+        cur = nxt;
+        nxt = tmp;
+    }
+    if (on) comb[t * nn + q] = c;
+}
+
+/* column block cb's columns of row x (n <= NS streams of D): HC_VPT per thread, all loads issued together */
+template <int NS>
+__device__ __forceinline__ void hc_load_cols(float (&xv)[HC_VPT][NS], const float *x, int n, int D, int cb, int tid)
+{
+#pragma unroll
+    for (int v = 0; v < HC_VPT; v++) {
+        const size_t d = (size_t)cb * HC_CPB + (size_t)(v * GR_NT + tid);
+#pragma unroll
+        for (int i = 0; i < NS; i++) xv[v][i] = i < n && d < (size_t)D ? x[(size_t)i * D + d] : 0.0f;
+    }
+}
+
+/* Stage 2, block (t, cb) of a kernel for n <= NS streams: for cb < ncb, the collapse coll[t, d] = sum_i pre[i]
+ * x[t, i, d] over column blocks cb, cb + ncb, ...; each such block first sums the row's n pre dot products and its
+ * sum of squares (hc_sums) and computes pre as v4.c does: the same operations on the same partials, so every block
+ * of the row gets the same bits.  Its x columns are loaded first, so they arrive with the partials.  hc_pre only:
+ * block (t, ncb) does the rest of the small math, post and comb, once for the row (hc_small).  No block waits for
+ * another. */
+template <int NS>
+__global__ void __launch_bounds__(GR_NT)
+    gr_hc_pre_kernel(HcArgs a, const float *X, const float *pmix, const double *pss, float *coll, float *post,
+                     float *comb, int ncb)
+{
+    __shared__ float sp[NS * HC_S];
+    __shared__ double sd[HC_S];
+    __shared__ float pmx[NS];
+    __shared__ float pre[NS];
+    __shared__ double ssq;
+    const size_t t = blockIdx.x;
+    if (!a.head && (int)blockIdx.y == ncb) {
+        hc_small<NS>(a, t, pmix, pss, post, comb);
         return;
     }
-    const float *f = a.fn + (size_t)j * N;
-    float acc = 0.0f;
-    for (int i = tid; i < N; i += GR_NT) acc = fmaf(f[i], x[i], acc);
-    part[tid] = acc;
-    __syncthreads();
-    for (int s = GR_NT / 2; s > 0; s >>= 1) {
-        if (tid < s) part[tid] += part[tid + s];
-        __syncthreads();
-    }
-    if (tid == 0) wmix[t * (size_t)mix + j] = part[0];
-}
-
-/* Stage 2, one block per row t: thread 0 does hc_pre_task's tiny math in its order from the stage-1 sums;
- * then the collapse. */
-__global__ void __launch_bounds__(GR_NT)
-    gr_hc_pre_kernel(HcArgs a, const float *X, const float *wmix, const double *wss, float *coll, float *post,
-                     float *comb)
-{
-    __shared__ float mixes[HC_MAX_MIX];
-    __shared__ float C[HC_MAX_N * HC_MAX_N];
-    __shared__ float pre[HC_MAX_N];
-    const int tid = threadIdx.x, n = a.n, D = a.D, N = n * D;
-    const int mix = a.head ? n : (2 + n) * n;
-    const size_t t = blockIdx.x;
-    const float *x = X + t * (size_t)N;
-    for (int q = tid; q < mix; q += GR_NT) mixes[q] = wmix[t * (size_t)mix + q];
-    __syncthreads();
-
-    if (tid == 0) {
-        const float eps = a.hc_eps;
-        const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(wss[t] / (double)N), a.rms_eps)));
-        for (int k = 0; k < mix; k++) mixes[k] = __fmul_rn(mixes[k], rs);
-        for (int i = 0; i < n; i++) {
-            pre[i] = __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(mixes[i], a.scale[0]), a.base[i])), eps);
-            if (!a.head)
-                post[t * n + i] =
-                    __fmul_rn(2.0f, gr_sigmoid(__fadd_rn(__fmul_rn(mixes[n + i], a.scale[1]), a.base[n + i])));
-        }
-        if (!a.head) {
-            /* C[i][k]: from stream i (row) to stream k (column); softmax along
-             * rows, then Sinkhorn: column, (row, column) x (iters - 1) */
-            for (int i = 0; i < n; i++) {
-                float mx = -INFINITY;
-                for (int k = 0; k < n; k++) {
-                    const int q = 2 * n + i * n + k;
-                    C[i * n + k] = __fadd_rn(__fmul_rn(mixes[q], a.scale[2]), a.base[q]);
-                    mx = fmaxf(mx, C[i * n + k]);
-                }
-                float s = 0;
-                for (int k = 0; k < n; k++) s = __fadd_rn(s, C[i * n + k] = expf(__fsub_rn(C[i * n + k], mx)));
-                for (int k = 0; k < n; k++) C[i * n + k] = __fadd_rn(__fdiv_rn(C[i * n + k], s), eps);
-            }
-            for (int it = 0; it < a.iters; it++) {
-                if (it > 0)
-                    for (int i = 0; i < n; i++) {
-                        float s = 0;
-                        for (int k = 0; k < n; k++) s = __fadd_rn(s, C[i * n + k]);
-                        for (int k = 0; k < n; k++) C[i * n + k] = __fdiv_rn(C[i * n + k], __fadd_rn(s, eps));
-                    }
-                for (int k = 0; k < n; k++) {
-                    float s = 0;
-                    for (int i = 0; i < n; i++) s = __fadd_rn(s, C[i * n + k]);
-                    for (int i = 0; i < n; i++) C[i * n + k] = __fdiv_rn(C[i * n + k], __fadd_rn(s, eps));
-                }
-            }
-        }
-    }
-    __syncthreads();
-    if (!a.head)
-        for (int q = tid; q < n * n; q += GR_NT) comb[t * n * n + q] = C[q];
+    const int tid = threadIdx.x, n = a.n, D = a.D;
+    const int mix = a.head ? n : (2 + n) * n, nb = (D - 1) / HC_CPB + 1;
+    const float *x = X + t * (size_t)n * D;
     float *y = coll + t * (size_t)D;
-    for (int d = tid; d < D; d += GR_NT) {
-        float acc = 0;
-        for (int i = 0; i < n; i++) acc = __fadd_rn(acc, __fmul_rn(pre[i], x[(size_t)i * D + d]));
-        y[d] = acc;
+    int cb = blockIdx.y;
+    float xv[HC_VPT][NS];
+    hc_load_cols(xv, x, n, D, cb, tid);
+    const float s0 = a.scale[0], bp = tid < n ? a.base[tid] : 0.0f;
+    hc_sums<(NS * HC_S + GR_NT - 1) / GR_NT>(a, pmix, pss, t, mix, 0, n, sp, sd, pmx, &ssq);
+    if (tid < n) pre[tid] = __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(pmx[tid], hc_rs(a, ssq)), s0), bp)),
+                                      a.hc_eps);
+    __syncthreads();
+    for (;;) {
+#pragma unroll
+        for (int v = 0; v < HC_VPT; v++) {
+            const size_t d = (size_t)cb * HC_CPB + (size_t)(v * GR_NT + tid);
+            if (d < (size_t)D) {
+                float acc = 0;
+#pragma unroll
+                for (int i = 0; i < NS; i++)
+                    if (i < n) acc = __fadd_rn(acc, __fmul_rn(pre[i], xv[v][i]));
+                y[d] = acc;
+            }
+        }
+        cb += ncb;
+        if (cb >= nb) break;
+        hc_load_cols(xv, x, n, D, cb, tid);
     }
 }
 
-/* One block per row; a thread owns column d of all n streams (read all, then
- * write all: in place is safe). */
+/* Block (t, cb): column blocks cb, cb + gridDim.y, ... of row t; a thread owns HC_VPT columns d of all n streams
+ * (reads all, then writes all: in place is safe).  The x and f loads go out before post and comb arrive. */
+template <int NS>
 __global__ void __launch_bounds__(GR_NT)
     gr_hc_post_kernel(float *X, const float *f, const float *post, const float *comb, int n, int D)
 {
-    __shared__ float ps[HC_MAX_N], cs[HC_MAX_N * HC_MAX_N];
-    const int tid = threadIdx.x;
+    __shared__ float ps[NS];
+    __shared__ float cs[NS * NS];
+    const int tid = threadIdx.x, nb = (D - 1) / HC_CPB + 1;
     const size_t t = blockIdx.x;
-    for (int q = tid; q < n * n; q += GR_NT) cs[q] = comb[t * n * n + q];
-    if (tid < n) ps[tid] = post[t * n + tid];
-    __syncthreads();
     float *x = X + t * (size_t)n * D;
     const float *fr = f + t * (size_t)D;
-    for (int d = tid; d < D; d += GR_NT) {
-        float xv[HC_MAX_N];
+    int cb = blockIdx.y;
+    float xv[HC_VPT][NS], fv[HC_VPT];
+    for (;;) {
+        hc_load_cols(xv, x, n, D, cb, tid);
 #pragma unroll
-        for (int i = 0; i < HC_MAX_N; i++) xv[i] = i < n ? x[(size_t)i * D + d] : 0.0f;
-        const float fv = fr[d];
-#pragma unroll
-        for (int k = 0; k < HC_MAX_N; k++) {
-            if (k < n) {
-                float acc = __fmul_rn(ps[k], fv);
-#pragma unroll
-                for (int i = 0; i < HC_MAX_N; i++)
-                    if (i < n) acc = __fadd_rn(acc, __fmul_rn(cs[i * n + k], xv[i]));
-                x[(size_t)k * D + d] = acc;
-            }
+        for (int v = 0; v < HC_VPT; v++) {
+            const size_t d = (size_t)cb * HC_CPB + (size_t)(v * GR_NT + tid);
+            fv[v] = d < (size_t)D ? fr[d] : 0.0f;
         }
+        if (cb == (int)blockIdx.y) {
+            for (int q = tid; q < n * n; q += GR_NT) cs[q] = comb[t * n * n + q];
+            if (tid < n) ps[tid] = post[t * n + tid];
+            __syncthreads();
+        }
+#pragma unroll
+        for (int v = 0; v < HC_VPT; v++) {
+            const size_t d = (size_t)cb * HC_CPB + (size_t)(v * GR_NT + tid);
+            if (d < (size_t)D)
+#pragma unroll
+                for (int k = 0; k < NS; k++) {
+                    if (k < n) {
+                        float acc = __fmul_rn(ps[k], fv[v]);
+#pragma unroll
+                        for (int i = 0; i < NS; i++)
+                            if (i < n) acc = __fadd_rn(acc, __fmul_rn(cs[i * n + k], xv[v][i]));
+                        x[(size_t)k * D + d] = acc;
+                    }
+                }
+        }
+        cb += gridDim.y;
+        if (cb >= nb) break;
     }
 }
 
@@ -494,12 +741,14 @@ extern "C" cudaError_t bcu_embed(float *X, const void *table, int emb, const int
     return cudaGetLastError();
 }
 
-extern "C" float *bcu_hc_ws_mixes(void *ws, size_t R) { return (float *)((double *)ws + R); }
+/* The workspace: [R, HC_S] double partials of the sums of squares, then [R, mix, HC_S] float partials of the dot
+ * products; a GEMM's dot products [R, mix] (mixes_in_ws) take the start of the latter instead. */
+extern "C" float *bcu_hc_ws_mixes(void *ws, size_t R) { return (float *)((double *)ws + R * HC_S); }
 
 extern "C" size_t bcu_hc_ws_bytes(size_t R, int n)
 {
     const size_t mix = (size_t)(2 + n) * (size_t)n;
-    return R * sizeof(double) + ((R * mix * sizeof(float) + 7) & ~(size_t)7) + 16;
+    return R * HC_S * sizeof(double) + R * mix * HC_S * sizeof(float) + 16;
 }
 
 static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll, float *post,
@@ -510,14 +759,25 @@ static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, siz
     if (!R) return cudaSuccess;
     if (!s->fn || !s->base || !s->scale || !X || !coll || (!head && (!post || !comb))) return GR_INVALID;
     if (!ws || ws_bytes < bcu_hc_ws_bytes(R, s->n) || ((uintptr_t)ws & 7)) return GR_INVALID;
-    const HcArgs a = {s->n, s->D, s->iters, head, s->hc_eps, s->rms_eps, s->fn, s->base, s->scale};
+    const HcArgs a = {s->n,       s->D,        s->iters, head,    s->mixes_in_ws != 0,
+                      s->hc_eps,  s->rms_eps,  s->fn,    s->base, s->scale};
     const int mix = head ? s->n : (2 + s->n) * s->n;
-    double *wss = (double *)ws;
-    float *wmix = bcu_hc_ws_mixes(ws, R);
-    /* the dot products (unless given) and the sum of squares */
-    const int j0 = s->mixes_in_ws ? mix : 0;
-    gr_hc_mix_kernel<<<dim3((unsigned)R, (unsigned)(mix + 1 - j0)), GR_NT, 0, st>>>(a, X, wmix, wss, j0);
-    gr_hc_pre_kernel<<<(unsigned)R, GR_NT, 0, st>>>(a, X, wmix, wss, coll, post, comb);
+    double *pss = (double *)ws;
+    float *pmix = bcu_hc_ws_mixes(ws, R);
+    /* the chunk partials of the dot products (unless given) and of the sum of squares */
+    if (a.gemm) {
+        /* the sums of squares alone: a warp per row chunk */
+        gr_hc_ss_kernel<<<gr_grid(R * HC_S * 32), GR_NT, 0, st>>>(a, X, R, pss);
+    } else {
+        /* the dot products and the sum of squares: values 0 .. mix, 8 a block */
+        const dim3 g1((unsigned)((R + HC_RB - 1) / HC_RB), HC_S, (unsigned)(mix / (GR_NT / 32) + 1));
+        gr_hc_mix_kernel<<<g1, GR_NT, 0, st>>>(a, X, R, pmix, pss);
+    }
+    /* the collapse over column blocks, and (hc_pre) one more block per row for post and comb */
+    const int nb = (s->D - 1) / HC_CPB + 1, ncb = nb < HC_YMAX ? nb : HC_YMAX - 1;
+    const dim3 g2((unsigned)R, (unsigned)(ncb + !head));
+    if (s->n <= HC_SMALL_N) gr_hc_pre_kernel<HC_SMALL_N><<<g2, GR_NT, 0, st>>>(a, X, pmix, pss, coll, post, comb, ncb);
+    else gr_hc_pre_kernel<HC_MAX_N><<<g2, GR_NT, 0, st>>>(a, X, pmix, pss, coll, post, comb, ncb);
     return cudaGetLastError();
 }
 
@@ -539,7 +799,10 @@ extern "C" cudaError_t bcu_hc_post(float *X, const float *f, const float *post, 
     if (n < 1 || n > HC_MAX_N || D < 1 || R > INT_MAX) return GR_INVALID;
     if (!R) return cudaSuccess;
     if (!X || !f || !post || !comb) return GR_INVALID;
-    gr_hc_post_kernel<<<(unsigned)R, GR_NT, 0, st>>>(X, f, post, comb, n, D);
+    const int nb = (D - 1) / HC_CPB + 1;
+    const dim3 g((unsigned)R, (unsigned)(nb < HC_YMAX ? nb : HC_YMAX));
+    if (n <= HC_SMALL_N) gr_hc_post_kernel<HC_SMALL_N><<<g, GR_NT, 0, st>>>(X, f, post, comb, n, D);
+    else gr_hc_post_kernel<HC_MAX_N><<<g, GR_NT, 0, st>>>(X, f, post, comb, n, D);
     return cudaGetLastError();
 }
 

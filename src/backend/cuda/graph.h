@@ -45,9 +45,10 @@ typedef struct {
  * iters rounds of Sinkhorn (round 0: columns only; later rounds: rows, then
  * columns; each normalisation divides by (sum + hc_eps)); coll[d] = sum_i
  * pre[i] x[i, d]. */
-/* Two kernels: the (2+n)n dot products and the sum of squares of every row, one block each (so a single row
- * spreads over the GPU), into the workspace ws (8-byte aligned, bcu_hc_ws_bytes(R, n)); then one block per row
- * for the rest. */
+/* Two kernels: the (2+n)n dot products and the sum of squares of every row, each as a fixed set of chunk partial
+ * sums (so a single row spreads over the GPU and the order depends on n and D alone), into the workspace ws
+ * (8-byte aligned, bcu_hc_ws_bytes(R, n)); then per row a few column blocks (pre and the collapse) and one block
+ * for post and comb. */
 size_t bcu_hc_ws_bytes(size_t R, int n);
 float *bcu_hc_ws_mixes(void *ws, size_t R); /* where the workspace keeps the dot products [R, mixes] */
 cudaError_t bcu_hc_pre(const bcu_hc_site *s, const float *X, size_t R, float *coll, float *post, float *comb,
