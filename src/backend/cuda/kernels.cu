@@ -476,6 +476,31 @@ __device__ __forceinline__ int xoff(int q, int h)
     return 32 * q + 16 * h;
 }
 
+/* y = A_hi + (A_mid + A_lo), A = ((0 + S_0) + S_1) + ... over the slices, from the per-plane sums in Sx
+ * [rows 3 tau + p][RBP]; in a split (ns > 1) the blocks of the cluster share the outputs.  rowmma_kernel and
+ * rowdec_kernel end with it. */
+template <class C>
+__device__ __forceinline__ void rd_store_y(const MmArgs &a, float *Sx, int ns, int tid, int tbv, int64_t ob, int64_t t0)
+{
+    if (ns > 1) rd_cluster_sync();
+    else __syncthreads();
+    const int rank = ns > 1 ? (int)blockIdx.x : 0;
+    for (int e = rank * C::NT + tid; e < tbv * C::RB; e += ns * C::NT) {
+        const int tau = e / C::RB, ol = e - tau * C::RB;
+        const int64_t o = ob + ol;
+        if (o >= a.n) continue;
+        float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
+        for (int j = 0; j < ns; j++) {
+            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + 3 * tau * C::RBP + ol;
+            A0 = A0 + src[0];
+            A1 = A1 + src[C::RBP];
+            A2 = A2 + src[2 * C::RBP];
+        }
+        a.y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
+    }
+    if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
+}
+
 template <int FMT, int MTW, int WN, int WGM, int WGN>
 __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, MTW, WN, WGM, WGN>::MINB)
     rowmma_kernel(MmArgs a)
@@ -645,22 +670,8 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
                 /* B for the steps 2h (b[nt][0..1]) and 2h+1 (b[nt][2..3]) */
                 uint32_t b[WN][4];
 #pragma unroll
-                for (int nt = 0; nt < WN; nt++) {
-                    if (FMT == BCU_RW_FP4) {
-                        uint32_t r[4];
-                        rd_fp4x8(word_of(wv[nt], h), r);
-                        b[nt][0] = rd_hmul2(r[0], s2[nt]);
-                        b[nt][1] = rd_hmul2(r[2], s2[nt]);
-                        b[nt][2] = rd_hmul2(r[1], s2[nt]);
-                        b[nt][3] = rd_hmul2(r[3], s2[nt]);
-                    } else {
-                        const uint32_t w0 = word_of(wv[nt], 2 * h), w1 = word_of(wv[nt], 2 * h + 1);
-                        b[nt][0] = rd_e4m3x2(w0);
-                        b[nt][1] = rd_e4m3x2(w0 >> 16);
-                        b[nt][2] = rd_e4m3x2(w1);
-                        b[nt][3] = rd_e4m3x2(w1 >> 16);
-                    }
-                }
+                for (int nt = 0; nt < WN; nt++)
+                    rd_bfrag<FMT == BCU_RW_FP4>(wv[nt], h, FMT == BCU_RW_FP4 ? s2[nt] : 0u, b[nt]);
                 const int off = xoff<FMT>(q, h);
 #pragma unroll
                 for (int im = 0; im < MTW; im++) {
@@ -719,25 +730,7 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
         }
     }
 
-    /* y = A_hi + (A_mid + A_lo), A = ((0 + S_0) + S_1) + ... over the slices;
-     * in a split the blocks of the cluster share the outputs */
-    if (ns > 1) rd_cluster_sync();
-    else __syncthreads();
-    const int rank = ns > 1 ? (int)blockIdx.x : 0;
-    for (int e = rank * C::NT + tid; e < tbv * C::RB; e += ns * C::NT) {
-        const int tau = e / C::RB, ol = e - tau * C::RB;
-        const int64_t o = ob + ol;
-        if (o >= a.n) continue;
-        float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
-        for (int j = 0; j < ns; j++) {
-            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + 3 * tau * C::RBP + ol;
-            A0 = A0 + src[0];
-            A1 = A1 + src[C::RBP];
-            A2 = A2 + src[2 * C::RBP];
-        }
-        a.y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
-    }
-    if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
+    rd_store_y<C>(a, Sx, ns, tid, tbv, ob, t0);
 }
 
 /* ---- the decode row-dot (T <= 5; see the top of the file)
@@ -943,22 +936,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
     /* the B operand of one chunk for the k16 steps 2h (b[nt][h][0..1]) and 2h+1 (b[nt][h][2..3]) */
     auto decode = [&](const uint4(&wv)[WN], const uint32_t(&s2)[WN], int h, uint32_t(&b)[WN][4]) {
 #pragma unroll
-        for (int nt = 0; nt < WN; nt++) {
-            if (FMT == BCU_RW_FP4) {
-                uint32_t r[4];
-                rd_fp4x8(word_of(wv[nt], h), r);
-                b[nt][0] = rd_hmul2(r[0], s2[nt]);
-                b[nt][1] = rd_hmul2(r[2], s2[nt]);
-                b[nt][2] = rd_hmul2(r[1], s2[nt]);
-                b[nt][3] = rd_hmul2(r[3], s2[nt]);
-            } else {
-                const uint32_t w0 = word_of(wv[nt], 2 * h), w1 = word_of(wv[nt], 2 * h + 1);
-                b[nt][0] = rd_e4m3x2(w0);
-                b[nt][1] = rd_e4m3x2(w0 >> 16);
-                b[nt][2] = rd_e4m3x2(w1);
-                b[nt][3] = rd_e4m3x2(w1 >> 16);
-            }
-        }
+        for (int nt = 0; nt < WN; nt++) rd_bfrag<FMT == BCU_RW_FP4>(wv[nt], h, s2[nt], b[nt]);
     };
     /* S += P * scale for chunk cc, and the slice's flush into Sx: ((0 + S_0) + S_1) + ... */
     auto update = [&](int cc, const float(&P)[WN][4]) {
@@ -1043,24 +1021,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
         }
     }
 
-    /* y = A_hi + (A_mid + A_lo), A = ((0 + S_0) + S_1) + ... over the slices, as rowmma_kernel */
-    if (ns > 1) rd_cluster_sync();
-    else __syncthreads();
-    const int rank = ns > 1 ? (int)blockIdx.x : 0;
-    for (int e = rank * C::NT + tid; e < tbv * C::RB; e += ns * C::NT) {
-        const int tau = e / C::RB, ol = e - tau * C::RB;
-        const int64_t o = ob + ol;
-        if (o >= a.n) continue;
-        float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
-        for (int j = 0; j < ns; j++) {
-            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + 3 * tau * C::RBP + ol;
-            A0 = A0 + src[0];
-            A1 = A1 + src[C::RBP];
-            A2 = A2 + src[2 * C::RBP];
-        }
-        a.y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
-    }
-    if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
+    rd_store_y<C>(a, Sx, ns, tid, tbv, ob, t0); /* as rowmma_kernel */
 }
 
 /* the chunking of [c0, c0+K) and the slices: a function of the weight and the slice only */

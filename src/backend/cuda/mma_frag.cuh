@@ -98,6 +98,28 @@ __device__ __forceinline__ uint32_t ue8m0_bf16x2(uint32_t b)
     return p | (p << 16);
 }
 
+/* The B operands of the k16 step pair h from one lane's 16 bytes of weights: b[0], b[1] for step 2h, b[2], b[3]
+ * for step 2h + 1.  FP4: the 8 e2m1 codes of word h, times the scale pair s2 (exact); FP8: the 4 + 4 e4m3 codes of
+ * words 2h and 2h + 1 (s2 unused: FP8 scales are applied to the chunk's sums). */
+template <bool FP4>
+__device__ __forceinline__ void rd_bfrag(const uint4 &wv, int h, uint32_t s2, uint32_t b[4])
+{
+    if (FP4) {
+        uint32_t r[4];
+        rd_fp4x8(word_of(wv, h), r);
+        b[0] = rd_hmul2(r[0], s2);
+        b[1] = rd_hmul2(r[2], s2);
+        b[2] = rd_hmul2(r[1], s2);
+        b[3] = rd_hmul2(r[3], s2);
+    } else {
+        const uint32_t w0 = word_of(wv, 2 * h), w1 = word_of(wv, 2 * h + 1);
+        b[0] = rd_e4m3x2(w0);
+        b[1] = rd_e4m3x2(w0 >> 16);
+        b[2] = rd_e4m3x2(w1);
+        b[3] = rd_e4m3x2(w1 >> 16);
+    }
+}
+
 } /* namespace */
 
 #endif

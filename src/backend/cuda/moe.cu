@@ -885,14 +885,7 @@ __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
                 for (int h = 0; h < 4; h++) {
                     uint32_t b[MR_WN][4];
 #pragma unroll
-                    for (int nt = 0; nt < MR_WN; nt++) {
-                        uint32_t r[4];
-                        rd_fp4x8(word_of(wv[nt], h), r);
-                        b[nt][0] = rd_hmul2(r[0], s2[nt]);
-                        b[nt][1] = rd_hmul2(r[2], s2[nt]);
-                        b[nt][2] = rd_hmul2(r[1], s2[nt]);
-                        b[nt][3] = rd_hmul2(r[3], s2[nt]);
-                    }
+                    for (int nt = 0; nt < MR_WN; nt++) rd_bfrag<true>(wv[nt], h, s2[nt], b[nt]);
 #pragma unroll
                     for (int im = 0; im < MT; im++) {
                         if (im >= mtv) break; /* warp-uniform */
