@@ -145,23 +145,6 @@ static void rd_cluster_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, in
     cfg->numAttrs = 1;
 }
 
-template <typename... P>
-bool rd_cluster_fits(void (*kern)(P...), int cluster_x, int threads, size_t smem)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)cluster_x, 1, 1);
-    cfg.blockDim = dim3((unsigned)threads, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at[1] = {};
-    rd_cluster_attr(&cfg, at, cluster_x);
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return n > 0;
-}
-
 /* launch kern<<<grid, block, smem, st>>>(args), as a cluster of cluster_x
  * blocks along x when cluster_x > 1 */
 template <typename... P, typename... A>
@@ -205,6 +188,13 @@ int rd_max_clusters(void (*kern)(P...), int cluster_x, int threads, size_t smem)
         return 0;
     }
     return n;
+}
+
+/* whether one cluster of cluster_x blocks of kern fits the device */
+template <typename... P>
+bool rd_cluster_fits(void (*kern)(P...), int cluster_x, int threads, size_t smem)
+{
+    return rd_max_clusters(kern, cluster_x, threads, smem) > 0;
 }
 
 /* the current device, 0 if unknown */
