@@ -58,7 +58,7 @@ typedef enum {
     BCU_MOE_AUTO = 0,  /* rows while the average tokens per expert is small, else tiled */
     BCU_MOE_ROWS = 1,  /* a warp per output feature, all of an expert's tokens per weight read */
     BCU_MOE_TILED = 2, /* 128 x 128 tiles of (rows of one expert) x (weight rows) */
-    BCU_MOE_MMAROWS = 3, /* tensor cores, weights streamed into registers, 21 rows per weight read (bf16 maths) */
+    BCU_MOE_MMAROWS = 3, /* tensor cores, weights streamed into registers, 5-21 rows per weight read (bf16 maths) */
 } bcu_moe_path;
 /* AUTO with bf16 / bf16x3 maths takes the mma rows while T * topk <= this * n_experts */
 #define BCU_MOE_MMAROWS_MAX 32
