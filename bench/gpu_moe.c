@@ -113,6 +113,12 @@ int main(void)
 
     int64_t Ts[8] = {1, 8, 64, 256, 1024, 2048, 4096, 16384};
     int nT = (int)(sizeof Ts / sizeof Ts[0]);
+    /* DEEPINFER_CUDA_MOE_MR=MT,KS: the mma rows in that tiling (bcu_moe_set_tiling) */
+    const char *mr = getenv("DEEPINFER_CUDA_MOE_MR");
+    if (mr && *mr && bcu_moe_set_tiling(atoi(mr), strchr(mr, ',') ? atoi(strchr(mr, ',') + 1) : 1)) {
+        fprintf(stderr, "bench_gpu_moe: DEEPINFER_CUDA_MOE_MR must be MT,KS with MT 1, 2 or 4 and KS 1 or 4\n");
+        return 2;
+    }
     /* BENCH_GPU_MOE_T=1,256: only these batch sizes (ascending; e.g. for a profiler) */
     const char *only = getenv("BENCH_GPU_MOE_T");
     if (only && *only) {
@@ -214,8 +220,8 @@ int main(void)
     }
     printf("\nauto picks: ");
     for (int ti = 0; ti < nT; ti++)
-        printf("T=%lld %s/%s%s", (long long)Ts[ti], bcu_moe_path_name(bcu_moe_auto_path(Ts[ti], TOPK, E, BCU_MOE_FP32)),
-               bcu_moe_path_name(bcu_moe_auto_path(Ts[ti], TOPK, E, BCU_MOE_BF16X3)), ti + 1 < nT ? ", " : "\n");
+        printf("T=%lld %s/%s%s", (long long)Ts[ti], bcu_moe_path_name(bcu_moe_auto_path(Ts[ti], TOPK, E, BCU_MOE_FP32, 0)),
+               bcu_moe_path_name(bcu_moe_auto_path(Ts[ti], TOPK, E, BCU_MOE_BF16X3, 0)), ti + 1 < nT ? ", " : "\n");
     printf("(fp32 / bf16 maths; the rows path always computes in fp32, the mma rows in three bf16 planes)\n");
     free(ids);
     free(wt);

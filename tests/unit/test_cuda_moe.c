@@ -256,10 +256,13 @@ static void test_layout_limits(void **st)
     assert_int_equal(bcu_moe_workspace_bytes(-1, 6, 256, 4096, 2048), 0);
     assert_int_equal(bcu_moe_workspace_bytes((int64_t)1 << 40, 6, 256, 4096, 2048), 0);
     assert_true(bcu_moe_workspace_bytes(0, 6, 256, 4096, 2048) > 0);
-    assert_int_equal(bcu_moe_auto_path(1, 6, 256, BCU_MOE_FP32), BCU_MOE_ROWS);
-    assert_int_equal(bcu_moe_auto_path(16384, 6, 256, BCU_MOE_BF16X3), BCU_MOE_TILED);
-    assert_int_equal(bcu_moe_auto_path(1, 6, 256, BCU_MOE_BF16X3), BCU_MOE_MMAROWS);
-    assert_int_equal(bcu_moe_auto_path(256, 6, 256, BCU_MOE_BF16), BCU_MOE_MMAROWS);
+    assert_int_equal(bcu_moe_auto_path(1, 6, 256, BCU_MOE_FP32, 0), BCU_MOE_ROWS);
+    assert_int_equal(bcu_moe_auto_path(16384, 6, 256, BCU_MOE_BF16X3, 0), BCU_MOE_TILED);
+    assert_int_equal(bcu_moe_auto_path(1, 6, 256, BCU_MOE_BF16X3, 0), BCU_MOE_MMAROWS);
+    assert_int_equal(bcu_moe_auto_path(256, 6, 256, BCU_MOE_BF16, 0), BCU_MOE_MMAROWS);
+    assert_int_equal(bcu_moe_auto_path(256, 6, 256, BCU_MOE_BF16, 4), BCU_MOE_TILED);
+    assert_int_equal(bcu_moe_set_tiling(2, 4), -1);
+    assert_int_equal(bcu_moe_set_tiling(3, 1), -1);
 }
 
 /* ------------------------------------------------------------------ experts */
@@ -539,21 +542,21 @@ typedef struct {
     bcu_moe_path path;
     bcu_moe_math math;
     double bound;
-    const char *mr; /* mma rows: DEEPINFER_CUDA_MOE_MR ("MT,KS"), NULL: chosen by the batch */
+    int mt, ks; /* mma rows: the tiling bcu_moe_set_tiling forces; 0, 0: chosen by the batch */
 } variant;
 
 static const variant variants[] = {
     /* bf16x3: three bf16 planes per activation, one tensor-core product per plane summed in fp32; at
      * V4 sizes (K 2048-4096) the H200 measured 1.1e-5 (2026-11-29), so its bound is 5e-5 */
-    {BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, NULL},  {BCU_MOE_TILED, BCU_MOE_FP32, 1e-5, NULL},
-    {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, NULL}, {BCU_MOE_TILED, BCU_MOE_BF16, 2e-2, NULL},
-    {BCU_MOE_AUTO, BCU_MOE_FP32, 1e-5, NULL},
+    {BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},  {BCU_MOE_TILED, BCU_MOE_FP32, 1e-5, 0, 0},
+    {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0}, {BCU_MOE_TILED, BCU_MOE_BF16, 2e-2, 0, 0},
+    {BCU_MOE_AUTO, BCU_MOE_FP32, 1e-5, 0, 0},
     /* mma rows: the same three planes whichever bf16 maths is asked for; every tiling (m16 tiles per pass,
      * K split over the block's warps or not) */
-    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, NULL}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, NULL},
-    {BCU_MOE_AUTO, BCU_MOE_BF16X3, 5e-5, NULL},    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, "1,1"},
-    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, "2,1"}, {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, "4,1"},
-    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, "1,4"}, {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, "4,4"},
+    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 0, 0},
+    {BCU_MOE_AUTO, BCU_MOE_BF16X3, 5e-5, 0, 0},    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 1, 1},
+    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 2, 1}, {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 1},
+    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 1, 4}, {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4},
 };
 
 static void run_case(experts *X, int topk, const mcase *c, int controls)
@@ -601,10 +604,11 @@ static void run_case(experts *X, int topk, const mcase *c, int controls)
     char what[160];
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const variant *vr = &variants[v];
-        snprintf(what, sizeof what, "%s T=%lld %s/%s%s%s", c->name, (long long)T, bcu_moe_path_name(vr->path),
-                 bcu_moe_math_name(vr->math), vr->mr ? " " : "", vr->mr ? vr->mr : "");
-        if (vr->mr) setenv("DEEPINFER_CUDA_MOE_MR", vr->mr, 1);
-        else unsetenv("DEEPINFER_CUDA_MOE_MR");
+        char tiling[16] = "";
+        if (vr->mt) snprintf(tiling, sizeof tiling, " %d,%d", vr->mt, vr->ks);
+        snprintf(what, sizeof what, "%s T=%lld %s/%s%s", c->name, (long long)T, bcu_moe_path_name(vr->path),
+                 bcu_moe_math_name(vr->math), tiling);
+        assert_int_equal(bcu_moe_set_tiling(vr->mt, vr->ks), 0);
         for (int run = 0; run < 2; run++) {
             CK(cudaMemset(dy, 0xFF, (size_t)(T * D) * 4)); /* NaN */
             CK(cudaMemset(ws, 0xFF, wsb));

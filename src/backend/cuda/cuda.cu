@@ -726,10 +726,10 @@ run:
         CU(cudaMemcpyAsync(dw, w, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
     }
     /* bf16x3 / bf16: the tensor-core kernels (three bf16 planes, ~1e-6); fp32: FFMA */
-    const bcu_moe_math mm = c->math == BCU_MATH_BF16 ? BCU_MOE_BF16 : c->math == BCU_MATH_BF16X3 ? BCU_MOE_BF16X3 : BCU_MOE_FP32;
-    const bcu_moe_path mp = mm != BCU_MOE_FP32 && (int64_t)T * topk <= (int64_t)c->moe_mmarows_max * E
-                                ? BCU_MOE_MMAROWS
-                                : BCU_MOE_AUTO;
+    const bcu_moe_math mm = c->math == BCU_MATH_BF16     ? BCU_MOE_BF16
+                            : c->math == BCU_MATH_BF16X3 ? BCU_MOE_BF16X3
+                                                         : BCU_MOE_FP32;
+    const bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
     CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, mm, mp, dws, wsb, c->st));
     if (dev) return 0;
     CU(cudaMemcpyAsync(y, dy, T * (size_t)D * 4, cudaMemcpyDeviceToHost, c->st));

@@ -38,6 +38,8 @@
  * FP8 activations, V4.1's 1x16 scale blocks (BCU_MOE_BLOCK is 32). */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <atomic>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1164,11 +1166,26 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
 /* Rows while the average expert has few tokens: the rows kernel decodes a
  * weight once per 4 tokens, the tiled kernels once per 128 (and the FFMA tile
  * pays for its empty rows in 8-row steps). */
-extern "C" bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math)
+/* bcu_moe_set_tiling's variant, MT << 4 | KS; 0: by the batch */
+static std::atomic<int> mr_forced(0);
+
+extern "C" int bcu_moe_set_tiling(int mt, int ks)
 {
+    if (!mt && !ks) {
+        mr_forced.store(0, std::memory_order_relaxed);
+        return 0;
+    }
+    if (!(mt == 1 || mt == 2 || mt == 4) || !(ks == 1 || ks == MR_WARPS) || (ks == MR_WARPS && mt == 2)) return -1;
+    mr_forced.store(mt << 4 | ks, std::memory_order_relaxed);
+    return 0;
+}
+
+extern "C" bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math, int mmarows_max)
+{
+    if (mmarows_max <= 0) mmarows_max = BCU_MOE_MMAROWS_MAX;
     if (math == BCU_MOE_FP32) return T * topk <= 8 * n_experts ? BCU_MOE_ROWS : BCU_MOE_TILED;
     /* tensor cores: the mma rows decode a weight once per 5-21 rows, the tiles once per 128 */
-    return T * topk <= BCU_MOE_MMAROWS_MAX * n_experts ? BCU_MOE_MMAROWS : BCU_MOE_TILED;
+    return T * topk <= (int64_t)mmarows_max * n_experts ? BCU_MOE_MMAROWS : BCU_MOE_TILED;
 }
 
 extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, const float *x, const int32_t *ids,
@@ -1183,7 +1200,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         !ex->s2 || (uintptr_t)ws % 256 || (uintptr_t)x % 16 || (uintptr_t)y % 16)
         return cudaErrorInvalidValue;
     if (math != BCU_MOE_FP32 && math != BCU_MOE_BF16X3 && math != BCU_MOE_BF16) return cudaErrorInvalidValue;
-    if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math);
+    if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math, 0);
     if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS) return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
 
@@ -1243,16 +1260,10 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         mr_split_kernel<<<(unsigned)(ng < 4096 * 256 ? (ng + 255) / 256 : 4096), 256, 0, st>>>(p.xq, x, T, a.D, Dp);
         const unsigned ny = (unsigned)p.n_slots;
         /* MT by the average rows per expert (H200, bench_gpu_moe: 1 tile up to 2 rows, else 2 tiles: 2 beat 4
-         * even at 24 rows per expert, by occupancy); DEEPINFER_CUDA_MOE_MR = "MT,KS" (1/2/4, 1/4) forces a
-         * variant for the test and the benchmark */
+         * even at 24 rows per expert, by occupancy), unless bcu_moe_set_tiling forced a variant */
         const int64_t avg = (p.P + ex->n_experts - 1) / ex->n_experts;
-        int mt = avg <= 2 ? 1 : 2, ks = 1;
-        const char *ev = getenv("DEEPINFER_CUDA_MOE_MR");
-        if (ev && *ev) {
-            mt = atoi(ev);
-            const char *c = strchr(ev, ',');
-            ks = c ? atoi(c + 1) : 1;
-        }
+        const int forced = mr_forced.load(std::memory_order_relaxed);
+        const int mt = forced ? forced >> 4 : avg <= 2 ? 1 : 2, ks = forced ? forced & 15 : 1;
         cudaError_t e = mr_launch(mt, ks, a, ny, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_ROWS) {

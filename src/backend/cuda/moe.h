@@ -82,8 +82,12 @@ cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, const float *x,
 
 const char *bcu_moe_math_name(bcu_moe_math m);
 const char *bcu_moe_path_name(bcu_moe_path p);
-/* the path AUTO picks for these sizes */
-bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math);
+/* the path AUTO picks for these sizes; mmarows_max: the mma rows' limit in pairs per expert (<= 0:
+ * BCU_MOE_MMAROWS_MAX) */
+bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math math, int mmarows_max);
+/* For the test and the benchmark, process-wide: force the mma rows' tiling, mt m16 tiles per pass (1, 2, 4) and
+ * K split over ks warps (1; 4 with mt 1 or 4); (0, 0): chosen by the batch again.  -1 for other values. */
+int bcu_moe_set_tiling(int mt, int ks);
 
 /* ---- the workspace, for the test and for debugging.  A pair is p = t*topk + k;
  * a "row" is a pair's place in the expert-sorted order. */
