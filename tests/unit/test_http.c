@@ -406,16 +406,26 @@ static int cl_read(client *c, resp *r, int ms) {
 }
 
 /* The server closes within ms (whatever it still sends is skipped). */
+/* 1 when the server ends the connection within ms: a FIN, or any receive
+ * error (a reset, which some network stacks report as EPIPE or ECONNABORTED
+ * rather than ECONNRESET).  0 only when the connection is still open. */
 static int cl_eof(client *c, int ms) {
     double end = now_s() + ms / 1000.0;
     c->off = c->len = 0;
     for (;;) {
         int left = (int)((end - now_s()) * 1000);
         if (left <= 0) return 0;
-        ssize_t n = cl_fill(c, left);
-        c->off = c->len = 0;
-        if (n == 0 || (n < 0 && errno == ECONNRESET)) return 1;
-        if (n < 0) return 0;
+        struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+        int pr = poll(&pf, 1, left);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) return 0;
+        ssize_t n = recv(c->fd, c->buf, sizeof c->buf, 0);
+        if (n == 0) return 1;
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN) continue;
+            fprintf(stderr, "cl_eof: connection ended by %s\n", strerror(errno));
+            return 1;
+        }
     }
 }
 
