@@ -28,6 +28,17 @@ transformers' own code.  The quantisers below are written from the formats' defi
   6. routed experts  the routing weight multiplies the clamped SwiGLU output BEFORE down_proj (w2).
   7. tie order       not a semantic point: among EQUAL indexer scores the lower entry index is kept
                      (the engine's documented rule); both references leave it to torch.topk.
+  8. GEMM activations model.py linear(): before every FP8 / FP4 GEMM the activation goes through
+                     act_quant (FP8 e4m3fn round trip per row, blocks of 128 along the input, the
+                     scale of 1) and the GEMM multiplies it with the dequantised weight.  Which GEMMs:
+                     the weights stored FP8 / FP4 in the checkpoint among those model.py runs
+                     through linear(): wq_a, wq_b, wkv, wo_b, the indexer's wq_b, the shared
+                     expert's w1/w3/w2, the routed experts' w1/w3 (on x) and w2 (on the weighted
+                     SwiGLU output).  Not wo_a (an einsum on the dequantised weight), not the
+                     compressors, weights_proj, router or head (declared bf16 / fp32).  Only the
+                     quantised fixture (tiny-mixed-fp8fp4) has such weights: the oracle loads its
+                     dequantised twin into transformers and reads the dtypes from the quantised
+                     checkpoint; on the bf16 fixtures this point does nothing.
 
 Rounding (the real tilelang kernels cast to the format; kernel.py's torch port only clamps):
 FP8 = clamp to +-448, then torch's float32 -> float8_e4m3fn cast (round to nearest even) and
@@ -74,7 +85,9 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as MV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE_ROOT = os.path.join(ROOT, "tests", "fixtures", "model")
-DEFAULT_FIXTURES = ["tiny-mixed", "tiny-hash-swa", "tiny-hca16"]
+DEFAULT_FIXTURES = ["tiny-mixed", "tiny-hash-swa", "tiny-hca16", "tiny-mixed-fp8fp4"]
+# fixture -> the checkpoint transformers loads (a quantised fixture's dequantised twin, same values)
+MODEL_DIR = {"tiny-mixed-fp8fp4": "tiny-mixed-fp8fp4-twin"}
 
 FP8_MAX = 448.0
 FP4_MAX = 6.0
@@ -82,12 +95,13 @@ FP8_AMAX_FLOOR = 1e-4
 FP4_AMAX_FLOOR = 6.0 * 2.0 ** -126
 FP8_BLOCK = 64     # window / compressed KV (model.py: act_quant(kv[..., :-rd], 64, ...))
 FP4_BLOCK = 32     # indexer (model.py: fp4_block_size = 32)
+ACT_BLOCK = 128    # GEMM activations (model.py: block_size = 128)
 NEAR_MID = 1e-5    # "near a rounding midpoint": relative distance below this
 NEAR_TIE = 1e-3    # top-k boundaries listed when their relative gap is below this
 E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 PATCHES = ("window_kv_fp8", "compressed_kv_fp8", "indexer_k_hadamard_fp4", "indexer_q_hadamard_fp4",
-           "router_no_eps", "expert_weight_before_w2", "indexer_ties_lower_index")
+           "router_no_eps", "expert_weight_before_w2", "indexer_ties_lower_index", "gemm_act_fp8")
 PATCH_DOC = {
     "window_kv_fp8": "window KV after kv_norm+RoPE: channels [0, head_dim-rope_dim) FP8 e4m3fn round trip, "
                      "blocks of 64 per token, scale 2^ceil(log2(max(amax,1e-4)*fl32(1/448)))",
@@ -104,7 +118,57 @@ PATCH_DOC = {
     "indexer_ties_lower_index": "not a semantic point: among EQUAL indexer scores the lower entry index is kept "
                                 "(stable descending sort), the engine's documented rule; both references leave "
                                 "the order of ties to torch.topk (unspecified)",
+    "gemm_act_fp8": "model.py linear(): the input of every GEMM whose weight is FP8 / FP4 in the checkpoint (wq_a, "
+                    "wq_b, wkv, wo_b, indexer wq_b, shared and routed w1/w3/w2; not wo_a, compressors, "
+                    "weights_proj, router, head) goes through act_quant: FP8 round trip per row in blocks of 128, "
+                    "scale 2^ceil(log2(max(amax,1e-4)*fl32(1/448)))",
 }
+
+# checkpoint name (official or transformers naming) -> (module path under the decoder layer, site); experts apart
+ACT_ROLES = {
+    "attn.wq_a": ("self_attn.q_a_proj", "act_wq_a"), "self_attn.q_a_proj": ("self_attn.q_a_proj", "act_wq_a"),
+    "attn.wq_b": ("self_attn.q_b_proj", "act_wq_b"), "self_attn.q_b_proj": ("self_attn.q_b_proj", "act_wq_b"),
+    "attn.wkv": ("self_attn.kv_proj", "act_wkv"), "self_attn.kv_proj": ("self_attn.kv_proj", "act_wkv"),
+    "attn.wo_b": ("self_attn.o_b_proj", "act_wo_b"), "self_attn.o_b_proj": ("self_attn.o_b_proj", "act_wo_b"),
+    "attn.indexer.wq_b": ("self_attn.compressor.indexer.q_b_proj", "act_indexer_wq_b"),
+    "self_attn.compressor.indexer.q_b_proj": ("self_attn.compressor.indexer.q_b_proj", "act_indexer_wq_b"),
+    "ffn.shared_experts.w1": ("mlp.shared_experts.gate_proj", "act_shared_w1"),
+    "ffn.shared_experts.w3": ("mlp.shared_experts.up_proj", "act_shared_w3"),
+    "ffn.shared_experts.w2": ("mlp.shared_experts.down_proj", "act_shared_w2"),
+    "mlp.shared_experts.gate_proj": ("mlp.shared_experts.gate_proj", "act_shared_w1"),
+    "mlp.shared_experts.up_proj": ("mlp.shared_experts.up_proj", "act_shared_w3"),
+    "mlp.shared_experts.down_proj": ("mlp.shared_experts.down_proj", "act_shared_w2"),
+}
+QUANT_DTYPES = ("F8_E4M3", "I8", "U8", "F4")
+
+
+def quantised_roles(d):
+    """From the checkpoint's safetensors headers: {(layer, module path, site)} of the GEMMs act_quant runs before,
+    and {layer: (experts whose w1 and w3 are quantised, experts whose w2 is)}."""
+    import re
+    import struct
+    dtypes = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(d, f), "rb") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                for k, v in json.loads(fh.read(n)).items():
+                    if k != "__metadata__":
+                        dtypes[k] = v["dtype"]
+    lin, experts = set(), {}
+    for k, dt in dtypes.items():
+        m = re.match(r"(?:model\.)?layers\.(\d+)\.(.+)\.weight$", k)
+        if not m or dt not in QUANT_DTYPES:
+            continue
+        li, name = int(m.group(1)), m.group(2)
+        if name in ACT_ROLES:
+            lin.add((li, *ACT_ROLES[name]))
+            continue
+        e = re.match(r"ffn\.experts\.(\d+)\.(w[123])$", name)
+        if e:
+            ins, outs = experts.setdefault(li, (set(), set()))
+            (outs if e.group(2) == "w2" else ins).add(int(e.group(1)))
+    return lin, experts
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,18 +465,43 @@ def _hash_router_forward(self, hidden_states, input_ids):
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     st = STATE
-    if not st.on["expert_weight_before_w2"]:
+    before = st.on["expert_weight_before_w2"]
+    ins, outs = getattr(self, "_oracle_aq", (set(), set()))
+    aq = st.on["gemm_act_fp8"] and (ins or outs)
+    if not (before or aq):
         return ORIG["experts"](self, hidden_states, top_k_index, top_k_weights)
-    st.calls["expert_weight_before_w2"] += 1
+    if before:
+        st.calls["expert_weight_before_w2"] += 1
+    if aq:
+        st.calls["gemm_act_fp8"] += 1
+    li = getattr(self, "_oracle_layer", -1)
     final = torch.zeros_like(hidden_states)
     for e in range(self.num_experts):
         tok, kpos = torch.where(top_k_index == e)
         if tok.numel() == 0:
             continue
-        h = self._apply_gate(F.linear(hidden_states[tok], self.gate_up_proj[e]))   # clamp, silu(gate) * up
-        h = h * top_k_weights[tok, kpos, None]                                     # weight BEFORE w2
-        final.index_add_(0, tok, F.linear(h, self.down_proj[e]).to(final.dtype))
+        x = hidden_states[tok]
+        if aq and e in ins:                                                        # act_quant before w1 / w3
+            x = fq(x.reshape(-1, 1, x.shape[-1]), ACT_BLOCK, "e4m3", f"act_expert{e}_w13", li).reshape(x.shape)
+        h = self._apply_gate(F.linear(x, self.gate_up_proj[e]))                    # clamp, silu(gate) * up
+        w = top_k_weights[tok, kpos, None]
+        if before:
+            h = h * w                                                              # weight BEFORE w2
+        if aq and e in outs:                                                       # act_quant before w2
+            h = fq(h.reshape(-1, 1, h.shape[-1]), ACT_BLOCK, "e4m3", f"act_expert{e}_w2", li).reshape(h.shape)
+        y = F.linear(h, self.down_proj[e])
+        final.index_add_(0, tok, (y if before else y * w).to(final.dtype))
     return final
+
+
+def _act_pre_hook(module, args):
+    """forward pre-hook on a quantised GEMM's nn.Linear: its input through act_quant (gemm_act_fp8)."""
+    if not STATE.on["gemm_act_fp8"]:
+        return None
+    STATE.calls["gemm_act_fp8"] += 1
+    x = args[0]
+    q = fq(x.reshape(-1, 1, x.shape[-1]), ACT_BLOCK, "e4m3", module._oracle_site, module._oracle_layer)
+    return (q.reshape(x.shape).to(x.dtype),) + tuple(args[1:])
 
 
 _TARGETS = (("eager", MV, "eager_attention_forward", _attn_wrapper),
@@ -424,13 +513,24 @@ _TARGETS = (("eager", MV, "eager_attention_forward", _attn_wrapper),
             ("tensor_topk", torch.Tensor, "topk", _tensor_topk))
 
 
-def install(model):
-    """Install the wrappers and tag the per-layer modules with their layer index."""
+HOOKS = []
+
+
+def install(model, roles=(set(), {})):
+    """Install the wrappers, tag the per-layer modules with their layer index, hook the quantised GEMMs."""
     for key, owner, attr, fn in _TARGETS:
         if key not in ORIG:
             ORIG[key] = getattr(owner, attr)
         setattr(owner, attr, fn)
+    lin, experts = roles
+    if not HOOKS:
+        for li, path, site in sorted(lin):
+            mod = model.model.layers[li].get_submodule(path)
+            mod._oracle_layer, mod._oracle_site = li, site
+            HOOKS.append(mod.register_forward_pre_hook(_act_pre_hook))
     for li, layer in enumerate(model.model.layers):
+        layer.mlp.experts._oracle_layer = li
+        layer.mlp.experts._oracle_aq = experts.get(li, (set(), set()))
         comp = layer.self_attn.compressor
         if isinstance(comp, MV.DeepseekV4CSACompressor):
             sc = comp.indexer.scorer
@@ -440,10 +540,12 @@ def install(model):
 
 
 def uninstall():
-    """Put transformers' (and torch's) originals back."""
+    """Put transformers' (and torch's) originals back, remove the hooks."""
     for key, owner, attr, _ in _TARGETS:
         if key in ORIG:
             setattr(owner, attr, ORIG[key])
+    while HOOKS:
+        HOOKS.pop().remove()
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,16 +683,18 @@ def load_ref(d):
 
 def make(name, threads):
     d = os.path.join(FIXTURE_ROOT, name)
-    ref, ref_logits = load_ref(d)
+    md = os.path.join(FIXTURE_ROOT, MODEL_DIR.get(name, name))
+    ref, ref_logits = load_ref(md)
     ids = ref["input_ids"]
-    model = load(d)
+    model = load(md)
     cfg = model.config
+    roles = quantised_roles(d)
 
     # 0. transformers untouched, then the wrappers with every switch off: the same bits
     uninstall()
     with torch.no_grad():
         plain = model(torch.tensor([ids]), use_cache=False).logits[0].float()
-    install(model)
+    install(model, roles)
     off, calls_off, _ = forward(model, ids, on=())
     checks = {
         "patches_off_equal_transformers_bitwise": bool(torch.equal(off, plain)),
@@ -682,6 +786,10 @@ def make(name, threads):
         "python": platform.python_version(),
         "threads": threads,
         "load": "DeepseekV4ForCausalLM.from_pretrained(dir, dtype=float32, attn_implementation='eager')",
+        "model_dir": os.path.basename(md),
+        "act_quant_gemms": {"linear": sorted([li, site] for li, _, site in roles[0]),
+                            "experts": {str(li): {"w1_w3": len(i), "w2": len(o)}
+                                        for li, (i, o) in sorted(roles[1].items())}},
         "experts_implementation": getattr(cfg, "_experts_implementation", None),
         "forward": "one full forward, use_cache=False, over ref.json input_ids",
         "input_ids_from": "ref.json",
@@ -698,7 +806,7 @@ def make(name, threads):
             "fp4": "clamp(x/s, +-6) -> nearest e2m1 (ties to even mantissa) -> *s; "
                    "s = 2^ceil(log2(max(amax,6*2^-126)*fl32(1/6)))",
             "hadamard": "x @ H_n (Sylvester, H_2k = [[H,H],[H,-H]]) * n^-1/2, float32 matmul",
-            "fp8_block": FP8_BLOCK, "fp4_block": FP4_BLOCK,
+            "fp8_block": FP8_BLOCK, "fp4_block": FP4_BLOCK, "act_block": ACT_BLOCK,
             "partial_block": "a trailing short block is its own block (none in these fixtures)",
         },
         "checks": checks,

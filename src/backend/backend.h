@@ -36,6 +36,9 @@ typedef struct be_weight {
 
 typedef struct be_backend be_backend;
 
+/* be_ops.moe flags */
+enum { BE_MOE_WEIGHT_BEFORE_W2 = 1, BE_MOE_ACT_FP8_H = 2 };
+
 /* One sequence of an attention call (be_ops.attention).  Its query rows are
  * T consecutive rows of the call, at positions p0 .. p0+T-1. */
 typedef struct be_attn_seq {
@@ -93,14 +96,17 @@ typedef struct be_ops {
     void (*destroy)(be_backend *be);
     /* Optional (NULL: the graph loops over experts with linear).  The routed
      * experts of a MoE layer in one call: y[t] = sum over k of token t's
-     * experts ids[t, k] (ascending id) of W2 swiglu(W1 x, W3 x), the weight
-     * w[t, k] applied to h before W2 (weight_before_w2, official semantics) or
-     * to W2 h.  w1/w3/w2 are arrays of n_experts weights.  Returns 0 when y
-     * holds the result, > 0 when this backend does not take these weights
-     * (the caller loops instead), < 0 on a backend error (y is NaN). */
+     * experts ids[t, k] (ascending id) of W2 h, h = swiglu(W1 x, W3 x), the
+     * weight w[t, k] applied to h before W2 (flag BE_MOE_WEIGHT_BEFORE_W2,
+     * official semantics) or to W2 h; with BE_MOE_ACT_FP8_H, h (after the
+     * weight) goes through v4.c's fq_fp8 in blocks of 128 columns before W2
+     * (the official act_quant of an FP8 / FP4 GEMM's input).  w1/w3/w2 are
+     * arrays of n_experts weights.  Returns 0 when y holds the result, > 0
+     * when this backend does not take these weights or flags (the caller
+     * loops instead), < 0 on a backend error (y is NaN). */
     int (*moe)(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
-               int weight_before_w2);
+               int flags);
     /* Optional (NULL: the graph runs its host loops).  One layer's attention
      * (with the CSA indexer) for nseq sequences; ntok = sum of their T.
      * Returns 0 when out holds the result, > 0 when this backend declines
@@ -150,6 +156,7 @@ typedef struct be_dev_ops {
     const void *(*view)(be_backend *be, const void *src, size_t bytes);
     int (*failed)(be_backend *be);
     void (*zero)(be_backend *be, void *p, size_t bytes);
+    void (*copy)(be_backend *be, void *dst, const void *src, size_t bytes); /* device -> device */
     void (*linear)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
     void (*linear_grouped)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups);
     void (*rmsnorm)(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps);
@@ -180,7 +187,7 @@ typedef struct be_dev_ops {
      * sequences' window keys and blocks are host memory, as there) */
     int (*moe)(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
-               int weight_before_w2);
+               int flags);
     int (*attention)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
 } be_dev_ops;
 

@@ -454,6 +454,61 @@ static void fq_fp4(float *x, size_t n, size_t block)
     }
 }
 
+/* Official semantics: DeepSeek's linear() quantises its activation to FP8
+ * (kernel.py act_quant, blocks of MD_ACT_BLOCK columns per row, ue8m0 scale)
+ * before every FP8 / FP4 GEMM, and the GEMM applies activation scale x weight
+ * scale per block: the product of the round-tripped x with the dequantised
+ * weight.  Which GEMMs: the official code dispatches on the weight's dtype,
+ * and declares wo_a (an einsum on the dequantised weight), the compressors,
+ * the indexer's weights_proj, the router and the head in bf16 / fp32; so
+ * here: wq_a, wq_b, wkv, wo_b, the indexer's wq_b, and the experts' w1, w3,
+ * w2 (routed and shared), each when its weight is FP8 or FP4 in the
+ * checkpoint.  The callers ask act_fp8() at exactly those sites. */
+#define MD_ACT_BLOCK 128
+
+static int act_fp8(const md_model *m, const be_weight *w)
+{
+    return m->sem == MD_SEM_OFFICIAL && (w->fmt == BE_W_FP8 || w->fmt == BE_W_FP4);
+}
+
+typedef struct {
+    float *x;
+    size_t K;
+} aq_job;
+
+static void aq_task(void *arg, size_t r)
+{
+    const aq_job *j = arg;
+    fq_fp8(j->x + r * j->K, j->K, MD_ACT_BLOCK);
+}
+
+/* rows [0, R) of x [R, K], each quantised as act_quant does, on the backend's threads */
+static void act_quant_rows(be_backend *be, float *x, size_t R, size_t K)
+{
+    aq_job j = {x, K};
+    be_cpu_parallel(be, R, aq_task, &j);
+}
+
+/* a quantised copy of x [R, K] when some GEMM of the site needs one (need), else NULL; *fail on no memory */
+static float *act_quant_copy(be_backend *be, const float *x, size_t R, size_t K, int need, int *fail)
+{
+    if (!need) return NULL;
+    float *q = malloc(R * K * sizeof(float));
+    if (!q) {
+        *fail = 1;
+        return NULL;
+    }
+    memcpy(q, x, R * K * sizeof(float));
+    act_quant_rows(be, q, R, K);
+    return q;
+}
+
+/* the input of w's GEMM: the quantised copy where act_fp8, else x itself */
+static const float *act_in(const md_model *m, const be_weight *w, const float *x, const float *xq)
+{
+    return act_fp8(m, w) ? xq : x;
+}
+
 /* Walsh-Hadamard transform in Sylvester order, scaled by n^-1/2 (n = 2^k). */
 static void hadamard(float *x, size_t n)
 {
@@ -1113,17 +1168,22 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
         iq = xalloc(R * (size_t)IH * ID * sizeof(float), &fail);
         iw = xalloc(R * (size_t)IH * sizeof(float), &fail);
     }
+    float *xq = NULL, *qrq = NULL; /* official: the FP8 activations of the FP8 / FP4 GEMMs (act_fp8) */
+    if (!fail) xq = act_quant_copy(be, x, R, (size_t)D, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv), &fail);
     if (fail) { rc = RC_ENOMEM; goto out; }
 
     /* queries: low rank, q_norm, per-head unweighted RMSNorm, RoPE on the tail */
-    be->ops->linear(be, qr, x, R, &ly->wq_a);
+    be->ops->linear(be, qr, act_in(m, &ly->wq_a, x, xq), R, &ly->wq_a);
     be->ops->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
-    be->ops->linear(be, q, qr, R, &ly->wq_b);
+    qrq = act_quant_copy(be, qr, R, (size_t)ql, act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)),
+                         &fail);
+    if (fail) { rc = RC_ENOMEM; goto out; }
+    be->ops->linear(be, q, act_in(m, &ly->wq_b, qr, qrq), R, &ly->wq_b);
     be->ops->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
     for (size_t t = 0; t < R; t++)
         for (int h = 0; h < H; h++) rope(q + (t * H + h) * d + d - rd, rd, inv, rw->pos[t], 0);
     /* the single K=V head */
-    be->ops->linear(be, kv, x, R, &ly->wkv);
+    be->ops->linear(be, kv, act_in(m, &ly->wkv, x, xq), R, &ly->wkv);
     be->ops->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
     for (size_t t = 0; t < R; t++) {
         rope(kv + t * d + d - rd, rd, inv, rw->pos[t], 0);
@@ -1136,7 +1196,7 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     if (ly->overlap) {
         be->ops->linear(be, ikv, x, R, &ly->i_wkv);
         be->ops->linear(be, ig, x, R, &ly->i_wgate);
-        be->ops->linear(be, iq, qr, R, &ly->i_wq_b);
+        be->ops->linear(be, iq, act_in(m, &ly->i_wq_b, qr, qrq), R, &ly->i_wq_b);
         be->ops->linear(be, iw, x, R, &ly->i_wproj);
         const float wscale = 1.0f / sqrtf((float)ID) * (1.0f / sqrtf((float)IH));
         for (size_t t = 0; t < R * IH; t++) iw[t] *= wscale;
@@ -1169,13 +1229,14 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
             for (int gi = 0; gi < g; gi++)
                 be->ops->linear_rows(be, u + (size_t)gi * ol, (size_t)g * ol, o + (size_t)gi * per, (size_t)H * d, R,
                                      &ly->wo_a, (int64_t)gi * ol, ol, 0);
+        if (act_fp8(m, &ly->wo_b)) act_quant_rows(be, u, R, (size_t)g * ol);
         be->ops->linear(be, out, u, R, &ly->wo_b);
     }
-    (void)D;
 out:
     if (kbufs)
         for (size_t i = 0; i < nseg; i++) free(kbufs[i]);
     free(kbufs); free(kst);
+    free(xq); free(qrq);
     free(qr); free(q); free(kv); free(o); free(u);
     free(ckv); free(cg); free(ikv); free(ig); free(iq); free(iw);
     return rc;
@@ -1240,6 +1301,29 @@ static void route_rows(const be_route *ra, float *logit, const int32_t *ids, siz
     }
 }
 
+/* act_fp8 over a layer's routed experts: any_in, whether some w1 / w3 takes the quantised x; uniform, whether
+ * every w1 and w3 agree (in) and every w2 agrees (out), as a grouped expert op needs (be_ops.moe's flags) */
+typedef struct {
+    int any_in, uniform, in, out;
+} moe_aq;
+
+static moe_aq moe_act(const md_model *m, const md_layer *ly)
+{
+    const int E = m->cfg.n_experts;
+    moe_aq a = {0, 1, E > 0 && act_fp8(m, &ly->w1[0]), E > 0 && act_fp8(m, &ly->w2[0])};
+    for (int e = 0; e < E; e++) {
+        const int i1 = act_fp8(m, &ly->w1[e]), i3 = act_fp8(m, &ly->w3[e]);
+        a.any_in |= i1 | i3;
+        if (i1 != a.in || i3 != a.in || act_fp8(m, &ly->w2[e]) != a.out) a.uniform = 0;
+    }
+    return a;
+}
+
+static int moe_flags(int official, moe_aq a)
+{
+    return (official ? BE_MOE_WEIGHT_BEFORE_W2 : 0) | (a.out ? BE_MOE_ACT_FP8_H : 0);
+}
+
 static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
 {
     const md_config *c = &m->cfg;
@@ -1258,6 +1342,9 @@ static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
     float *up = xalloc(R * (size_t)I * sizeof(float), &fail);
     float *dn = xalloc(R * (size_t)D * sizeof(float), &fail);
     float *rw_e = xalloc(R * sizeof(float), &fail);
+    float *xq = NULL; /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8) */
+    const moe_aq aq = moe_act(m, ly);
+    if (!fail) xq = act_quant_copy(be, x, R, (size_t)D, aq.any_in, &fail);
     if (fail) { rc = RC_ENOMEM; goto out; }
 
     be->ops->linear(be, logit, x, R, &ly->gate);
@@ -1268,8 +1355,9 @@ static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
      * order however the batch is made */
     memset(y, 0, R * (size_t)D * sizeof(float));
     /* a backend with a grouped expert kernel does them all at once (same order) */
-    const int grouped = be->ops->moe && be->ops->moe(be, y, x, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E,
-                                                     c->swiglu_limit, official) <= 0;
+    const int grouped = aq.uniform && be->ops->moe &&
+                        be->ops->moe(be, y, aq.in ? xq : x, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E, c->swiglu_limit,
+                                     moe_flags(official, aq)) <= 0;
     for (int e = 0; !grouped && e < E; e++) {
         size_t ne = 0;
         for (size_t t = 0; t < R; t++)
@@ -1277,17 +1365,22 @@ static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
                 if (idx[t * K + k] == e) {
                     rows[ne] = t;
                     rw_e[ne] = wt[t * K + k];
-                    memcpy(xs + ne * D, x + t * D, (size_t)D * sizeof(float));
                     ne++;
                 }
         if (!ne) continue;
+        /* w1 and w3 each take x as its own GEMM quantises it (act_fp8) */
+        const float *s1 = act_in(m, &ly->w1[e], x, xq), *s3 = act_in(m, &ly->w3[e], x, xq);
+        for (size_t r = 0; r < ne; r++) memcpy(xs + r * D, s1 + rows[r] * D, (size_t)D * sizeof(float));
         be->ops->linear(be, g, xs, ne, &ly->w1[e]);
+        if (s3 != s1)
+            for (size_t r = 0; r < ne; r++) memcpy(xs + r * D, s3 + rows[r] * D, (size_t)D * sizeof(float));
         be->ops->linear(be, up, xs, ne, &ly->w3[e]);
         for (size_t r = 0; r < ne; r++) {
             swiglu(g + r * I, up + r * I, (size_t)I, c->swiglu_limit);
             if (official) /* the routing weight goes in before w2 */
                 for (int i = 0; i < I; i++) g[r * I + i] *= rw_e[r];
         }
+        if (act_fp8(m, &ly->w2[e])) act_quant_rows(be, g, ne, (size_t)I);
         be->ops->linear(be, dn, g, ne, &ly->w2[e]);
         for (size_t r = 0; r < ne; r++) {
             float *yr = y + rows[r] * D;
@@ -1296,12 +1389,16 @@ static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)
         }
     }
     /* shared expert */
-    be->ops->linear(be, g, x, R, &ly->sw1);
-    be->ops->linear(be, up, x, R, &ly->sw3);
+    if (!xq && (act_fp8(m, &ly->sw1) || act_fp8(m, &ly->sw3)) &&
+        !(xq = act_quant_copy(be, x, R, (size_t)D, 1, &fail))) { rc = RC_ENOMEM; goto out; }
+    be->ops->linear(be, g, act_in(m, &ly->sw1, x, xq), R, &ly->sw1);
+    be->ops->linear(be, up, act_in(m, &ly->sw3, x, xq), R, &ly->sw3);
     for (size_t t = 0; t < R; t++) swiglu(g + t * I, up + t * I, (size_t)I, c->swiglu_limit);
+    if (act_fp8(m, &ly->sw2)) act_quant_rows(be, g, R, (size_t)I);
     be->ops->linear(be, dn, g, R, &ly->sw2);
     for (size_t i = 0; i < R * (size_t)D; i++) y[i] += dn[i];
 out:
+    free(xq);
     free(logit); free(idx); free(wt); free(rows); free(xs); free(g); free(up); free(dn); free(rw_e);
     return rc;
 }
@@ -1333,6 +1430,17 @@ static void *dalloc(dev_ctx *x, size_t bytes)
     void *p = x->dv->alloc(x->be, bytes ? bytes : 4);
     if (!p) x->oom = 1;
     return p;
+}
+
+/* act_quant_copy on the device: a quantised copy of src [R, K] when need, else NULL (x->oom on no memory) */
+static float *dact_quant_copy(dev_ctx *x, const float *src, size_t R, size_t K, int need)
+{
+    if (!need) return NULL;
+    float *q = dalloc(x, R * K * sizeof(float));
+    if (!q) return NULL;
+    x->dv->copy(x->be, q, src, R * K * sizeof(float));
+    x->dv->fq(x->be, q, R, K, K, MD_ACT_BLOCK, 0);
+    return q;
 }
 
 /* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */
@@ -1379,13 +1487,19 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     float *iw = ly->overlap ? dalloc(x, R * (size_t)IH * sizeof(float)) : NULL;
     if (x->oom) return RC_ENOMEM;
     float *kv = xs, *ckv = xs + R * d, *cg = ckv + R * cd, *ikv = cg + R * cd, *ig = ikv + R * icd;
+    /* official: the FP8 activations of the FP8 / FP4 GEMMs (act_fp8) */
+    const float *xq = dact_quant_copy(x, xin, R, (size_t)c->hidden_size, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv));
+    if (x->oom) return RC_ENOMEM;
 
-    dv->linear(be, qr, xin, R, &ly->wq_a);
+    dv->linear(be, qr, act_in(m, &ly->wq_a, xin, xq), R, &ly->wq_a);
     dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
-    dv->linear(be, q, qr, R, &ly->wq_b);
+    const float *qrq = dact_quant_copy(x, qr, R, (size_t)ql,
+                                       act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)));
+    if (x->oom) return RC_ENOMEM;
+    dv->linear(be, q, act_in(m, &ly->wq_b, qr, qrq), R, &ly->wq_b);
     dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
     dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
-    dv->linear(be, kv, xin, R, &ly->wkv);
+    dv->linear(be, kv, act_in(m, &ly->wkv, xin, xq), R, &ly->wkv);
     dv->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
     dv->rope(be, kv, R, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, 1);
     if (official) dv->fq(be, kv, R, (size_t)d, (size_t)(d - rd), 64, 0);
@@ -1396,7 +1510,7 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     if (ly->overlap) {
         dv->linear(be, ikv, xin, R, &ly->i_wkv);
         dv->linear(be, ig, xin, R, &ly->i_wgate);
-        dv->linear(be, iq, qr, R, &ly->i_wq_b);
+        dv->linear(be, iq, act_in(m, &ly->i_wq_b, qr, qrq), R, &ly->i_wq_b);
         dv->linear(be, iw, xin, R, &ly->i_wproj);
         dv->scale(be, iw, R * (size_t)IH, 1.0f / sqrtf((float)ID) * (1.0f / sqrtf((float)IH)));
         dv->rope(be, iq, R * IH, (size_t)ID, (size_t)(ID - rd), rd, m->inv_freq_comp, x->pos, IH);
@@ -1429,6 +1543,7 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
 
     if (ly->wo_a.rows != (int64_t)g * ol || ly->wo_a.cols != (int64_t)H * d / g) return RC_EUNSUP;
     dv->linear_grouped(be, u, o, R, &ly->wo_a, g);
+    if (act_fp8(m, &ly->wo_b)) dv->fq(be, u, R, (size_t)g * ol, (size_t)g * ol, MD_ACT_BLOCK, 0);
     dv->linear(be, out, u, R, &ly->wo_b);
     return 0;
 }
@@ -1449,12 +1564,17 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
     float *g = dalloc(x, R * (size_t)K * I * sizeof(float));
     float *up = dalloc(x, R * (size_t)K * I * sizeof(float));
     float *dn = dalloc(x, R * (size_t)K * D * sizeof(float));
+    /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8) */
+    const moe_aq aq = moe_act(m, ly);
+    const int aq_shared = act_fp8(m, &ly->sw1) || act_fp8(m, &ly->sw3);
+    const float *xq = dact_quant_copy(x, xin, R, (size_t)D, aq.any_in || aq_shared);
     if (x->oom) return RC_ENOMEM;
 
     dv->linear(be, logit, xin, R, &ly->gate);
     be_route ra = route_params(m, l);
     dv->route(be, &ra, logit, x->ids, R, idx, wt);
-    if (dv->moe(be, y, xin, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E, c->swiglu_limit, official) > 0) {
+    if (!aq.uniform || dv->moe(be, y, aq.in ? xq : xin, R, idx, wt, K, ly->w1, ly->w3, ly->w2, E, c->swiglu_limit,
+                               moe_flags(official, aq)) > 0) {
         /* experts the grouped op does not take (or a prefill-sized batch it leaves to per-expert GEMMs): one
          * expert at a time, ascending, as the host path; the rows of every expert in one counting sort */
         const size_t P = R * (size_t)K;
@@ -1489,11 +1609,15 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
         for (int e = 0; !rc && e < E; e++) {
             const size_t a = start[e], ne = start[e + 1] - a;
             if (!ne) continue;
-            dv->gather(be, xs, xin, drows + a, ne, (size_t)D);
+            /* w1 and w3 each take x as its own GEMM quantises it (act_fp8) */
+            const float *s1 = act_in(m, &ly->w1[e], xin, xq), *s3 = act_in(m, &ly->w3[e], xin, xq);
+            dv->gather(be, xs, s1, drows + a, ne, (size_t)D);
             dv->gather(be, rwe, wt, dslot + a, ne, 1);
             dv->linear(be, g, xs, ne, &ly->w1[e]);
+            if (s3 != s1) dv->gather(be, xs, s3, drows + a, ne, (size_t)D);
             dv->linear(be, up, xs, ne, &ly->w3[e]);
             dv->swiglu(be, g, up, ne, I, c->swiglu_limit, official ? rwe : NULL);
+            if (act_fp8(m, &ly->w2[e])) dv->fq(be, g, ne, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
             dv->linear(be, dn, g, ne, &ly->w2[e]);
             dv->scatter_add(be, y, dn, drows + a, official ? NULL : rwe, ne, (size_t)D);
         }
@@ -1501,9 +1625,10 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
         if (rc) return rc;
     }
     /* shared expert */
-    dv->linear(be, g, xin, R, &ly->sw1);
-    dv->linear(be, up, xin, R, &ly->sw3);
+    dv->linear(be, g, act_in(m, &ly->sw1, xin, xq), R, &ly->sw1);
+    dv->linear(be, up, act_in(m, &ly->sw3, xin, xq), R, &ly->sw3);
     dv->swiglu(be, g, up, R, I, c->swiglu_limit, NULL);
+    if (act_fp8(m, &ly->sw2)) dv->fq(be, g, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
     dv->linear(be, dn, g, R, &ly->sw2);
     dv->add(be, y, dn, R * (size_t)D);
     return 0;
@@ -1693,6 +1818,11 @@ static const void *hd_view(be_backend *be, const void *src, size_t bytes)
 }
 static int hd_failed(be_backend *be) { (void)be; return 0; }
 static void hd_zero(be_backend *be, void *p, size_t bytes) { (void)be; memset(p, 0, bytes); }
+static void hd_copy(be_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memcpy(dst, src, bytes);
+}
 static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
     hd_in(be)->ops->linear(hd_in(be), y, x, T, w);
@@ -1792,17 +1922,17 @@ static void hd_scatter_add(be_backend *be, float *y, const float *src, const int
 }
 static int hd_moe(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                   const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
-                  int weight_before_w2)
+                  int flags)
 {
     (void)be; (void)y; (void)x; (void)T; (void)ids; (void)w; (void)topk; (void)w1; (void)w3; (void)w2;
-    (void)n_experts; (void)swiglu_limit; (void)weight_before_w2;
+    (void)n_experts; (void)swiglu_limit; (void)flags;
     return 1; /* decline: forward_dev's per-expert fallback runs */
 }
 
 static const be_dev_ops hd_dev = {
     .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .view = hd_view,
     .failed = hd_failed,
-    .zero = hd_zero, .linear = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
+    .zero = hd_zero, .copy = hd_copy, .linear = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
     .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
     .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe, .attention = NULL,

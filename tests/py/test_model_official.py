@@ -50,7 +50,8 @@ import pytest
 
 from model_fixtures import fixture_dir
 
-FIXTURES = ["tiny-mixed", "tiny-hash-swa", "tiny-hca16"]
+FIXTURES = ["tiny-mixed", "tiny-hash-swa", "tiny-hca16", "tiny-mixed-fp8fp4"]
+QUANTISED = {"tiny-mixed-fp8fp4"}  # FP8 / FP4 weights: the GEMM activation quantisation (point 8) is live
 REL_TOL = 1e-4
 FLIP_TOL = 1e-3
 MAX_FLIP_POSITIONS = 4
@@ -60,6 +61,9 @@ def load_oracle(fixture):
     d = fixture_dir(fixture)
     with open(d / "ref.json", encoding="utf-8") as f:
         ref = json.load(f)
+    if "reference" in ref:  # a quantised fixture: its dequantised twin holds input_ids and vocab_size
+        with open(d / ref["reference"], encoding="utf-8") as f:
+            ref = json.load(f)
     with open(d / "ref_official.json", encoding="utf-8") as f:
         orc = json.load(f)
     S, V = orc["logits_shape"]
@@ -164,6 +168,18 @@ def test_oracle_provenance(fixture):
     assert {"window_kv", "compressed_kv", "indexer_k", "indexer_q"} <= set(sites)
     for s in sites.values():
         assert s["scale_div_vs_mul_differs"] == 0   # amax/448 and amax*fl32(1/448): same power of two
+    act = orc["act_quant_gemms"]
+    if fixture in QUANTISED:
+        # every quantised GEMM kind of the checkpoint was hooked and ran, and the point matters at REL_TOL
+        assert {s for _, s in act["linear"]} == {"act_wq_a", "act_wq_b", "act_wkv", "act_wo_b", "act_indexer_wq_b",
+                                                 "act_shared_w1", "act_shared_w3", "act_shared_w2"}
+        assert act["experts"] and all(v["w1_w3"] > 0 and v["w2"] > 0 for v in act["experts"].values())
+        assert ck["calls"]["gemm_act_fp8"] >= 1
+        assert ck["each_patch_alone"]["gemm_act_fp8"]["max_rel_change_vs_transformers"] > 1e-3
+        assert any(k.startswith("act_expert") for k in sites) and "act_wo_b" in sites
+    else:
+        assert not act["linear"] and not act["experts"]
+        assert ck["each_patch_alone"]["gemm_act_fp8"]["bitwise_equal_to_transformers"] is True
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)

@@ -623,7 +623,7 @@ static int fp4_expert(const be_weight *w, int64_t rows, int64_t cols)
 }
 
 static int moe_locked(cuda_be *c, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
-                      const be_weight *w1, const be_weight *w3, const be_weight *w2, int E, float limit, int before,
+                      const be_weight *w1, const be_weight *w3, const be_weight *w2, int E, float limit, int flags,
                       int dev)
 {
     if (c->failed) return -1;
@@ -701,7 +701,8 @@ run:
     ex.dim = D;
     ex.inter = I;
     ex.swiglu_limit = limit;
-    ex.weight_before_w2 = before;
+    ex.weight_before_w2 = (flags & BE_MOE_WEIGHT_BEFORE_W2) != 0;
+    ex.act_fp8_h = (flags & BE_MOE_ACT_FP8_H) != 0;
     ex.w1 = tab;
     ex.s1 = tab + E;
     ex.w3 = tab + 2 * E;
@@ -739,13 +740,13 @@ run:
 
 static int cu_moe(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                   const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
-                  int weight_before_w2)
+                  int flags)
 {
     cuda_be *c = get(be);
     if (!T) return 0;
     const double t0 = c->prof_on ? wall() : 0;
     pthread_mutex_lock(&c->lock);
-    int rc = moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2, 0);
+    int rc = moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, flags, 0);
     pthread_mutex_unlock(&c->lock);
     if (rc < 0) nan_fill(y, (size_t)w1[0].cols, T, (size_t)w1[0].cols);
     prof_add(c, BCU_PROF_MOE, t0);
@@ -1382,6 +1383,13 @@ static void dv_zero(be_backend *be, void *p, size_t bytes)
     DV_LEAVE;
 }
 
+static void dv_copy(be_backend *be, void *dst, const void *src, size_t bytes)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->st));
+    DV_LEAVE;
+}
+
 static int linear_dev_locked(cuda_be *c, float *y, const float *x, size_t T, const be_weight *w)
 {
     const wentry *e = weight(c, w);
@@ -1565,14 +1573,14 @@ static void dv_scatter_add(be_backend *be, float *y, const float *src, const int
 
 static int dv_moe(be_backend *be, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                   const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
-                  int weight_before_w2)
+                  int flags)
 {
     int rc = -1;
     /* a prefill-sized batch gives each expert enough rows for cuBLAS: decline, and the graph runs the experts one
      * by one through dequantise + cuBLAS (core()); the grouped kernel keeps decode */
     if (T >= get(be)->moe_loop_T && get(be)->math != BCU_MATH_FP32) return 1;
     DV_ENTER(BCU_PROF_MOE);
-    rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, weight_before_w2, 1) : 0;
+    rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, flags, 1) : 0;
     DV_LEAVE;
     return rc;
 }
@@ -1594,6 +1602,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .view = */ dv_view,
     /* .failed = */ dv_failed,
     /* .zero = */ dv_zero,
+    /* .copy = */ dv_copy,
     /* .linear = */ dv_linear,
     /* .linear_grouped = */ dv_linear_grouped,
     /* .rmsnorm = */ dv_rmsnorm,

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/mma_frag.cuh"
 
@@ -1203,6 +1204,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math, 0);
     if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS) return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
+    if (path == BCU_MOE_MMAROWS && ex->act_fp8_h) path = BCU_MOE_ROWS; /* h must exist in fp32 to be quantised */
 
     RouteArgs r;
     r.ids = ids;
@@ -1269,23 +1271,27 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     } else if (path == BCU_MOE_ROWS) {
         const unsigned ny = (unsigned)p.n_slots;
         rows_kernel<1><<<dim3((unsigned)((a.I + 2 * RW_WARPS - 1) / (2 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
+        if (ex->act_fp8_h) {
+            cudaError_t e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
+            if (e != cudaSuccess) return e;
+        }
         rows_kernel<2><<<dim3((unsigned)((a.D + 4 * RW_WARPS - 1) / (4 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
     } else {
         const unsigned ny = (unsigned)p.max_tiles;
         const dim3 g1((unsigned)((a.I + TL_W / 2 - 1) / (TL_W / 2)), ny), g2((unsigned)((a.D + TL_W - 1) / TL_W), ny);
-        switch (math) {
-        case BCU_MOE_FP32:
-            simt_kernel<1><<<g1, 256, 0, st>>>(a);
-            simt_kernel<2><<<g2, 256, 0, st>>>(a);
-            break;
-        case BCU_MOE_BF16X3:
-            mma_kernel<1, 3><<<g1, 256, 0, st>>>(a);
-            mma_kernel<2, 3><<<g2, 256, 0, st>>>(a);
-            break;
-        case BCU_MOE_BF16:
-            mma_kernel<1, 1><<<g1, 256, 0, st>>>(a);
-            mma_kernel<2, 1><<<g2, 256, 0, st>>>(a);
-            break;
+        switch (math) { /* stage 1: h */
+        case BCU_MOE_FP32: simt_kernel<1><<<g1, 256, 0, st>>>(a); break;
+        case BCU_MOE_BF16X3: mma_kernel<1, 3><<<g1, 256, 0, st>>>(a); break;
+        case BCU_MOE_BF16: mma_kernel<1, 1><<<g1, 256, 0, st>>>(a); break;
+        }
+        if (ex->act_fp8_h) {
+            cudaError_t e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
+            if (e != cudaSuccess) return e;
+        }
+        switch (math) { /* stage 2: W2 h */
+        case BCU_MOE_FP32: simt_kernel<2><<<g2, 256, 0, st>>>(a); break;
+        case BCU_MOE_BF16X3: mma_kernel<2, 3><<<g2, 256, 0, st>>>(a); break;
+        case BCU_MOE_BF16: mma_kernel<2, 1><<<g2, 256, 0, st>>>(a); break;
         }
     }
     const unsigned gy = (unsigned)(T < 65535 ? T : 65535);
