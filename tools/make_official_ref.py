@@ -126,17 +126,19 @@ PATCH_DOC = {
 
 # checkpoint name (official or transformers naming) -> (module path under the decoder layer, site); experts apart
 ACT_ROLES = {
-    "attn.wq_a": ("self_attn.q_a_proj", "act_wq_a"), "self_attn.q_a_proj": ("self_attn.q_a_proj", "act_wq_a"),
-    "attn.wq_b": ("self_attn.q_b_proj", "act_wq_b"), "self_attn.q_b_proj": ("self_attn.q_b_proj", "act_wq_b"),
-    "attn.wkv": ("self_attn.kv_proj", "act_wkv"), "self_attn.kv_proj": ("self_attn.kv_proj", "act_wkv"),
+    # one site per tensor the engine quantises once: x of the attention (wq_a, wkv), qr (wq_b, the indexer's wq_b),
+    # x of the FFN (routed w1 / w3, shared w1 / w3), u (wo_b), the shared expert's h; a routed expert's h apart
+    "attn.wq_a": ("self_attn.q_a_proj", "act_attn_x"), "self_attn.q_a_proj": ("self_attn.q_a_proj", "act_attn_x"),
+    "attn.wkv": ("self_attn.kv_proj", "act_attn_x"), "self_attn.kv_proj": ("self_attn.kv_proj", "act_attn_x"),
+    "attn.wq_b": ("self_attn.q_b_proj", "act_qr"), "self_attn.q_b_proj": ("self_attn.q_b_proj", "act_qr"),
+    "attn.indexer.wq_b": ("self_attn.compressor.indexer.q_b_proj", "act_qr"),
+    "self_attn.compressor.indexer.q_b_proj": ("self_attn.compressor.indexer.q_b_proj", "act_qr"),
     "attn.wo_b": ("self_attn.o_b_proj", "act_wo_b"), "self_attn.o_b_proj": ("self_attn.o_b_proj", "act_wo_b"),
-    "attn.indexer.wq_b": ("self_attn.compressor.indexer.q_b_proj", "act_indexer_wq_b"),
-    "self_attn.compressor.indexer.q_b_proj": ("self_attn.compressor.indexer.q_b_proj", "act_indexer_wq_b"),
-    "ffn.shared_experts.w1": ("mlp.shared_experts.gate_proj", "act_shared_w1"),
-    "ffn.shared_experts.w3": ("mlp.shared_experts.up_proj", "act_shared_w3"),
+    "ffn.shared_experts.w1": ("mlp.shared_experts.gate_proj", "act_ffn_x"),
+    "ffn.shared_experts.w3": ("mlp.shared_experts.up_proj", "act_ffn_x"),
     "ffn.shared_experts.w2": ("mlp.shared_experts.down_proj", "act_shared_w2"),
-    "mlp.shared_experts.gate_proj": ("mlp.shared_experts.gate_proj", "act_shared_w1"),
-    "mlp.shared_experts.up_proj": ("mlp.shared_experts.up_proj", "act_shared_w3"),
+    "mlp.shared_experts.gate_proj": ("mlp.shared_experts.gate_proj", "act_ffn_x"),
+    "mlp.shared_experts.up_proj": ("mlp.shared_experts.up_proj", "act_ffn_x"),
     "mlp.shared_experts.down_proj": ("mlp.shared_experts.down_proj", "act_shared_w2"),
 }
 QUANT_DTYPES = ("F8_E4M3", "I8", "U8", "F4")
@@ -156,13 +158,14 @@ def quantised_roles(d):
                     if k != "__metadata__":
                         dtypes[k] = v["dtype"]
     lin, experts = set(), {}
+    mod_of = {v[0]: k for k, v in ACT_ROLES.items()}
     for k, dt in dtypes.items():
         m = re.match(r"(?:model\.)?layers\.(\d+)\.(.+)\.weight$", k)
         if not m or dt not in QUANT_DTYPES:
             continue
         li, name = int(m.group(1)), m.group(2)
         if name in ACT_ROLES:
-            lin.add((li, *ACT_ROLES[name]))
+            lin.add((li, *ACT_ROLES[name], name))
             continue
         e = re.match(r"ffn\.experts\.(\d+)\.(w[123])$", name)
         if e:
@@ -250,8 +253,11 @@ class Diag:
                                             "scale_near_pow2": 0, "min_scale_gap": math.inf,
                                             "scale_div_vs_mul_differs": 0, "amax_at_floor": 0})
 
-    def record(self, name, layer, v, r, amax, floor, fmt, max_v, ch0):
-        """v: x/scale [rows, heads, block], r: amax*inv [rows, heads, 1]; ch0: channel of v[..., 0]."""
+    def record(self, name, layer, v, r, amax, floor, fmt, max_v, ch0, tok=None):
+        """v: x/scale [rows, heads, block], r: amax*inv [rows, heads, 1]; ch0: channel of v[..., 0]; tok: the
+        token of each row (default the row index)."""
+        if tok is None:
+            tok = list(range(v.shape[0]))
         st = self.site(name)
         _, gap = e4m3_mid(v) if fmt == "e4m3" else e2m1_mid(v)
         nz = v != 0
@@ -262,12 +268,12 @@ class Diag:
         if nz.any():
             st["min_mid_gap"] = min(st["min_mid_gap"], float(gap[nz].min()))
         for idx in near.nonzero().tolist():
-            self.near.append([name, layer, idx[0], idx[1], ch0 + idx[2], float(gap[tuple(idx)])])
+            self.near.append([name, layer, tok[idx[0]], idx[1], ch0 + idx[2], float(gap[tuple(idx)])])
         _, sg = pow2_gap(r)
         st["scale_near_pow2"] += int((sg < NEAR_MID).sum())
         st["min_scale_gap"] = min(st["min_scale_gap"], float(sg.min()))
         for idx in (sg < NEAR_MID).nonzero().tolist():
-            self.near_scale.append([name, layer, idx[0], idx[1], ch0, float(sg[tuple(idx)])])
+            self.near_scale.append([name, layer, tok[idx[0]], idx[1], ch0, float(sg[tuple(idx)])])
         # the engine computes amax / max, the kernel amax * fl32(1/max): same power of two?
         a = amax.clamp_min(floor)
         st["scale_div_vs_mul_differs"] += int((pow2_ceil(a / max_v) != pow2_ceil(r)).sum())
@@ -291,9 +297,12 @@ class Official:
 STATE = Official(on=False)
 
 
-def fq(x, block, fmt, site=None, layer=-1):
-    """Quantise-dequantise x [rows, heads, N] along the last axis in blocks (float32, new tensor)."""
+def fq(x, block, fmt, site=None, layer=-1, rows=None):
+    """Quantise-dequantise x [rows, heads, N] along the last axis in blocks (float32, new tensor).  rows: the
+    token of each row (default: the row index), as the diagnostics and the forced flips name them."""
     assert x.dim() == 3
+    tok = list(range(x.shape[0])) if rows is None else [int(t) for t in rows]
+    at = {t: r for r, t in enumerate(tok)}
     x = x.to(torch.float32)
     y = x.clone()
     if fmt == "e4m3":
@@ -305,21 +314,23 @@ def fq(x, block, fmt, site=None, layer=-1):
         amax = xb.abs().amax(-1, keepdim=True)
         s, r = _scale(amax, floor, inv)
         for f in STATE.force_scale:        # experiment: this block takes the other power of two
-            if f[0] == site and f[1] == layer and f[4] == lo:
-                p, _ = pow2_gap(r[f[2], f[3], 0])
-                s[f[2], f[3], 0] = float(p) if float(r[f[2], f[3], 0]) > float(p) else 2 * float(p)
+            if f[0] == site and f[1] == layer and f[4] == lo and f[2] in at:
+                rr = at[f[2]]
+                p, _ = pow2_gap(r[rr, f[3], 0])
+                s[rr, f[3], 0] = float(p) if float(r[rr, f[3], 0]) > float(p) else 2 * float(p)
         v = (xb / s).clamp(-vmax, vmax)
         q = rnd(v)
         for f in STATE.force:              # experiment: this element rounds the other way
-            if f[0] == site and f[1] == layer and lo <= f[4] < hi:
-                e = v[f[2], f[3], f[4] - lo]
+            if f[0] == site and f[1] == layer and lo <= f[4] < hi and f[2] in at:
+                rr = at[f[2]]
+                e = v[rr, f[3], f[4] - lo]
                 m, _ = mid_fn(e)
                 m = float(m)
-                side = -1.0 if abs(float(q[f[2], f[3], f[4] - lo])) > m else 1.0
-                q[f[2], f[3], f[4] - lo] = rnd(torch.copysign(torch.tensor(m * (1 + side * 1e-3)), e))
+                side = -1.0 if abs(float(q[rr, f[3], f[4] - lo])) > m else 1.0
+                q[rr, f[3], f[4] - lo] = rnd(torch.copysign(torch.tensor(m * (1 + side * 1e-3)), e))
         y[..., lo:hi] = q * s
         if site is not None and STATE.diag is not None:
-            STATE.diag.record(site, layer, v, r, amax, floor, fmt, vmax, lo)
+            STATE.diag.record(site, layer, v, r, amax, floor, fmt, vmax, lo, tok)
     return y
 
 
@@ -476,19 +487,21 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
         st.calls["gemm_act_fp8"] += 1
     li = getattr(self, "_oracle_layer", -1)
     final = torch.zeros_like(hidden_states)
+    xq = None
+    if aq and ins:                                                                 # act_quant before w1 / w3:
+        D = hidden_states.shape[-1]                                                # per token, shared with the
+        xq = fq(hidden_states.reshape(-1, 1, D), ACT_BLOCK, "e4m3", "act_ffn_x", li).reshape(hidden_states.shape)
     for e in range(self.num_experts):
         tok, kpos = torch.where(top_k_index == e)
         if tok.numel() == 0:
             continue
-        x = hidden_states[tok]
-        if aq and e in ins:                                                        # act_quant before w1 / w3
-            x = fq(x.reshape(-1, 1, x.shape[-1]), ACT_BLOCK, "e4m3", f"act_expert{e}_w13", li).reshape(x.shape)
+        x = (xq if xq is not None and e in ins else hidden_states)[tok]            # shared expert's hooks
         h = self._apply_gate(F.linear(x, self.gate_up_proj[e]))                    # clamp, silu(gate) * up
         w = top_k_weights[tok, kpos, None]
         if before:
             h = h * w                                                              # weight BEFORE w2
         if aq and e in outs:                                                       # act_quant before w2
-            h = fq(h.reshape(-1, 1, h.shape[-1]), ACT_BLOCK, "e4m3", f"act_expert{e}_w2", li).reshape(h.shape)
+            h = fq(h.reshape(-1, 1, h.shape[-1]), ACT_BLOCK, "e4m3", f"act_expert{e}_w2", li, rows=tok).reshape(h.shape)
         y = F.linear(h, self.down_proj[e])
         final.index_add_(0, tok, (y if before else y * w).to(final.dtype))
     return final
@@ -524,7 +537,7 @@ def install(model, roles=(set(), {})):
         setattr(owner, attr, fn)
     lin, experts = roles
     if not HOOKS:
-        for li, path, site in sorted(lin):
+        for li, path, site, _ in sorted(lin):
             mod = model.model.layers[li].get_submodule(path)
             mod._oracle_layer, mod._oracle_site = li, site
             HOOKS.append(mod.register_forward_pre_hook(_act_pre_hook))
@@ -681,7 +694,72 @@ def load_ref(d):
     return ref, raw.view(-1, V)
 
 
-def make(name, threads):
+def dedupe(recs):
+    """[site, layer, row, head, channel, gap] records without repeats (a tensor two GEMMs take, such as the
+    attention's x for wq_a and wkv, is quantised once and recorded by both)."""
+    seen, out = set(), []
+    for r in recs:
+        k = tuple(r[:5])
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
+
+
+ENGINE_TOL = 1e-4       # what the engine-guided search calls agreement (the test's REL_TOL)
+ENGINE_MAX_FLIPS = 48
+
+
+def engine_logits(engine, d, ids, threads):
+    """The engine's official-semantics logits for the fixture in d, [S, V] float32."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as td:
+        out = os.path.join(td, "l.f32")
+        p = subprocess.run([engine, "logits", "--model", d, "--input-ids", ",".join(map(str, ids)), "--out-f32", out,
+                            "--threads", str(threads), "--semantics", "official", "--json"],
+                           capture_output=True, text=True, timeout=1200)
+        if p.returncode:
+            raise RuntimeError(f"{engine} logits: {p.stderr.strip()}")
+        raw = torch.frombuffer(bytearray(open(out, "rb").read()), dtype=torch.float32)
+    return raw.view(len(ids), -1)
+
+
+def first_over(rr, tol):
+    return next((t for t, e in enumerate(rr) if e > tol), None)
+
+
+def explain_engine(model, ids, eng):
+    """Which near-midpoint elements the engine rounds the other way.  Greedy, in position order: at the first
+    position where the engine and the oracle (with the flips found so far forced) differ by more than
+    ENGINE_TOL, try each element within NEAR_MID of a rounding midpoint at that token (then at earlier ones) and
+    keep the one that moves the first difference furthest.  Returns (forced [site, layer, row, head, channel,
+    gap], the oracle's logits with them forced, a log of the steps)."""
+    forced, steps = [], []
+    cur, _, dg = forward(model, ids, on=set(PATCHES), diag=True)
+    p = first_over(rel_rows(eng, cur), ENGINE_TOL)
+    while p is not None and len(forced) < ENGINE_MAX_FLIPS:
+        have = {tuple(f[:5]) for f in forced}
+        near = [r for r in dedupe(dg.near) if tuple(r[:5]) not in have and r[2] <= p]
+        near.sort(key=lambda r: (r[2] != p, -r[2], r[5]))   # this token first, then the nearest earlier ones
+        best = None
+        for r in near[:24]:
+            lg, _, _ = forward(model, ids, on=set(PATCHES), force=[f[:5] for f in forced] + [r[:5]])
+            q = first_over(rel_rows(eng, lg), ENGINE_TOL)
+            q = len(ids) if q is None else q
+            if q > p and (best is None or q > best[0]):
+                best = (q, r, lg)
+        if best is None:
+            steps.append({"position": p, "explained": False, "tried": len(near[:24])})
+            break
+        forced.append(best[1])
+        steps.append({"position": p, "explained": True, "flip": best[1], "next_difference": best[0]})
+        cur, _, dg = forward(model, ids, on=set(PATCHES), diag=True, force=[f[:5] for f in forced])
+        p = first_over(rel_rows(eng, cur), ENGINE_TOL)
+    return forced, cur, steps
+
+
+def make(name, threads, engine=None):
     d = os.path.join(FIXTURE_ROOT, name)
     md = os.path.join(FIXTURE_ROOT, MODEL_DIR.get(name, name))
     ref, ref_logits = load_ref(md)
@@ -739,8 +817,8 @@ def make(name, threads):
     # every top-k boundary with a relative gap below NEAR_MID taken the other way
     tk = topk_report(diag, cfg)
     fields = ("site", "layer", "row", "head", "channel", "gap")
-    cands = [dict(zip(fields, rec), kind="element") for rec in diag.near]
-    cands += [dict(zip(fields, rec), kind="scale") for rec in diag.near_scale]
+    cands = [dict(zip(fields, rec), kind="element") for rec in dedupe(diag.near)]
+    cands += [dict(zip(fields, rec), kind="scale") for rec in dedupe(diag.near_scale)]
     for which in ("indexer", "router"):
         for nt in tk[which]["near_ties"]:
             if nt[2] < NEAR_MID and nt[2] > 0:
@@ -757,6 +835,30 @@ def make(name, threads):
     flip_max = max((f["max_rel_change"] for f in flips), default=0.0)
     print(f"   flip experiments: {len(flips)} candidates, worst max rel change {flip_max:.3g}, "
           f"{sum(1 for f in flips if f['positions_over_1e4'])} move some position by > 1e-4")
+
+    eng_out = None
+    if name in MODEL_DIR and engine:
+        eng = engine_logits(engine, d, ids, threads)
+        forced, flipped, steps = explain_engine(model, ids, eng)
+        rr = rel_rows(eng, flipped)
+        flipped.contiguous().numpy().astype("<f4").tofile(os.path.join(d, "ref_official_flipped_logits.f32"))
+        eng_out = {
+            "about": "the engine rounds some quantiser inputs that lie within NEAR_MID of a rounding midpoint the "
+                     "other way (its fp32 sums are ordered differently from torch's).  Found greedily in position "
+                     "order (explain_engine); the oracle with exactly these elements forced the other way is "
+                     "ref_official_flipped_logits.f32.  Each entry: [site, layer, token, head, channel, relative "
+                     "gap of x/scale to the midpoint]",
+            "engine": os.path.relpath(engine, ROOT),
+            "forced": forced,
+            "steps": steps,
+            "logits_file": "ref_official_flipped_logits.f32",
+            "engine_vs_flipped_max_rel": max(rr),
+            "engine_vs_flipped_positions_over_tol": ranges([t for t, e in enumerate(rr) if e > ENGINE_TOL]),
+            "engine_vs_plain_oracle_first_over_tol": first_over(rel_rows(eng, logits), ENGINE_TOL),
+        }
+        print(f"   engine: {len(forced)} flips forced, engine vs flipped oracle max rel {max(rr):.3g}, "
+              f"{sum(1 for e in rr if e > ENGINE_TOL)} positions over {ENGINE_TOL}; unexplained steps "
+              f"{sum(1 for st in steps if not st['explained'])}")
 
     diag_out = {
         "near_midpoint_rel": NEAR_MID,
@@ -787,7 +889,7 @@ def make(name, threads):
         "threads": threads,
         "load": "DeepseekV4ForCausalLM.from_pretrained(dir, dtype=float32, attn_implementation='eager')",
         "model_dir": os.path.basename(md),
-        "act_quant_gemms": {"linear": sorted([li, site] for li, _, site in roles[0]),
+        "act_quant_gemms": {"linear": sorted([li, name, site] for li, _, site, name in roles[0]),
                             "experts": {str(li): {"w1_w3": len(i), "w2": len(o)}
                                         for li, (i, o) in sorted(roles[1].items())}},
         "experts_implementation": getattr(cfg, "_experts_implementation", None),
@@ -813,6 +915,8 @@ def make(name, threads):
         "official_vs_transformers_max_rel_per_position": {"max": max(r), "mean": sum(r) / len(r)},
         "diagnostics": diag_out,
     }
+    if eng_out is not None:
+        out["engine_flips"] = eng_out
     with open(os.path.join(d, "ref_official.json"), "w") as f:
         f.write(dumps(out) + "\n")
     with open(os.path.join(d, "ref_official.json")) as f:
@@ -897,13 +1001,15 @@ def main():
                     help="fixture name (repeatable); default: " + ", ".join(DEFAULT_FIXTURES))
     ap.add_argument("--threads", type=int, default=max(1, min(8, os.cpu_count() or 1)))
     ap.add_argument("--selftest", action="store_true", help="only check the quantisers")
+    ap.add_argument("--engine", default=os.path.join(ROOT, "build", "deepinfer"),
+                    help="engine binary for the quantised fixtures' flip search (default build/deepinfer)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     selftest()
     if args.selftest:
         return 0
     for n in args.only or DEFAULT_FIXTURES:
-        make(n, args.threads)
+        make(n, args.threads, args.engine if os.path.exists(args.engine) else None)
     return 0
 
 
