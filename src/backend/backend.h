@@ -158,6 +158,9 @@ typedef struct be_dev_ops {
     void (*zero)(be_backend *be, void *p, size_t bytes);
     void (*copy)(be_backend *be, void *dst, const void *src, size_t bytes); /* device -> device */
     void (*linear)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
+    /* linear for x whose rows went through v4.c's act_quant (every value an e4m3 code times a power of two): the
+     * same product, which the backend may compute with that knowledge (one bf16 plane holds such x exactly) */
+    void (*linear_x8)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
     void (*linear_grouped)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups);
     void (*rmsnorm)(be_backend *be, float *y, const float *x, size_t rows, size_t dim, const float *w, float eps);
     /* X[t, s] = embedding row ids[t] for each of n_streams streams; ids device */

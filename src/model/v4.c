@@ -1432,6 +1432,14 @@ static void *dalloc(dev_ctx *x, size_t bytes)
     return p;
 }
 
+/* dv->linear of w on its input in: the quantised copy where act_fp8 (xq, told to the backend through linear_x8),
+ * else in itself */
+static void dlinear(dev_ctx *x, float *y, const float *in, const float *xq, size_t R, const be_weight *w)
+{
+    if (act_fp8(x->m, w)) x->dv->linear_x8(x->be, y, xq, R, w);
+    else x->dv->linear(x->be, y, in, R, w);
+}
+
 /* act_quant_copy on the device: a quantised copy of src [R, K] when need, else NULL (x->oom on no memory) */
 static float *dact_quant_copy(dev_ctx *x, const float *src, size_t R, size_t K, int need)
 {
@@ -1491,15 +1499,15 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     const float *xq = dact_quant_copy(x, xin, R, (size_t)c->hidden_size, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv));
     if (x->oom) return RC_ENOMEM;
 
-    dv->linear(be, qr, act_in(m, &ly->wq_a, xin, xq), R, &ly->wq_a);
+    dlinear(x, qr, xin, xq, R, &ly->wq_a);
     dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
     const float *qrq = dact_quant_copy(x, qr, R, (size_t)ql,
                                        act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)));
     if (x->oom) return RC_ENOMEM;
-    dv->linear(be, q, act_in(m, &ly->wq_b, qr, qrq), R, &ly->wq_b);
+    dlinear(x, q, qr, qrq, R, &ly->wq_b);
     dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
     dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
-    dv->linear(be, kv, act_in(m, &ly->wkv, xin, xq), R, &ly->wkv);
+    dlinear(x, kv, xin, xq, R, &ly->wkv);
     dv->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
     dv->rope(be, kv, R, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, 1);
     if (official) dv->fq(be, kv, R, (size_t)d, (size_t)(d - rd), 64, 0);
@@ -1510,7 +1518,7 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     if (ly->overlap) {
         dv->linear(be, ikv, xin, R, &ly->i_wkv);
         dv->linear(be, ig, xin, R, &ly->i_wgate);
-        dv->linear(be, iq, act_in(m, &ly->i_wq_b, qr, qrq), R, &ly->i_wq_b);
+        dlinear(x, iq, qr, qrq, R, &ly->i_wq_b);
         dv->linear(be, iw, xin, R, &ly->i_wproj);
         dv->scale(be, iw, R * (size_t)IH, 1.0f / sqrtf((float)ID) * (1.0f / sqrtf((float)IH)));
         dv->rope(be, iq, R * IH, (size_t)ID, (size_t)(ID - rd), rd, m->inv_freq_comp, x->pos, IH);
@@ -1544,7 +1552,7 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     if (ly->wo_a.rows != (int64_t)g * ol || ly->wo_a.cols != (int64_t)H * d / g) return RC_EUNSUP;
     dv->linear_grouped(be, u, o, R, &ly->wo_a, g);
     if (act_fp8(m, &ly->wo_b)) dv->fq(be, u, R, (size_t)g * ol, (size_t)g * ol, MD_ACT_BLOCK, 0);
-    dv->linear(be, out, u, R, &ly->wo_b);
+    dlinear(x, out, u, u, R, &ly->wo_b);
     return 0;
 }
 
@@ -1613,23 +1621,23 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
             const float *s1 = act_in(m, &ly->w1[e], xin, xq), *s3 = act_in(m, &ly->w3[e], xin, xq);
             dv->gather(be, xs, s1, drows + a, ne, (size_t)D);
             dv->gather(be, rwe, wt, dslot + a, ne, 1);
-            dv->linear(be, g, xs, ne, &ly->w1[e]);
+            dlinear(x, g, xs, xs, ne, &ly->w1[e]);
             if (s3 != s1) dv->gather(be, xs, s3, drows + a, ne, (size_t)D);
-            dv->linear(be, up, xs, ne, &ly->w3[e]);
+            dlinear(x, up, xs, xs, ne, &ly->w3[e]);
             dv->swiglu(be, g, up, ne, I, c->swiglu_limit, official ? rwe : NULL);
             if (act_fp8(m, &ly->w2[e])) dv->fq(be, g, ne, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
-            dv->linear(be, dn, g, ne, &ly->w2[e]);
+            dlinear(x, dn, g, g, ne, &ly->w2[e]);
             dv->scatter_add(be, y, dn, drows + a, official ? NULL : rwe, ne, (size_t)D);
         }
         free(hidx); free(rows); free(slot); free(start);
         if (rc) return rc;
     }
     /* shared expert */
-    dv->linear(be, g, act_in(m, &ly->sw1, xin, xq), R, &ly->sw1);
-    dv->linear(be, up, act_in(m, &ly->sw3, xin, xq), R, &ly->sw3);
+    dlinear(x, g, xin, xq, R, &ly->sw1);
+    dlinear(x, up, xin, xq, R, &ly->sw3);
     dv->swiglu(be, g, up, R, I, c->swiglu_limit, NULL);
     if (act_fp8(m, &ly->sw2)) dv->fq(be, g, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
-    dv->linear(be, dn, g, R, &ly->sw2);
+    dlinear(x, dn, g, g, R, &ly->sw2);
     dv->add(be, y, dn, R * (size_t)D);
     return 0;
 }
@@ -1932,7 +1940,7 @@ static int hd_moe(be_backend *be, float *y, const float *x, size_t T, const int3
 static const be_dev_ops hd_dev = {
     .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .view = hd_view,
     .failed = hd_failed,
-    .zero = hd_zero, .copy = hd_copy, .linear = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
+    .zero = hd_zero, .copy = hd_copy, .linear = hd_linear, .linear_x8 = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
     .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
     .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe, .attention = NULL,

@@ -23,6 +23,9 @@
  *   - negative controls (small dims): the result is far (> 1e-3) from a
  *     reference without the clamp and from one with the nibbles of each byte
  *     swapped, so the bound above can fail;
+ *   - act_fp8_h (official semantics' act_quant of h before W2) in the rows, tiled and mma rows paths: the
+ *     device's h, read back from the workspace, is quantised and equals the reference's quantisation up to
+ *     rounding-midpoint flips, and y is W2 of that h (test_gpu_act_fp8_h);
  *   - bad sizes and a short workspace are refused.
  * TEST_CUDA_SKIP / TEST_CUDA_FILTER are cmocka name patterns; the sanitizer
  * runs skip "test_gpu_v4dims" and set TEST_CUDA_MOE_QUICK (two small cases). */
@@ -691,6 +694,155 @@ static void test_gpu_v4dims(void **st)
     experts_free(&X);
 }
 
+/* ------------------------------------------------------------------ act_fp8_h */
+
+/* v4.c's fq_fp8 on n floats, blocks of 128 (the official act_quant), written here from dtype.c's codecs; gap[i]
+ * (may be NULL): the relative distance of x/scale to the nearest e4m3 rounding midpoint, for the flip allowance */
+static void fq128(float *x, int64_t n, double *gap)
+{
+    for (int64_t b0 = 0; b0 < n; b0 += 128) {
+        const int64_t b1 = b0 + 128 < n ? b0 + 128 : n;
+        float amax = 1e-4f;
+        for (int64_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int e;
+        const float f = frexpf(amax * (1.0f / 448.0f), &e);
+        const float sc = ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+        for (int64_t i = b0; i < b1; i++) {
+            const float v = x[i] / sc, q = md_e4m3_to_f32(md_f32_to_e4m3(v));
+            if (gap) { /* the neighbour on the far side of v, and the midpoint between */
+                const uint8_t c = md_f32_to_e4m3(v);
+                const float o = md_e4m3_to_f32((uint8_t)(fabsf(v) > fabsf(q) ? c + 1 : c - 1));
+                gap[i] = fabs(fabs((double)v) - (fabs((double)q) + fabs((double)o)) / 2) / (fabs((double)v) + 1e-30);
+            }
+            x[i] = q * sc;
+        }
+    }
+}
+
+/* BE_MOE_ACT_FP8_H (official semantics, FP4 experts): h = w * swiglu(W1 x, W3 x) goes through fq128 before W2, in
+ * every path.  The workspace keeps the device's h (after the quantisation, rows in the routing plan's order), so
+ * each stage is checked on its own:
+ *   - every row of h is quantised: h / scale is an e4m3 value in every block of 128, and h equals this file's
+ *     quantisation of the reference h (double sums), except where the reference lies within 1e-4 of a rounding
+ *     midpoint, where the device may round the other way (then exactly one step apart; at most 1 in 2000);
+ *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
+ *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
+static void test_gpu_act_fp8_h(void **st)
+{
+    (void)st;
+    experts X;
+    experts_make(&X, 8, 512, 384); /* inter: three blocks of 128 */
+    const int topk = 3;
+    const int64_t Ts[] = {5, 64};
+    const variant vs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},
+                          {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4}};
+    const int64_t D = X.D, I = X.I;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int64_t T = Ts[ti], P = T * topk;
+        int32_t *ids = xmalloc((size_t)P * sizeof *ids);
+        float *w = xmalloc((size_t)P * sizeof *w), *x = xmalloc((size_t)(T * D) * sizeof *x);
+        make_routing(ids, w, T, topk, X.E, R_UNIFORM);
+        for (int64_t i = 0; i < T * D; i++) x[i] = unif();
+        for (int64_t t = 0; t < T; t++) fq128(x + t * D, D, NULL); /* the caller hands x over quantised */
+        X.ex.swiglu_limit = 0.0f;
+        X.ex.weight_before_w2 = 1;
+        X.ex.act_fp8_h = 1;
+        hplan hp;
+        hplan_make(&hp, T, topk, X.E);
+        bcu_moe_route_host(ids, w, T, topk, X.E, &hp.p);
+        /* the reference h of every row, unquantised (hr) and quantised (hq), with the midpoint gaps */
+        float *hr = xmalloc((size_t)(P * I) * sizeof *hr), *hq = xmalloc((size_t)(P * I) * sizeof *hq);
+        double *gap = xmalloc((size_t)(P * I) * sizeof *gap);
+        float *row = xmalloc((size_t)D * sizeof *row);
+        for (int64_t r = 0; r < P; r++) {
+            const int32_t pair = hp.p.sorted[r], e = ids[pair];
+            const float *xt = x + (int64_t)(pair / topk) * D;
+            for (int64_t f = 0; f < I; f++) {
+                fp4_row(X.w1 + (size_t)e * X.b13, X.s1 + (size_t)e * X.sc13, f, D, 0, row, NULL);
+                const double g = dotd(row, xt, D);
+                fp4_row(X.w3 + (size_t)e * X.b13, X.s3 + (size_t)e * X.sc13, f, D, 0, row, NULL);
+                const double u = dotd(row, xt, D);
+                hr[r * I + f] = (float)((float)(g / (1.0 + exp(-g)) * u) * (double)w[pair]);
+            }
+            memcpy(hq + r * I, hr + r * I, (size_t)I * sizeof *hq);
+            fq128(hq + r * I, I, gap + r * I);
+        }
+        float *dx, *dw, *dy;
+        int32_t *dids;
+        void *ws;
+        const size_t wsb = bcu_moe_workspace_bytes(T, topk, X.E, D, I);
+        CK(cudaMalloc((void **)&dx, (size_t)(T * D) * 4));
+        CK(cudaMalloc((void **)&dy, (size_t)(T * D) * 4));
+        CK(cudaMalloc((void **)&dw, (size_t)P * 4));
+        CK(cudaMalloc((void **)&dids, (size_t)P * 4));
+        CK(cudaMalloc(&ws, wsb));
+        CK(cudaMemcpy(dx, x, (size_t)(T * D) * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, w, (size_t)P * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dids, ids, (size_t)P * 4, cudaMemcpyHostToDevice));
+        bcu_moe_plan dp; /* the device workspace's layout: where h is */
+        assert_int_equal(bcu_moe_plan_layout(ws, T, topk, X.E, D, I, &dp), 0);
+        float *y = xmalloc((size_t)(T * D) * sizeof *y), *hd = xmalloc((size_t)(P * I) * sizeof *hd);
+        double *yr = xmalloc((size_t)(T * D) * sizeof *yr), *yc = xmalloc((size_t)(T * D) * sizeof *yc);
+        for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+            char what[96];
+            snprintf(what, sizeof what, "act_fp8_h T=%lld %s/%s %d,%d", (long long)T, bcu_moe_path_name(vs[v].path),
+                     bcu_moe_math_name(vs[v].math), vs[v].mt, vs[v].ks);
+            assert_int_equal(bcu_moe_set_tiling(vs[v].mt, vs[v].ks), 0);
+            CK(cudaMemset(dy, 0xFF, (size_t)(T * D) * 4));
+            CK(cudaMemset(ws, 0xFF, wsb));
+            cudaError_t r = bcu_moe_forward(&X.ex, dy, dx, dids, dw, T, topk, vs[v].math, vs[v].path, ws, wsb, 0);
+            if (r != cudaSuccess) fail_msg("%s: bcu_moe_forward: %s", what, cudaGetErrorString(r));
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(y, dy, (size_t)(T * D) * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hd, dp.h, (size_t)(P * I) * 4, cudaMemcpyDeviceToHost));
+            /* stage 1: quantised, and the reference's quantisation up to midpoint flips */
+            int64_t flips = 0;
+            for (int64_t i = 0; i < P * I; i++) {
+                if (hd[i] == hq[i]) continue;
+                const int64_t b0 = i / 128 * 128;
+                float amax = 1e-4f;
+                for (int64_t k = b0; k < b0 + 128; k++) amax = fmaxf(amax, fabsf(hr[k]));
+                int e;
+                const float f = frexpf(amax * (1.0f / 448.0f), &e), sc = ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+                const float vq = hd[i] / sc;
+                const uint8_t c = md_f32_to_e4m3(vq), cr = md_f32_to_e4m3(hq[i] / sc);
+                if (!(gap[i] < 1e-4 && md_e4m3_to_f32(c) == vq && abs((c & 0x7f) - (cr & 0x7f)) == 1))
+                    fail_msg("%s: h[row %lld, %lld] = %.9g, reference %.9g (unquantised %.9g, midpoint gap %.2g)",
+                             what, (long long)(i / I), (long long)(i % I), hd[i], hq[i], hr[i], gap[i]);
+                flips++;
+            }
+            if (flips * 2000 > P * I) fail_msg("%s: %lld midpoint flips in %lld values", what, (long long)flips,
+                                               (long long)(P * I));
+            /* stage 2 from the device's h, and the control from the unquantised h */
+            memset(yr, 0, (size_t)(T * D) * sizeof *yr);
+            memset(yc, 0, (size_t)(T * D) * sizeof *yc);
+            for (int64_t rr = 0; rr < P; rr++) {
+                const int32_t pair = hp.p.sorted[rr], e = ids[pair];
+                const int64_t t = pair / topk;
+                for (int64_t d = 0; d < D; d++) {
+                    fp4_row(X.w2 + (size_t)e * X.b2, X.s2 + (size_t)e * X.sc2, d, I, 0, row, NULL);
+                    yr[t * D + d] += dotd(row, hd + rr * I, I);
+                    yc[t * D + d] += dotd(row, hr + rr * I, I);
+                }
+            }
+            const double err = compare(y, yr, NULL, T, D, vs[v].bound, what, 0);
+            const double ctl = compare(y, yc, NULL, T, D, vs[v].bound, "vs unquantised h", 1);
+            printf("  [moe] %-44s h flips %lld / %lld, y max rel %.2e (bound %.0e), vs unquantised h %.2e\n", what,
+                   (long long)flips, (long long)(P * I), err, vs[v].bound, ctl);
+            if (!(err <= vs[v].bound)) fail_msg("%s: max rel error %.3g > %.0e", what, err, vs[v].bound);
+            if (!(ctl > 1e-3)) fail_msg("%s: cannot tell quantised h from unquantised (%.3g)", what, ctl);
+        }
+        assert_int_equal(bcu_moe_set_tiling(0, 0), 0);
+        X.ex.act_fp8_h = 0;
+        cudaFree(dx); cudaFree(dy); cudaFree(dw); cudaFree(dids); cudaFree(ws);
+        free(hp.buf); free(ids); free(w); free(x); free(hr); free(hq); free(gap); free(row); free(y); free(hd);
+        free(yr); free(yc);
+    }
+    experts_free(&X);
+}
+
 static void test_gpu_refuses_bad_calls(void **st)
 {
     (void)st;
@@ -750,6 +902,7 @@ int main(void)
         cmocka_unit_test(test_gpu_refuses_bad_calls),
         cmocka_unit_test(test_gpu_small),
         cmocka_unit_test(test_gpu_v4dims),
+        cmocka_unit_test(test_gpu_act_fp8_h),
     };
     return cmocka_run_group_tests_name("moe_gpu", gpu, NULL, NULL);
 }

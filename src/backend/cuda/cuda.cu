@@ -107,6 +107,8 @@ typedef struct {
     size_t moe_mmarows_max; /* MoE batches of at most this many (token, expert) pairs per expert take the mma
                                rows (bf16x3 / bf16 maths; DEEPINFER_CUDA_MOE_MMAROWS_MAX) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
+    int x_fp8; /* during be_dev_ops.linear_x8: x is act_quant'd (e4m3 values times powers of two), exact in one
+                * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three */
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
@@ -443,7 +445,7 @@ static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int
 static int bf16_gemm(cuda_be *c, const uint16_t *A, int lda, float *dy, const float *dx, size_t T, int64_t n, int64_t K,
                      char *tmp)
 {
-    const int planes = c->math == BCU_MATH_BF16 ? 1 : 3;
+    const int planes = c->math == BCU_MATH_BF16 || c->x_fp8 ? 1 : 3;
     uint16_t *xb = (uint16_t *)tmp;
     float *part = planes == 1 ? dy : (float *)(tmp + up256(3 * T * (size_t)K * 2));
     const float one = 1.0f, zero = 0.0f;
@@ -1404,6 +1406,19 @@ static void dv_linear(be_backend *be, float *y, const float *x, size_t T, const 
     DV_LEAVE;
 }
 
+/* the same product, for x that holds act_quant'd rows: every value an e4m3 code times a power of two, which one
+ * bf16 plane holds exactly, so the three-plane split would add two planes of zeros (a third of the GEMM work each)
+ * and the one-plane GEMM gives the same values (not necessarily the same bits: cuBLAS may pick another kernel for
+ * a third of the columns) */
+static void dv_linear_x8(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
+{
+    DV_ENTER(w->fmt == BE_W_FP8 ? BCU_PROF_LINEAR_FP8 : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16);
+    c->x_fp8 = 1;
+    if (T) linear_dev_locked(c, y, x, T, w);
+    c->x_fp8 = 0;
+    DV_LEAVE;
+}
+
 static void dv_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
 {
     DV_ENTER(BCU_PROF_ROWS);
@@ -1604,6 +1619,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .zero = */ dv_zero,
     /* .copy = */ dv_copy,
     /* .linear = */ dv_linear,
+    /* .linear_x8 = */ dv_linear_x8,
     /* .linear_grouped = */ dv_linear_grouped,
     /* .rmsnorm = */ dv_rmsnorm,
     /* .embed = */ dv_embed,

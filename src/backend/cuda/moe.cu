@@ -268,6 +268,7 @@ struct MoeArgs {
     const uint8_t *const *w1, *const *s1, *const *w3, *const *s3, *const *w2, *const *s2;
     int64_t D, I;
     int topk, official;
+    int act_fp8_h; /* h goes through fq_fp8 (blocks of 128) before W2: the mma rows write it to h, not to hq */
     float limit;
     const float *x, *w;
     const int32_t *off, *act, *tile_e, *tile_r0, *sorted;
@@ -942,6 +943,10 @@ __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
                 if (f >= N) continue;
                 float hv = swiglu1(sum(tau, j), sum(tau, 8 + j), a.limit);
                 if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                if (a.act_fp8_h) { /* quantised by whole blocks of 128 features, then split (bcu_moe_forward) */
+                    a.h[row * a.I + f] = hv;
+                    continue;
+                }
                 uint32_t s[3];
                 rd_split3(hv, s);
                 const int64_t pc = mr_perm(f);
@@ -997,21 +1002,22 @@ __global__ void combine_kernel(float *y, const float *yp, const int32_t *comb, c
 
 static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
+/* stage g of the mma rows: 1 (gate / up -> h) or 2 (W2 h) */
 template <int MT, int KS>
-static void mr_launch_v(const MoeArgs &a, unsigned ny, cudaStream_t st)
+static void mr_launch_v(const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
 {
     const int64_t r1 = 8 * (MR_WARPS / KS), r2 = 8 * MR_WN * (MR_WARPS / KS); /* weight rows per block */
-    mr_kernel<1, MT, KS><<<dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st>>>(a);
-    mr_kernel<2, MT, KS><<<dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st>>>(a);
+    if (g == 1) mr_kernel<1, MT, KS><<<dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st>>>(a);
+    else mr_kernel<2, MT, KS><<<dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st>>>(a);
 }
 
-static cudaError_t mr_launch(int mt, int ks, const MoeArgs &a, unsigned ny, cudaStream_t st)
+static cudaError_t mr_launch(int mt, int ks, const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
 {
-    if (ks == 1 && mt == 1) mr_launch_v<1, 1>(a, ny, st);
-    else if (ks == 1 && mt == 2) mr_launch_v<2, 1>(a, ny, st);
-    else if (ks == 1 && mt == 4) mr_launch_v<4, 1>(a, ny, st);
-    else if (ks == MR_WARPS && mt == 1) mr_launch_v<1, MR_WARPS>(a, ny, st);
-    else if (ks == MR_WARPS && mt == 4) mr_launch_v<4, MR_WARPS>(a, ny, st);
+    if (ks == 1 && mt == 1) mr_launch_v<1, 1>(a, ny, g, st);
+    else if (ks == 1 && mt == 2) mr_launch_v<2, 1>(a, ny, g, st);
+    else if (ks == 1 && mt == 4) mr_launch_v<4, 1>(a, ny, g, st);
+    else if (ks == MR_WARPS && mt == 1) mr_launch_v<1, MR_WARPS>(a, ny, g, st);
+    else if (ks == MR_WARPS && mt == 4) mr_launch_v<4, MR_WARPS>(a, ny, g, st);
     else return cudaErrorInvalidValue;
     return cudaSuccess;
 }
@@ -1204,7 +1210,6 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math, 0);
     if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS) return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
-    if (path == BCU_MOE_MMAROWS && ex->act_fp8_h) path = BCU_MOE_ROWS; /* h must exist in fp32 to be quantised */
 
     RouteArgs r;
     r.ids = ids;
@@ -1238,6 +1243,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     a.I = ex->inter;
     a.topk = topk;
     a.official = ex->weight_before_w2 != 0;
+    a.act_fp8_h = ex->act_fp8_h != 0;
     a.limit = ex->swiglu_limit;
     a.x = x;
     a.w = w;
@@ -1266,7 +1272,15 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         const int64_t avg = (p.P + ex->n_experts - 1) / ex->n_experts;
         const int forced = mr_forced.load(std::memory_order_relaxed);
         const int mt = forced ? forced >> 4 : avg <= 2 ? 1 : 2, ks = forced ? forced & 15 : 1;
-        cudaError_t e = mr_launch(mt, ks, a, ny, st);
+        cudaError_t e = mr_launch(mt, ks, a, ny, 1, st);
+        if (e == cudaSuccess && a.act_fp8_h) { /* h in fp32 from stage 1: quantise, then the planes stage 2 reads */
+            e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
+            const int64_t nh = p.P * (Ip / 8);
+            if (e == cudaSuccess)
+                mr_split_kernel<<<(unsigned)(nh < 4096 * 256 ? (nh + 255) / 256 : 4096), 256, 0, st>>>(p.hq, p.h, p.P,
+                                                                                                    a.I, Ip);
+        }
+        if (e == cudaSuccess) e = mr_launch(mt, ks, a, ny, 2, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_ROWS) {
         const unsigned ny = (unsigned)p.n_slots;

@@ -41,8 +41,7 @@ typedef struct {
     int weight_before_w2; /* 1: official semantics (h *= w, then W2, then a plain sum);
                              0: transformers (y += w * (W2 h)); v4.c does the same */
     int act_fp8_h;        /* 1: h (after the weight) through v4.c's fq_fp8 in blocks of 128 before W2 (the
-                             official act_quant; be_ops.moe's BE_MOE_ACT_FP8_H).  The mma rows keep h as bf16
-                             planes only, so this runs the rows path in their place; x comes quantised. */
+                             official act_quant; be_ops.moe's BE_MOE_ACT_FP8_H); x comes quantised */
     const uint8_t *const *w1, *const *s1;
     const uint8_t *const *w3, *const *s3;
     const uint8_t *const *w2, *const *s2;
