@@ -11,6 +11,8 @@
  *     1e-5 of the CPU; and batch invariance bit for bit: a token alone equals
  *     the same token inside T = 300 and T = 1000, under every tiling and K
  *     split, directly and through be_linear_rows;
+ *   - bcu_rowdot_x8 (e4m3 x e4m3 for act_quant'd x) within 1e-5 of the CPU and
+ *     of bcu_rowdot, T = 1 .. 16, blocks of 128 and 32, batch-invariant;
  *   - a failing op is a sticky, readable error and NaN outputs;
  *   - the whole model on tiny-mixed and tiny-mixed-fp8fp4, in every math mode
  *     and both semantics: logits vs CPU, greedy continuation vs CPU, chunked
@@ -430,6 +432,110 @@ static void test_rowdot_batch_invariance(void **st)
     be_cuda_destroy(gpu);
 }
 
+/* ------------------------------------------------------------------ bcu_rowdot_x8 */
+
+/* v4.c's act_quant of a row (fq_fp8, blocks of 128), written here from dtype.c's codecs */
+static void x8_quant_row(float *x, int64_t n)
+{
+    for (int64_t b0 = 0; b0 < n; b0 += 128) {
+        const int64_t b1 = b0 + 128 < n ? b0 + 128 : n;
+        float amax = 1e-4f;
+        for (int64_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int e;
+        const float f = frexpf(amax * (1.0f / 448.0f), &e), sc = ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+        for (int64_t i = b0; i < b1; i++) x[i] = md_e4m3_to_f32(md_f32_to_e4m3(x[i] / sc)) * sc;
+    }
+}
+
+/* The FP8-activation row-dot (e4m3 x e4m3, official semantics' act_quant'd x): against the CPU backend's
+ * linear of the same quantised x within 1e-5 (and against the three-plane bcu_rowdot), T = 1 .. 16, weight
+ * blocks of 128 and 32, every scale dtype, the K split and not; a token alone equals the same token inside
+ * T = 16 bit for bit; what it does not take (T = 17, a column slice) is refused with nothing launched. */
+static void test_rowdot_x8(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4);
+    struct {
+        const char *name;
+        int64_t rows, cols;
+        int bs;
+        md_dtype sdt;
+    } cs[] = {{"fp8/e8m0 1000x512 (K split)", 1000, 512, 128, MD_F8_E8M0},
+              {"fp8/f32 72x4096 (K split)", 72, 4096, 128, MD_F32},
+              {"fp8/bf16 200x640 blocks 32", 200, 640, 32, MD_BF16},
+              {"fp8/e8m0 17000x256 blocks 32 (no split)", 17000, 256, 32, MD_F8_E8M0}};
+    const size_t Ts[] = {1, 2, 5, 8, 9, 16};
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        rweight r = make_fp8(cs[k].rows, cs[k].cols, cs[k].bs, cs[k].sdt);
+        const be_weight *w = &r.w;
+        const int64_t n = w->rows, K = w->cols;
+        const size_t TM = 16;
+        void *dw, *ds;
+        float *dx, *dy;
+        ck(cudaMalloc(&dw, (size_t)(n * K)), "cudaMalloc");
+        ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
+        float *x = rand_rows(TM * (size_t)K);
+        for (size_t t = 0; t < TM; t++) x8_quant_row(x + t * (size_t)K, K);
+        ck(cudaMemcpy(dw, w->data, (size_t)(n * K), cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        float *ref = nan_rows(TM * (size_t)n);
+        cpu->ops->linear(cpu, ref, x, TM, w);
+        bcu_rowdot_args a = q_args(w, dw, ds, 0, n, 0, dx, TM, dy);
+        float *y16 = NULL;
+        double worst = 0;
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const size_t T = Ts[ti];
+            a.T = (int64_t)T;
+            ck(cudaMemset(dy, 0xff, TM * (size_t)n * sizeof(float)), "cudaMemset");
+            ck(bcu_rowdot_x8(&a, 0), "bcu_rowdot_x8");
+            ck(cudaDeviceSynchronize(), "bcu_rowdot_x8 (run)");
+            float *y = malloc(T * (size_t)n * sizeof *y);
+            ck(cudaMemcpy(y, dy, T * (size_t)n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+            for (size_t i = 0; i < T * (size_t)n; i++)
+                if (isnan(y[i])) fail_msg("%s T=%zu: output %zu unwritten", cs[k].name, T, i);
+            const double e = rel_err(y, (size_t)n, ref, (size_t)n, T, (size_t)n);
+            worst = e > worst ? e : worst;
+            if (!(e <= 1e-5)) fail_msg("%s T=%zu: max rel error %.3g vs the CPU > 1e-5", cs[k].name, T, e);
+            if (T == 16) y16 = y;
+            else free(y);
+        }
+        /* batch invariance: tokens 0, 7, 15 alone */
+        size_t bad = 0;
+        const size_t js[] = {0, 7, 15};
+        for (size_t i = 0; i < 3; i++) {
+            bcu_rowdot_args b1 = a;
+            b1.x = dx + js[i] * (size_t)K;
+            b1.T = 1;
+            ck(bcu_rowdot_x8(&b1, 0), "bcu_rowdot_x8");
+            ck(cudaDeviceSynchronize(), "bcu_rowdot_x8 (run)");
+            float *y1 = malloc((size_t)n * sizeof *y1);
+            ck(cudaMemcpy(y1, dy, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+            bad += q_diff(y16, js[i], y1, 0, 1, (size_t)n);
+            free(y1);
+        }
+        if (bad) fail_msg("%s: a token alone differs from the same token inside T = 16 (%zu outputs)", cs[k].name, bad);
+        /* the three-plane row-dot on the same x */
+        float *yp = q_run(a, dx, 16, dy, 0, 0, 0);
+        const double ep = rel_err(y16, (size_t)n, yp, (size_t)n, 16, (size_t)n);
+        if (!(ep <= 1e-5)) fail_msg("%s: vs bcu_rowdot %.3g > 1e-5", cs[k].name, ep);
+        /* refused: more than 16 tokens, a column slice */
+        bcu_rowdot_args r17 = a, rs = a;
+        r17.T = 17;
+        rs.c0 = 128;
+        rs.K = K - 128;
+        if (bcu_rowdot_x8(&r17, 0) != cudaErrorNotSupported || bcu_rowdot_x8(&rs, 0) != cudaErrorNotSupported)
+            fail_msg("%s: bcu_rowdot_x8 took a shape it does not support", cs[k].name);
+        printf("  rowdot_x8 %-40s worst vs CPU %.2e, vs bcu_rowdot %.2e, batch-invariant\n", cs[k].name, worst, ep);
+        free(y16); free(yp); free(x); free(ref);
+        cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
+        rw_free(&r);
+    }
+    be_destroy(cpu);
+}
+
 static void test_rmsnorm(void **st)
 {
     (void)st;
@@ -766,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_ops_fp32),
         cmocka_unit_test(test_rowdot_shapes),
         cmocka_unit_test(test_rowdot_batch_invariance),
+        cmocka_unit_test(test_rowdot_x8),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_cache_notices_new_contents),
         cmocka_unit_test(test_errors_are_sticky_and_readable),

@@ -108,7 +108,9 @@ typedef struct {
                                rows (bf16x3 / bf16 maths; DEEPINFER_CUDA_MOE_MMAROWS_MAX) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
     int x_fp8; /* during be_dev_ops.linear_x8: x is act_quant'd (e4m3 values times powers of two), exact in one
-                * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three */
+                * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
+                * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
+    int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 keeps the bf16-plane row-dot) */
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
@@ -486,6 +488,11 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (K != w->cols - c0) return fail(c, "row-dot: K %lld is not cols - c0", (long long)K);
     bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, r0, n, c0, dx, (int64_t)T, dy);
+    if (c->x_fp8 && c->x8_kernel && w->fmt == BE_W_FP8) {
+        const cudaError_t r = bcu_rowdot_x8(&a, c->st);
+        if (r == cudaSuccess) return 0;
+        if (r != cudaErrorNotSupported) CU(r);
+    }
     CU(bcu_rowdot(&a, c->st));
     return 0;
 }
@@ -1751,6 +1758,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     if (c->attn_rows > 65535) c->attn_rows = 65535;
     c->deq_T = env_size("DEEPINFER_CUDA_DEQUANT_T", 64); /* 0: always; huge: never */
     c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
+    c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);

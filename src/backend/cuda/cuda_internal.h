@@ -88,6 +88,12 @@ bcu_rowdot_args bcu_rowdot_for(const be_weight *w, const void *dw, const void *d
                                const float *dx, int64_t T, float *dy);
 /* the kernel bcu_rowdot would run: BCU_ROWDOT_SIMPLE or BCU_ROWDOT_MMA */
 int bcu_rowdot_path(const bcu_rowdot_args *a);
+/* The same product for x whose rows went through act_quant (v4.c, official semantics: every value an e4m3 code
+ * times a power of two per block of 128 columns), e4m3 x e4m3 on the tensor cores, no weight decode.  Whole rows
+ * only (c0 = 0, K = wcols, K % 128 = 0), FP8 weights with blocks of >= 32, T <= 16, r0 % 8 = 0; path, tile and
+ * split are ignored.  cudaErrorNotSupported (nothing launched) for anything else.  A token's result does not
+ * depend on T; it equals bcu_rowdot's to fp32 rounding (~1e-6), not bit for bit. */
+cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *a, cudaStream_t st);
 
 /* y[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)); w may be NULL; in place allowed */
 cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t dim, const float *w, float eps,

@@ -1268,6 +1268,243 @@ extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     return simple_rowdot(p, st);
 }
 
+/* ---- the FP8-activation row-dot (bcu_rowdot_x8)
+ *
+ * For x whose rows went through act_quant (v4.c, official semantics): every
+ * value is an e4m3 code times the power of two of its block of 128 columns.
+ * The block stages x once as those codes (the scale recomputed from the
+ * block's amax as act_quant does; the codes are exact whatever side of a
+ * power of two the rounded amax fell) and the tensor cores take codes
+ * against codes: mma.sync m16n8k32 e4m3 x e4m3 -> fp32, with no decode of
+ * the weights at all (the rowdot kernels above spend half their instructions
+ * decoding e4m3 to bf16).  Tokens are the A rows (T <= 16: one m16 tile),
+ * eight weight rows the n8 tile; a lane streams 8 + 8 bytes of its weight
+ * row per 64-column chunk (32 columns per k32 step, so a step never crosses
+ * a weight scale block of 32 or more, nor an activation block).  Products of
+ * two e4m3 values are exact in fp32; each k32 step's sum P, from zero, goes
+ * into S = fmaf(P, sx * sw, S), the steps in column order; with the K split
+ * (4 warps on the same rows) the quarters meet in warp order.  A token's
+ * result does not depend on T (the split is chosen by n alone).  Not yet run
+ * on a GPU (2026-11-30): test_cuda's test_rowdot_x8 checks it against a
+ * double reference and for batch invariance. */
+#define RQ_TW 2 /* n8 tiles per warp */
+#define RQ_PD 4 /* chunks of weights in flight per lane */
+
+struct RowQ8Args {
+    const uint8_t *w;
+    const void *scale;
+    int sc_dtype, bshift;
+    int64_t wcols, nsb, r0, n;
+    const float *x;
+    int64_t ldx, ldy;
+    float *y;
+    int T, K;
+};
+
+__device__ __forceinline__ void rq_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two f32 -> e4m3 codes (lo in the low byte), round to nearest, saturating */
+__device__ __forceinline__ uint32_t rq_e4m3x2(float lo, float hi)
+{
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* 16 bytes of a weight row read once: 8 at p, 8 at p + 32 */
+__device__ __forceinline__ uint4 rq_ldw(const uint8_t *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.z), "=r"(v.w) : "l"(p + 32));
+    return v;
+}
+
+/* v4.c pow2_ceil: 2^ceil(log2 v), v > 0 finite */
+__device__ __forceinline__ float rq_pow2_ceil(float v)
+{
+    int e;
+    const float f = frexpf(v, &e);
+    return ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+}
+
+template <int KS>
+__global__ void __launch_bounds__(128) rowq8_kernel(RowQ8Args a)
+{
+    extern __shared__ __align__(16) unsigned char rq_smem[];
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int T = a.T, K = a.K, nb = K / 128, nch = K / 64;
+    unsigned char *xc = rq_smem;                              /* [T][K] codes */
+    float *xs = (float *)(rq_smem + (((size_t)T * K + 15) & ~(size_t)15)); /* [T][nb] scales */
+    float *red = xs + ((T * nb + 3) & ~3);                    /* KS = 4: [4 warps][RQ_TW][4][32 lanes] */
+
+    /* the weight rows of this lane's tiles: row g of each n8 tile */
+    const int64_t rb0 = (int64_t)blockIdx.x * (KS == 1 ? 4 : 1) * 8 * RQ_TW + (KS == 1 ? warp * 8 * RQ_TW : 0);
+    const uint8_t *wr[RQ_TW];
+    bool rok[RQ_TW];
+    int srow[RQ_TW]; /* the tile's row block, times nsb */
+#pragma unroll
+    for (int nt = 0; nt < RQ_TW; nt++) {
+        const int64_t o = rb0 + 8 * nt + g;
+        rok[nt] = o < a.n;
+        wr[nt] = a.w + (a.r0 + (rok[nt] ? o : 0)) * a.wcols + 8 * q;
+        srow[nt] = (int)(((a.r0 + rb0 + 8 * nt) >> a.bshift) * a.nsb);
+    }
+    const int c_lo = KS == 1 ? 0 : warp * nch / 4, c_hi = KS == 1 ? nch : (warp + 1) * nch / 4;
+    uint4 ring[RQ_PD][RQ_TW];
+#pragma unroll
+    for (int i = 0; i < RQ_PD; i++)
+#pragma unroll
+        for (int nt = 0; nt < RQ_TW; nt++)
+            ring[i][nt] = c_lo + i < c_hi && rok[nt] ? rq_ldw(wr[nt] + 64 * (c_lo + i)) : make_uint4(0u, 0u, 0u, 0u);
+
+    /* x as codes: a warp per (token, block of 128) */
+    for (int it = warp; it < T * nb; it += 4) {
+        const int t = it / nb, b = it - t * nb;
+        const float4 v = __ldg((const float4 *)(a.x + (int64_t)t * a.ldx + 128 * b + 4 * lane));
+        float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float sc = rq_pow2_ceil(__fmul_rn(fmaxf(m, 1e-4f), 1.0f / 448.0f));
+        const uint32_t lo = rq_e4m3x2(__fdiv_rn(v.x, sc), __fdiv_rn(v.y, sc));
+        const uint32_t hi = rq_e4m3x2(__fdiv_rn(v.z, sc), __fdiv_rn(v.w, sc));
+        *(uint32_t *)(xc + (size_t)t * K + 128 * b + 4 * lane) = lo | (hi << 16);
+        if (lane == 0) xs[t * nb + b] = sc;
+    }
+    __syncthreads();
+
+    const bool r0ok = g < T, r8ok = g + 8 < T;
+    const unsigned char *x0 = xc + (size_t)(r0ok ? g : 0) * K + 8 * q;
+    const unsigned char *x8 = xc + (size_t)(r8ok ? g + 8 : 0) * K + 8 * q;
+    float S[RQ_TW][4];
+#pragma unroll
+    for (int nt = 0; nt < RQ_TW; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) S[nt][e] = 0.0f;
+    for (int c0 = c_lo; c0 < c_hi; c0 += RQ_PD) {
+#pragma unroll
+        for (int i = 0; i < RQ_PD; i++) {
+            const int c = c0 + i;
+            if (c >= c_hi) break; /* warp-uniform */
+            uint4 wv[RQ_TW];
+#pragma unroll
+            for (int nt = 0; nt < RQ_TW; nt++) {
+                wv[nt] = ring[i][nt];
+                ring[i][nt] = c + RQ_PD < c_hi && rok[nt] ? rq_ldw(wr[nt] + 64 * (c + RQ_PD)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+            const uint2 a00 = r0ok ? *(const uint2 *)(x0 + 64 * c) : make_uint2(0u, 0u);
+            const uint2 a01 = r0ok ? *(const uint2 *)(x0 + 64 * c + 32) : make_uint2(0u, 0u);
+            const uint2 a80 = r8ok ? *(const uint2 *)(x8 + 64 * c) : make_uint2(0u, 0u);
+            const uint2 a81 = r8ok ? *(const uint2 *)(x8 + 64 * c + 32) : make_uint2(0u, 0u);
+            const int ab = c >> 1; /* activation block of 128 */
+            const float sx0 = r0ok ? xs[g * nb + ab] : 0.0f, sx8 = r8ok ? xs[(g + 8) * nb + ab] : 0.0f;
+#pragma unroll
+            for (int st = 0; st < 2; st++) {
+                const uint32_t af[4] = {st ? a01.x : a00.x, st ? a81.x : a80.x, st ? a01.y : a00.y,
+                                        st ? a81.y : a80.y};
+                const int wcb = (64 * c + 32 * st) >> a.bshift;
+#pragma unroll
+                for (int nt = 0; nt < RQ_TW; nt++) {
+                    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    rq_mma(P, af, st ? wv[nt].z : wv[nt].x, st ? wv[nt].w : wv[nt].y);
+                    const float sw = scale_at(a.scale, a.sc_dtype, (size_t)(srow[nt] + wcb));
+                    const float f0 = __fmul_rn(sx0, sw), f8 = __fmul_rn(sx8, sw);
+                    S[nt][0] = fmaf(P[0], f0, S[nt][0]);
+                    S[nt][1] = fmaf(P[1], f0, S[nt][1]);
+                    S[nt][2] = fmaf(P[2], f8, S[nt][2]);
+                    S[nt][3] = fmaf(P[3], f8, S[nt][3]);
+                }
+            }
+        }
+    }
+
+    /* the lane's sums: token g (e = 0, 1) and g + 8 (e = 2, 3), outputs 2q, 2q + 1 of each tile */
+    if (KS > 1) {
+#pragma unroll
+        for (int nt = 0; nt < RQ_TW; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[((warp * RQ_TW + nt) * 4 + e) * 32 + lane] = S[nt][e];
+        __syncthreads();
+        if (warp) return;
+#pragma unroll
+        for (int nt = 0; nt < RQ_TW; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = red[((0 * RQ_TW + nt) * 4 + e) * 32 + lane];
+#pragma unroll
+                for (int w = 1; w < KS; w++) v = v + red[((w * RQ_TW + nt) * 4 + e) * 32 + lane];
+                S[nt][e] = v;
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < RQ_TW; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int t = e < 2 ? g : g + 8;
+            const int64_t o = rb0 + 8 * nt + 2 * q + (e & 1);
+            if (t < T && o < a.n) a.y[(int64_t)t * a.ldy + o] = S[nt][e];
+        }
+}
+
+#define RQ_SMEM_MAX (96 * 1024)
+
+static size_t rq_smem_bytes(int T, int K)
+{
+    const int nb = K / 128;
+    return (((size_t)T * K + 15) & ~(size_t)15) + (size_t)((T * nb + 3) & ~3) * 4 + (size_t)4 * RQ_TW * 4 * 32 * 4;
+}
+
+extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
+{
+    if (p->n <= 0 || p->T <= 0) return cudaSuccess;
+    const int b = p->block;
+    if (p->fmt != BCU_RW_FP8 || b < 32 || (b & (b - 1)) || p->c0 != 0 || p->K != p->wcols || p->K % 128 ||
+        p->K > (1 << 24) || p->T > 16 || p->r0 % 8 || p->r0 < 0 || p->r0 + p->n > p->wrows || p->wcols % 8 ||
+        (uintptr_t)p->x % 16 || (uintptr_t)p->w % 8 || (p->ldx && (p->ldx % 4 || p->ldx < p->K)) ||
+        (p->ldy && p->ldy < p->n) ||
+        (p->sc_dtype != BCU_SC_E8M0 && p->sc_dtype != BCU_SC_F32 && p->sc_dtype != BCU_SC_BF16) ||
+        rq_smem_bytes((int)p->T, (int)p->K) > RQ_SMEM_MAX)
+        return cudaErrorNotSupported;
+    RowQ8Args a;
+    a.w = (const uint8_t *)p->w;
+    a.scale = p->scale;
+    a.sc_dtype = p->sc_dtype;
+    a.bshift = __builtin_ctz((unsigned)b);
+    a.wcols = p->wcols;
+    a.nsb = (p->wcols + b - 1) / b;
+    a.r0 = p->r0;
+    a.n = p->n;
+    a.x = p->x;
+    a.ldx = p->ldx ? p->ldx : p->K;
+    a.ldy = p->ldy ? p->ldy : p->n;
+    a.y = p->y;
+    a.T = (int)p->T;
+    a.K = (int)p->K;
+    const size_t sm = rq_smem_bytes(a.T, a.K);
+    /* the K split (4 warps on the same 16 rows) while 64 rows per block would not fill the GPU twice over */
+    const int64_t blocks1 = (p->n + 4 * 8 * RQ_TW - 1) / (4 * 8 * RQ_TW);
+    const int ks = blocks1 < 2 * (int64_t)rd_sm_count() ? 4 : 1;
+    void (*kern)(RowQ8Args) = ks == 4 ? rowq8_kernel<4> : rowq8_kernel<1>;
+    static std::atomic<unsigned long long> attr_set[2];
+    const int dev = rd_device();
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (!(attr_set[ks == 4].load(std::memory_order_relaxed) & bit)) {
+        cudaError_t e = rd_smem_attr(kern, RQ_SMEM_MAX);
+        if (e != cudaSuccess) return e;
+        attr_set[ks == 4].fetch_or(bit, std::memory_order_relaxed);
+    }
+    const int64_t grid = ks == 4 ? (p->n + 8 * RQ_TW - 1) / (8 * RQ_TW) : blocks1;
+    if (grid > 0x7fffffff) return cudaErrorNotSupported;
+    kern<<<(unsigned)grid, 128, sm, st>>>(a);
+    return cudaGetLastError();
+}
+
 /* ---- RMSNorm: one block per row; the sum of squares in double, as the CPU
  * reference does, so the two agree to the last bit nearly always.  The block
  * size is a function of dim alone (1024 threads from dim 2048: a decode
