@@ -37,6 +37,15 @@ typedef struct kv_ns {
     const char *salt;            /* cache salt / tenant namespace, NUL-terminated; NULL = "" */
 } kv_ns;
 
+/* kv_ns.semantics for a model under semantics `sem` (md_semantics: 0 official, 1 transformers).  The byte
+ * names the numerics whose KV values a block holds, so that a store written by an engine with other numerics is
+ * never read as this one's: 1 transformers; official 2 since the GEMM activation quantisation (act_quant,
+ * 2026-11-30), 0 before it (no longer written). */
+#define KV_SEM_TRANSFORMERS 1
+#define KV_SEM_OFFICIAL_V0 0 /* official without act_quant: engines before 2026-11-30 */
+#define KV_SEM_OFFICIAL 2
+static inline uint8_t kv_semantics_byte(int sem) { return sem == 1 ? KV_SEM_TRANSFORMERS : KV_SEM_OFFICIAL; }
+
 /* Key of the block `ids[0..n)` following `parent` (NULL for the first block
  * of a sequence).  The prefix cache uses n = KV_BLOCK_TOKENS; any n >= 1 is
  * accepted and hashed with its length.  RC_EINVAL when n is 0 or above

@@ -438,7 +438,7 @@ int kv_track_tokens(kv_track *t, const int32_t *ids, size_t n)
 
 static kv_ns track_ns(const kv_track *t)
 {
-    kv_ns ns = {.semantics = (uint8_t)md_model_semantics(t->c->m), .salt = t->salt};
+    kv_ns ns = {.semantics = kv_semantics_byte((int)md_model_semantics(t->c->m)), .salt = t->salt};
     memcpy(ns.model, t->c->fp, KV_KEY_BYTES);
     return ns;
 }

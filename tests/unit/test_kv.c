@@ -197,6 +197,13 @@ static void test_key_sensitivity(void **st)
     kv_ns n3 = ns;
     n3.semantics = 1;
     assert_int_equal(kv_key_chain(&parent, ids, KV_BLOCK_TOKENS, &n3, &all[nall++]), 0);
+    n3.semantics = 2;
+    assert_int_equal(kv_key_chain(&parent, ids, KV_BLOCK_TOKENS, &n3, &all[nall++]), 0);
+    /* the cache's bytes: the three numerics (official before act_quant, transformers, official) are apart */
+    assert_int_equal(kv_semantics_byte(MD_SEM_OFFICIAL), KV_SEM_OFFICIAL);
+    assert_int_equal(kv_semantics_byte(MD_SEM_TRANSFORMERS), KV_SEM_TRANSFORMERS);
+    assert_true(KV_SEM_OFFICIAL != KV_SEM_OFFICIAL_V0 && KV_SEM_OFFICIAL != KV_SEM_TRANSFORMERS &&
+                KV_SEM_OFFICIAL_V0 != KV_SEM_TRANSFORMERS);
     static const char *salts[] = {"", "tenant-b", "tenant-a ", "tenant-", "Tenant-a", "tenant-aa", "t"};
     for (size_t i = 0; i < sizeof salts / sizeof salts[0]; i++) {
         kv_ns n4 = fixed_ns(0, salts[i]);
