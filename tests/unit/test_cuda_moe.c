@@ -532,6 +532,35 @@ static double compare(const float *got, const double *ref, const uint8_t *mask, 
 
 /* ------------------------------------------------------------------ GPU cases */
 
+/* the device buffers of bcu_moe_forward calls on T tokens, with x, the weights and the ids uploaded */
+typedef struct {
+    float *dx, *dy, *dw;
+    int32_t *dids;
+    void *ws;
+    size_t wsb;
+} dcall;
+
+static void dcall_make(dcall *d, const experts *X, const float *x, const int32_t *ids, const float *w, int64_t T,
+                       int topk)
+{
+    const int64_t D = X->D, P = T * topk;
+    d->wsb = bcu_moe_workspace_bytes(T, topk, X->E, X->D, X->I);
+    assert_true(d->wsb > 0);
+    CK(cudaMalloc((void **)&d->dx, (size_t)(T * D) * 4));
+    CK(cudaMalloc((void **)&d->dy, (size_t)(T * D) * 4));
+    CK(cudaMalloc((void **)&d->dw, (size_t)P * 4));
+    CK(cudaMalloc((void **)&d->dids, (size_t)P * 4));
+    CK(cudaMalloc(&d->ws, d->wsb));
+    CK(cudaMemcpy(d->dx, x, (size_t)(T * D) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->dw, w, (size_t)P * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->dids, ids, (size_t)P * 4, cudaMemcpyHostToDevice));
+}
+
+static void dcall_free(dcall *d)
+{
+    cudaFree(d->dx); cudaFree(d->dy); cudaFree(d->dw); cudaFree(d->dids); cudaFree(d->ws);
+}
+
 typedef struct {
     const char *name;
     int64_t T;
@@ -584,19 +613,12 @@ static void run_case(experts *X, int topk, const mcase *c, int controls)
     if (!c->plain && (cg == 0 || cu == 0)) fail_msg("%s: the clamp never fired (gate %lld, up %lld)", c->name,
                                                      (long long)cg, (long long)cu);
 
-    float *dx, *dw, *dy;
-    int32_t *dids;
-    void *ws;
-    const size_t wsb = bcu_moe_workspace_bytes(T, topk, X->E, X->D, X->I);
-    assert_true(wsb > 0);
-    CK(cudaMalloc((void **)&dx, (size_t)(T * D) * 4));
-    CK(cudaMalloc((void **)&dy, (size_t)(T * D) * 4));
-    CK(cudaMalloc((void **)&dw, (size_t)P * 4));
-    CK(cudaMalloc((void **)&dids, (size_t)P * 4));
-    CK(cudaMalloc(&ws, wsb));
-    CK(cudaMemcpy(dx, x, (size_t)(T * D) * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dw, w, (size_t)P * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dids, ids, (size_t)P * 4, cudaMemcpyHostToDevice));
+    dcall dc;
+    dcall_make(&dc, X, x, ids, w, T, topk);
+    float *dx = dc.dx, *dw = dc.dw, *dy = dc.dy;
+    int32_t *dids = dc.dids;
+    void *ws = dc.ws;
+    const size_t wsb = dc.wsb;
     float *y = xmalloc((size_t)(T * D) * sizeof *y), *y2 = xmalloc((size_t)(T * D) * sizeof *y2);
 
     hplan hp, gp;
@@ -655,7 +677,7 @@ static void run_case(experts *X, int topk, const mcase *c, int controls)
            c->name, (long long)T, hp.p.hdr[0], hp.p.hdr[1], hp.p.hdr[2], limit, (long long)cg, (long long)cu);
     free(hp.buf);
     free(gp.buf);
-    cudaFree(dx); cudaFree(dy); cudaFree(dw); cudaFree(dids); cudaFree(ws);
+    dcall_free(&dc);
     free(ids); free(w); free(x); free(ref); free(y); free(y2); free(mask);
 }
 
@@ -769,18 +791,12 @@ static void test_gpu_act_fp8_h(void **st)
             memcpy(hq + r * I, hr + r * I, (size_t)I * sizeof *hq);
             fq128(hq + r * I, I, gap + r * I);
         }
-        float *dx, *dw, *dy;
-        int32_t *dids;
-        void *ws;
-        const size_t wsb = bcu_moe_workspace_bytes(T, topk, X.E, D, I);
-        CK(cudaMalloc((void **)&dx, (size_t)(T * D) * 4));
-        CK(cudaMalloc((void **)&dy, (size_t)(T * D) * 4));
-        CK(cudaMalloc((void **)&dw, (size_t)P * 4));
-        CK(cudaMalloc((void **)&dids, (size_t)P * 4));
-        CK(cudaMalloc(&ws, wsb));
-        CK(cudaMemcpy(dx, x, (size_t)(T * D) * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dw, w, (size_t)P * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dids, ids, (size_t)P * 4, cudaMemcpyHostToDevice));
+        dcall dc;
+        dcall_make(&dc, &X, x, ids, w, T, topk);
+        float *dx = dc.dx, *dw = dc.dw, *dy = dc.dy;
+        int32_t *dids = dc.dids;
+        void *ws = dc.ws;
+        const size_t wsb = dc.wsb;
         bcu_moe_plan dp; /* the device workspace's layout: where h is */
         assert_int_equal(bcu_moe_plan_layout(ws, T, topk, X.E, D, I, &dp), 0);
         float *y = xmalloc((size_t)(T * D) * sizeof *y), *hd = xmalloc((size_t)(P * I) * sizeof *hd);
@@ -836,7 +852,7 @@ static void test_gpu_act_fp8_h(void **st)
         }
         assert_int_equal(bcu_moe_set_tiling(0, 0), 0);
         X.ex.act_fp8_h = 0;
-        cudaFree(dx); cudaFree(dy); cudaFree(dw); cudaFree(dids); cudaFree(ws);
+        dcall_free(&dc);
         free(hp.buf); free(ids); free(w); free(x); free(hr); free(hq); free(gap); free(row); free(y); free(hd);
         free(yr); free(yc);
     }
