@@ -11,6 +11,7 @@
  *     1e-5 of the CPU; and batch invariance bit for bit: a token alone equals
  *     the same token inside T = 300 and T = 1000, under every tiling and K
  *     split, directly and through be_linear_rows;
+ *   - the grouped projection in one decode-kernel launch equals a launch per group bit for bit;
  *   - bcu_rowdot_x8 (e4m3 x e4m3 for act_quant'd x) within 1e-5 of the CPU and
  *     of bcu_rowdot, T = 1 .. 16, blocks of 128 and 32, batch-invariant;
  *   - a failing op is a sticky, readable error and NaN outputs;
@@ -430,6 +431,76 @@ static void test_rowdot_batch_invariance(void **st)
         rw_free(&r);
     }
     be_cuda_destroy(gpu);
+}
+
+/* The grouped projection (wo_a) in one launch of the decode kernel (bcu_rowdot_args.groups): each group's
+ * outputs equal, bit for bit, those of its own launch on the strided x and y, T = 1 .. 5, FP8 and FP4, with
+ * the K split forced on and off; T = 6 (not the decode kernel) is refused with nothing launched. */
+static void test_rowdot_grouped(void **st)
+{
+    (void)st;
+    rweight ws[2] = {make_fp8(8 * 96, 640, 128, MD_F8_E8M0), make_fp4(8 * 80, 512, 32)};
+    const int G = 8;
+    for (int k = 0; k < 2; k++) {
+        const be_weight *w = &ws[k].w;
+        const int64_t n = w->rows / G, K = w->cols;
+        const size_t wbytes = w->fmt == BE_W_FP8 ? (size_t)(w->rows * w->cols) : (size_t)(w->rows * w->cols / 2);
+        void *dw, *ds;
+        float *dx, *dy;
+        ck(cudaMalloc(&dw, wbytes), "cudaMalloc");
+        ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dx, 6 * (size_t)(G * K) * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dy, 6 * (size_t)w->rows * sizeof(float)), "cudaMalloc");
+        float *x = rand_rows(6 * (size_t)(G * K));
+        ck(cudaMemcpy(dw, w->data, wbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(dx, x, 6 * (size_t)(G * K) * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        const size_t ybytes = 6 * (size_t)w->rows * sizeof(float);
+        float *yg = malloc(ybytes), *yl = malloc(ybytes);
+        size_t bad = 0;
+        for (size_t T = 1; T <= 5; T++)
+            for (int sp = 1; sp <= 2; sp++) {
+                bcu_rowdot_args a = q_args(w, dw, ds, 0, n, 0, dx, T, dy);
+                a.ldx = G * K;
+                a.ldy = w->rows;
+                a.split = sp;
+                a.path = BCU_ROWDOT_MMA;
+                ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
+                for (int g = 0; g < G; g++) { /* a launch per group */
+                    bcu_rowdot_args b = a;
+                    b.r0 = g * n;
+                    b.x = dx + g * K;
+                    b.y = dy + g * n;
+                    ck(bcu_rowdot(&b, 0), "bcu_rowdot (a group)");
+                }
+                ck(cudaDeviceSynchronize(), "bcu_rowdot (run)");
+                ck(cudaMemcpy(yl, dy, T * (size_t)w->rows * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+                ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
+                a.groups = G;
+                a.xg = K;
+                a.yg = n;
+                ck(bcu_rowdot(&a, 0), "bcu_rowdot (grouped)");
+                ck(cudaDeviceSynchronize(), "bcu_rowdot (grouped run)");
+                ck(cudaMemcpy(yg, dy, T * (size_t)w->rows * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+                for (size_t i = 0; i < T * (size_t)w->rows; i++) {
+                    if (isnan(yg[i])) fail_msg("grouped T=%zu split %d: output %zu unwritten", T, sp, i);
+                    bad += memcmp(&yg[i], &yl[i], 4) != 0;
+                }
+            }
+        bcu_rowdot_args a6 = q_args(w, dw, ds, 0, n, 0, dx, 6, dy);
+        a6.ldx = G * K;
+        a6.ldy = w->rows;
+        a6.groups = G;
+        a6.xg = K;
+        a6.yg = n;
+        if (bcu_rowdot(&a6, 0) != cudaErrorNotSupported) fail_msg("a grouped call at T = 6 was not refused");
+        printf("  rowdot grouped %s %lldx%lld in %d groups: %zu outputs differ from a launch per group\n",
+               k ? "fp4" : "fp8", (long long)w->rows, (long long)K, G, bad);
+        if (bad) fail_msg("the grouped launch differs from the launches per group in %zu outputs", bad);
+        free(x); free(yg); free(yl);
+        cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
+        rw_free(&ws[k]);
+    }
 }
 
 /* ------------------------------------------------------------------ bcu_rowdot_x8 */
@@ -872,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_ops_fp32),
         cmocka_unit_test(test_rowdot_shapes),
         cmocka_unit_test(test_rowdot_batch_invariance),
+        cmocka_unit_test(test_rowdot_grouped),
         cmocka_unit_test(test_rowdot_x8),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_cache_notices_new_contents),

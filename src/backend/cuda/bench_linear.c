@@ -342,8 +342,9 @@ static void run_ab(const shape *s, size_t T, double bw)
 
 /* decode, T = 1, 2, 5 on device pointers: the decode kernel (what bcu_rowdot runs at T <= 5) against rowmma with one
  * m16 tile (BCU_ROWDOT_TILE_DEC vs tile 1: the same bits).  groups > 1: the weight's rows in that many groups of
- * rows / groups, each its own call on strided x [T, groups * cols] and y [T, rows] (the grouped wo_a); then a
- * last line times the same bytes as one call, the floor a single grouped launch would have. */
+ * rows / groups, each its own call on strided x [T, groups * cols] and y [T, rows] (the grouped wo_a); then the
+ * same as one grouped launch of the decode kernel (bcu_rowdot_args.groups; only its decode-kernel column is
+ * measured, the tile-1 column repeats it); then a last line times the same bytes as one plain call. */
 static void run_decode(const shape *s, int groups, double bw)
 {
     be_weight w0;
@@ -377,23 +378,31 @@ static void run_decode(const shape *s, int groups, double bw)
         a.ldy = s->rows;
     }
     const size_t Ts[] = {1, 2, 5};
-    for (int one = 0; one < (groups > 1 ? 2 : 1); one++) {
+    for (int var = 0; var < (groups > 1 ? 3 : 1); var++) {
         char label[64];
+        const int one = var == 2, grouped = var == 1;
         if (one) { /* the same bytes in one call */
             a.n = s->rows;
             a.ldx = a.ldy = 0;
+            a.groups = 0;
             snprintf(label, sizeof label, "%s, 1 call", s->label);
+        } else if (grouped) { /* one grouped launch */
+            a.groups = groups;
+            a.xg = (int64_t)cols;
+            a.yg = a.n;
+            snprintf(label, sizeof label, "%s, 1 grouped", s->label);
         } else if (groups > 1) snprintf(label, sizeof label, "%s, %d calls", s->label, groups);
         else snprintf(label, sizeof label, "%s", s->label);
         for (size_t t = 0; t < 3; t++) {
             a.T = (int64_t)Ts[t];
             const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + (one ? cols : xcols));
             double tm[2];
-            for (int v = 0; v < 2; v++) {
+            for (int v = grouped ? 1 : 0; v < 2; v++) {
                 a.tile = v ? BCU_ROWDOT_TILE_DEC : 1;
-                grouped_ctx c = {a, one || groups == 1 ? 1 : groups, dw, ds};
+                grouped_ctx c = {a, one || grouped || groups == 1 ? 1 : groups, dw, ds};
                 tm[v] = time_calls(rd_grouped_call, &c, ncopy, INNER);
             }
+            if (grouped) tm[0] = tm[1];
             printf("| %-28s | %5lldx%-5lld | %-4s | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %5.2fx |\n", label,
                    (long long)s->rows, (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", Ts[t], tm[0] * 1e6,
                    100.0 * bytes / tm[0] / bw, tm[1] * 1e6, 100.0 * bytes / tm[1] / bw, tm[0] / tm[1]);

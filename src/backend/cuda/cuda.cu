@@ -558,9 +558,22 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
     float *dxa = dev ? (float *)x : (float *)c->scratch, *dya = dev ? y : (float *)(c->scratch + xall);
     float *dx = (float *)(c->scratch + xall + yall), *dy = (float *)(c->scratch + xall + yall + xb);
     if (!dev) CU(cudaMemcpyAsync(dxa, x, T * (size_t)K * groups * 4, cudaMemcpyHostToDevice, c->st));
-    /* the row-dot reads and writes strided rows: each group in one launch, straight from x and into y */
+    /* the row-dot reads and writes strided rows: at decode every group in one launch of the decode kernel (the
+     * same bits as a launch per group), else each group in its own launch, straight from x and into y */
     const int strided = w->fmt != BE_W_DENSE && !dequant_gemm(c, w, T, 0, K);
-    for (int g = 0; strided && g < groups; g++) {
+    int done = 0;
+    if (strided && groups > 1) {
+        bcu_rowdot_args ra = bcu_rowdot_for(w, e->d, e->ds, 0, n, 0, dxa, (int64_t)T, dya);
+        ra.ldx = K * groups;
+        ra.ldy = n * groups;
+        ra.groups = groups;
+        ra.xg = K;
+        ra.yg = n;
+        const cudaError_t r = bcu_rowdot(&ra, c->st);
+        if (r == cudaSuccess) done = 1;
+        else if (r != cudaErrorNotSupported) CU(r);
+    }
+    for (int g = 0; strided && !done && g < groups; g++) {
         bcu_rowdot_args ra = bcu_rowdot_for(w, e->d, e->ds, (int64_t)g * n, n, 0, dxa + (size_t)g * K, (int64_t)T,
                                             dya + (size_t)g * n);
         ra.ldx = K * groups;

@@ -80,6 +80,11 @@ typedef struct {
                   decode kernel: 5 tokens per block, x staged once; tile 1 where its shared memory is too
                   small); 0: by T (BCU_ROWDOT_TILE_DEC at T <= 5).  All give the same bits. */
     int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */
+    int groups;      /* > 1: a grouped projection in one launch: for g < groups, rows [r0 + g n, +n) of W on
+                        x + g xg into y + g yg (ldx, ldy as usual).  Only the decode kernel takes it (the tile it
+                        would run is BCU_ROWDOT_TILE_DEC and its shared memory fits): else cudaErrorNotSupported
+                        with nothing launched.  Each group's bits are those of its own call. */
+    int64_t xg, yg;  /* floats between groups in x and in y */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
 /* the arguments for rows [r0, r0+n), columns [c0, cols) of an FP8 / FP4 / f16 weight w whose device copies are

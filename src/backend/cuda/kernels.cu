@@ -433,6 +433,9 @@ struct MmArgs {
     int sc_dtype;     /* FP8 */
     int bshift;       /* FP8: log2(block) */
     int64_t nsb;      /* FP8: scale blocks per scale row; FP4: scales per row */
+    int groups;       /* decode kernel only, > 1: group gi = blockIdx.y / gtiles is rows r0 + gi n of W on */
+    int gtiles;       /* x + gi xg into y + gi yg (bcu_rowdot_args.groups) */
+    int64_t xg, yg;
 };
 
 /* A block: WGM x WGN warps; warp (wm, wn) owns x rows [16 MTW wm, 16 MTW (wm+1)) (MTW m16 tiles)
@@ -470,7 +473,8 @@ __device__ __forceinline__ int xoff(int q, int h)
  * [rows 3 tau + p][RBP]; in a split (ns > 1) the blocks of the cluster share the outputs.  rowmma_kernel and
  * rowdec_kernel end with it. */
 template <class C>
-__device__ __forceinline__ void rd_store_y(const MmArgs &a, float *Sx, int ns, int tid, int tbv, int64_t ob, int64_t t0)
+__device__ __forceinline__ void rd_store_y(const MmArgs &a, float *y, float *Sx, int ns, int tid, int tbv, int64_t ob,
+                                           int64_t t0)
 {
     if (ns > 1) rd_cluster_sync();
     else __syncthreads();
@@ -486,7 +490,7 @@ __device__ __forceinline__ void rd_store_y(const MmArgs &a, float *Sx, int ns, i
             A1 = A1 + src[C::RBP];
             A2 = A2 + src[2 * C::RBP];
         }
-        a.y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
+        y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
     }
     if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
 }
@@ -720,7 +724,7 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
         }
     }
 
-    rd_store_y<C>(a, Sx, ns, tid, tbv, ob, t0);
+    rd_store_y<C>(a, a.y, Sx, ns, tid, tbv, ob, t0);
 }
 
 /* ---- the decode row-dot (T <= 5; see the top of the file)
@@ -772,7 +776,12 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
     const int tid = (int)threadIdx.x, lane = tid & 31, wn = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int ns = (int)gridDim.x; /* blocks of the K split (a cluster), 1 = none */
-    const int64_t ob = (int64_t)blockIdx.y * C::RB;
+    /* groups: the block's group is rows ar0 .. of W on ax into ay (one group: a's own) */
+    const int gi = a.groups > 1 ? (int)blockIdx.y / a.gtiles : 0;
+    const int64_t ob = (int64_t)((int)blockIdx.y - gi * (a.groups > 1 ? a.gtiles : 0)) * C::RB;
+    const float *ax = a.x + gi * a.xg;
+    float *ay = a.y + gi * a.yg;
+    const int64_t ar0 = a.r0 + gi * a.n;
     const int64_t t0 = (int64_t)blockIdx.z * C::TB;
     const int tbv = a.T - t0 < C::TB ? (int)(a.T - t0) : C::TB; /* this block's tokens */
     const int tbl = a.T < C::TB ? (int)a.T : C::TB;             /* the layout's */
@@ -802,7 +811,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
 #pragma unroll
         for (int nt = 0; nt < WN; nt++) {
             const int64_t o = ob + 8 * (wn * WN + nt) + g;
-            const int64_t r = a.r0 + (o < a.n ? o : 0);
+            const int64_t r = ar0 + (o < a.n ? o : 0);
             wq[nt] = a.w + r * a.rowbytes + 64 * a.cb + 16 * q;
             sq[nt] = (const uint8_t *)a.scale + r * a.nsb + 4 * a.cb + q;
             clo[nt] = (int)lo;
@@ -833,7 +842,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
         unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
 #pragma unroll
         for (int e = 0; e < C::EPB; e++) {
-            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, a.x + (t0 + tau) * a.ldx + xc + 4 * e);
+            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, ax + (t0 + tau) * a.ldx + xc + 4 * e);
             else *(uint4 *)(dst + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
         }
     }
@@ -844,11 +853,11 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
     const int cb32 = (int)a.cb;
     int sb[WN][2] = {};
     if (FMT == BCU_RW_FP8) {
-        const int rb0 = (int)((a.r0 + ob) >> a.bshift);
+        const int rb0 = (int)((ar0 + ob) >> a.bshift);
         const int cb0 = (cb32 + cs) >> cbs;
         const int ncb = ((cb32 + ce - 1) >> cbs) - cb0 + 1;
         const int64_t ol = (ob + C::RB < a.n ? ob + C::RB : a.n) - 1; /* the block's last output */
-        const int nrb = (int)((a.r0 + ol) >> a.bshift) - rb0 + 1;
+        const int nrb = (int)((ar0 + ol) >> a.bshift) - rb0 + 1;
         for (int i = tid; i < nrb * ncb; i += C::NT) {
             const int ri = i / ncb;
             Ss[i] = scale_at(a.scale, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
@@ -858,7 +867,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int64_t o = ob + 8 * (wn * WN + nt) + 2 * q + hh;
-                sb[nt][hh] = (o < a.n ? (int)((a.r0 + o) >> a.bshift) - rb0 : 0) * ncb - cb0;
+                sb[nt][hh] = (o < a.n ? (int)((ar0 + o) >> a.bshift) - rb0 : 0) * ncb - cb0;
             }
     }
     /* this lane's accumulator slots of Sx start at 0; the A fragments too (the rows of no token stay so) */
@@ -1011,7 +1020,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
         }
     }
 
-    rd_store_y<C>(a, Sx, ns, tid, tbv, ob, t0); /* as rowmma_kernel */
+    rd_store_y<C>(a, ay, Sx, ns, tid, tbv, ob, t0); /* as rowmma_kernel */
 }
 
 /* the chunking of [c0, c0+K) and the slices: a function of the weight and the slice only */
@@ -1036,7 +1045,9 @@ static MmGeom mm_geom(const bcu_rowdot_args *p)
 
 static bool mm_supported(const bcu_rowdot_args *p)
 {
-    if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + p->n > p->wrows) return false;
+    const int64_t ng = p->groups > 1 ? p->groups : 1;
+    if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + ng * p->n > p->wrows) return false;
+    if (ng > 1 && (p->xg < 0 || p->yg < 0 || ng > 65535)) return false;
     if ((uintptr_t)p->x % 16 || (uintptr_t)p->w % 16 || !p->scale) return false;
     if ((p->ldx ? p->ldx : p->K) % 4 || (p->ldx && p->ldx < p->K) || (p->ldy && p->ldy < p->n)) return false;
     if ((p->K + 63) / 64 > 0x3fffffff) return false;
@@ -1137,10 +1148,12 @@ static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, in
 {
     *took = false;
     const int tbl = T < 5 ? (int)T : 5;
-    const int64_t gz = (T + 4) / 5, sms = rd_sm_count();
-    const int wn = (n + 63) / 64 * nsl * gz >= 2 * sms ? 2 : 1;
-    const int64_t gy = (n + 32 * wn - 1) / (32 * wn);
+    const int64_t gz = (T + 4) / 5, sms = rd_sm_count(), ng = a.groups > 1 ? a.groups : 1;
+    const int wn = (n * ng + 63) / 64 * nsl * gz >= 2 * sms ? 2 : 1;
+    const int64_t gyg = (n + 32 * wn - 1) / (32 * wn), gy = gyg * ng; /* row tiles per group, in all */
     if (gy > 65535 || gz > 65535) return cudaErrorInvalidConfiguration;
+    MmArgs b = a;
+    b.gtiles = (int)gyg;
     cudaError_t e = wn == 2 ? dec_prepare<FMT, 2>() : dec_prepare<FMT, 1>();
     if (e != cudaSuccess) return e;
     const size_t s1 = wn == 2 ? dec_smem<FMT, 2>(tbl, a.nch).total : dec_smem<FMT, 1>(tbl, a.nch).total;
@@ -1154,14 +1167,14 @@ static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, in
     if (sm > DEC_SMEM_MAX) return cudaSuccess;
     *took = true;
     void (*kern)(MmArgs) = wn == 2 ? rowdec_kernel<FMT, 2> : rowdec_kernel<FMT, 1>;
-    e = rd_launch(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(128), sm, ns, st, a);
+    e = rd_launch(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(128), sm, ns, st, b);
     if (e != cudaSuccess && ns > 1 && split != 2) {
         (void)cudaGetLastError(); /* a cluster launch refused: the same sums without the split, if they fit */
         if (s1 > DEC_SMEM_MAX) {
             *took = false;
             return cudaSuccess;
         }
-        e = rd_launch(kern, dim3(1u, (unsigned)gy, (unsigned)gz), dim3(128), s1, 1, st, a);
+        e = rd_launch(kern, dim3(1u, (unsigned)gy, (unsigned)gz), dim3(128), s1, 1, st, b);
     }
     return e;
 }
@@ -1176,6 +1189,12 @@ template <int FMT>
 static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st)
 {
     const int tile = mm_tile(p);
+    if (a.groups > 1) { /* grouped: the decode kernel or nothing */
+        bool took = false;
+        if (tile != BCU_ROWDOT_TILE_DEC) return cudaErrorNotSupported;
+        cudaError_t e = dec_launch<FMT>(a, p->n, p->T, nsl, p->split, st, &took);
+        return e != cudaSuccess || took ? e : cudaErrorNotSupported;
+    }
     if (tile == BCU_ROWDOT_TILE_DEC) {
         bool took = false;
         cudaError_t e = dec_launch<FMT>(a, p->n, p->T, nsl, p->split, st, &took);
@@ -1214,6 +1233,9 @@ static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     while ((1 << bs) < p->block) bs++;
     a.bshift = bs;
     a.nsb = p->fmt == BCU_RW_FP4 ? p->wcols / 32 : (p->wcols + p->block - 1) / p->block;
+    a.groups = p->groups > 1 ? p->groups : 1;
+    a.xg = p->xg;
+    a.yg = p->yg;
     if (p->fmt == BCU_RW_FP4) return mm_launch_fmt<BCU_RW_FP4>(a, p, gm.nsl, st);
     return mm_launch_fmt<BCU_RW_FP8>(a, p, gm.nsl, st);
 }
@@ -1264,6 +1286,7 @@ extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     if (p->n <= 0 || p->T <= 0) return cudaSuccess;
     const int path = p->path ? p->path : rowdot_env();
     if (path != BCU_ROWDOT_SIMPLE && mm_supported(p)) return mm_rowdot(p, st);
+    if (p->groups > 1) return cudaErrorNotSupported;         /* grouped: the decode kernel only */
     if (path == BCU_ROWDOT_MMA) return cudaErrorInvalidValue; /* forced, but this weight cannot take it */
     return simple_rowdot(p, st);
 }
