@@ -110,7 +110,8 @@ typedef struct {
     int x_fp8; /* during be_dev_ops.linear_x8: x is act_quant'd (e4m3 values times powers of two), exact in one
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
                 * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
-    int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 keeps the bf16-plane row-dot) */
+    int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 is plain linear: three planes, bf16 row-dots) */
+    int grouped_one; /* DEEPINFER_CUDA_GROUPED (default 1; 0: the grouped projection as a launch per group) */
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
@@ -488,7 +489,7 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (K != w->cols - c0) return fail(c, "row-dot: K %lld is not cols - c0", (long long)K);
     bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, r0, n, c0, dx, (int64_t)T, dy);
-    if (c->x_fp8 && c->x8_kernel && w->fmt == BE_W_FP8) {
+    if (c->x_fp8 && w->fmt == BE_W_FP8) {
         const cudaError_t r = bcu_rowdot_x8(&a, c->st);
         if (r == cudaSuccess) return 0;
         if (r != cudaErrorNotSupported) CU(r);
@@ -562,7 +563,7 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
      * same bits as a launch per group), else each group in its own launch, straight from x and into y */
     const int strided = w->fmt != BE_W_DENSE && !dequant_gemm(c, w, T, 0, K);
     int done = 0;
-    if (strided && groups > 1) {
+    if (strided && groups > 1 && c->grouped_one) {
         bcu_rowdot_args ra = bcu_rowdot_for(w, e->d, e->ds, 0, n, 0, dxa, (int64_t)T, dya);
         ra.ldx = K * groups;
         ra.ldy = n * groups;
@@ -1433,7 +1434,7 @@ static void dv_linear(be_backend *be, float *y, const float *x, size_t T, const 
 static void dv_linear_x8(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
     DV_ENTER(w->fmt == BE_W_FP8 ? BCU_PROF_LINEAR_FP8 : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16);
-    c->x_fp8 = 1;
+    c->x_fp8 = c->x8_kernel;
     if (T) linear_dev_locked(c, y, x, T, w);
     c->x_fp8 = 0;
     DV_LEAVE;
@@ -1772,6 +1773,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->deq_T = env_size("DEEPINFER_CUDA_DEQUANT_T", 64); /* 0: always; huge: never */
     c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
     c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
+    c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
