@@ -128,8 +128,8 @@ rebuild() {
     { gcc $cf -I"$cuda/include" tests/unit/test_cuda_attn.c "$b/attn.cu.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_attn" &&
       gcc $cf -I"$cuda/include" bench/gpu_attn.c "$b/attn.cu.o" "${libs[@]}" -o "$b/bench_gpu_attn"; } || say "attn rebuild failed"
     # the grouped FP4 routed-expert FFN (moe.cu): the test decodes with dtype.c (in objs), the benchmark times cuBLAS
-    { gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
-      gcc $cf -I"$cuda/include" bench/gpu_moe.c "$b/moe.cu.o" "${libs[@]}" -o "$b/bench_gpu_moe"; } || say "moe rebuild failed"
+    { gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/graph.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
+      gcc $cf -I"$cuda/include" bench/gpu_moe.c "$b/moe.cu.o" "$b/graph.cu.o" "${libs[@]}" -o "$b/bench_gpu_moe"; } || say "moe rebuild failed"
     BIN=$b
     say "rebuilt test_cuda and bench_cuda_linear in $b (no deepinfer CLI in this mode)"
 }
@@ -156,7 +156,7 @@ if want unit; then
 section "unit_cuda (test_cuda)"
 timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda.txt" 2>&1
 rc=$?
-grep -E "^\s+\[|bad device|unsupported weight|PASSED|FAILED|OK \]|ERROR|Failure|SKIPPED|rel error|differs|agreement" "$OUTDIR/unit_cuda.txt" | tee -a "$SUM"
+grep -E "^\s+\[|bad device|unsupported weight|PASSED|FAILED|OK \]|ERROR|Failure|SKIPPED|rel error|differs|agreement|rowdot_x8|rowdot grouped" "$OUTDIR/unit_cuda.txt" | tee -a "$SUM"
 say "test_cuda exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
 section "unit_cuda model tests again with 5-row attention launches (segments cut across launches)"
 DEEPINFER_CUDA_ATTN_ROWS=5 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_rows5.txt" 2>&1
