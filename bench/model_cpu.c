@@ -2,7 +2,11 @@
  * state per token, against this machine's memory bandwidth measured in the
  * same run.
  *
- * usage: bench_model_cpu [--threads N] [--prefill P] [--decode G] DIR...
+ * usage: bench_model_cpu [--threads N] [--prefill P] [--decode G] [--semantics official|transformers|both] DIR...
+ *
+ * --semantics both runs each model under both semantics, official first, and
+ * prints official's time over transformers' (on an FP8 / FP4 checkpoint that
+ * is the cost of the GEMM-activation quantisation and the KV round trips).
  *
  * Decode at batch 1 is bound by reading the active weights once per token, so
  * the reference is the roofline time bytes_active / memcpy-bandwidth; the
@@ -55,14 +59,21 @@ static double active_bytes(const md_config *c)
 int main(int argc, char **argv)
 {
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), P = 512, G = 64;
-    int first = 1;
+    int first = 1, nsem = 1;
+    md_semantics sems[2] = {MD_SEM_OFFICIAL, MD_SEM_TRANSFORMERS};
+    const char *usage =
+        "usage: bench_model_cpu [--threads N] [--prefill P] [--decode G] [--semantics official|transformers|both] DIR...\n";
     for (; first < argc && argv[first][0] == '-'; first++) {
         if (!strcmp(argv[first], "--threads") && first + 1 < argc) threads = atoi(argv[++first]);
         else if (!strcmp(argv[first], "--prefill") && first + 1 < argc) P = atoi(argv[++first]);
         else if (!strcmp(argv[first], "--decode") && first + 1 < argc) G = atoi(argv[++first]);
-        else { fprintf(stderr, "usage: bench_model_cpu [--threads N] [--prefill P] [--decode G] DIR...\n"); return 2; }
+        else if (!strcmp(argv[first], "--semantics") && first + 1 < argc) {
+            const char *v = argv[++first];
+            if (!strcmp(v, "both")) nsem = 2;
+            else if (md_semantics_parse(v, &sems[0])) { fputs(usage, stderr); return 2; }
+        } else { fputs(usage, stderr); return 2; }
     }
-    if (first >= argc) { fprintf(stderr, "usage: bench_model_cpu [--threads N] [--prefill P] [--decode G] DIR...\n"); return 2; }
+    if (first >= argc) { fputs(usage, stderr); return 2; }
     double bw = memcpy_gbs();
     printf("memcpy bandwidth %.1f GB/s (read+write), %d threads, prefill %d tokens, decode %d tokens\n\n", bw, threads, P, G);
     printf("%-28s %9s %12s %12s %12s %12s %9s %14s %12s\n", "model", "params", "prefill t/s", "decode t/s",
@@ -76,6 +87,9 @@ int main(int argc, char **argv)
             return 1;
         }
         const md_config *c = md_model_config(m);
+        double tps[2] = {0, 0}, tds[2] = {0, 0};
+        for (int si = 0; si < nsem; si++) {
+        md_model_set_semantics(m, sems[si]);
         int32_t *ids = malloc((size_t)(P + G) * sizeof *ids);
         uint64_t s = 12345;
         for (int i = 0; i < P + G; i++) {
@@ -97,12 +111,20 @@ int main(int argc, char **argv)
         double floor_s = active_bytes(c) / (bw / 2 * 1e9); /* read bandwidth = half of copy traffic */
         const char *name = strrchr(argv[a], '/');
         name = name && name[1] ? name + 1 : argv[a];
-        printf("%-28s %8.1fM %12.1f %12.2f %12.2f %12.2f %9.2f %12.1fKB %12.1f\n", name,
+        char label[64];
+        snprintf(label, sizeof label, "%s%s%s", name, nsem > 1 ? " " : "", nsem > 1 ? md_semantics_name(sems[si]) : "");
+        printf("%-28s %8.1fM %12.1f %12.2f %12.2f %12.2f %9.2f %12.1fKB %12.1f\n", label,
                (double)md_model_param_count(m) / 1e6, P / tp, 1.0 / td, td * 1e3, floor_s * 1e3, td / floor_s,
                (double)md_seq_fixed_bytes(m) / 1024.0, md_seq_bytes_per_token(m));
+        tps[si] = tp;
+        tds[si] = td;
         free(ids);
         free(lg);
         md_seq_free(q);
+        }
+        if (nsem > 1)
+            printf("%-28s official / transformers: prefill time %.3fx, decode time %.3fx\n", "", tps[0] / tps[1],
+                   tds[0] / tds[1]);
         md_model_free(m);
         be_destroy(be);
     }
