@@ -18,8 +18,10 @@
  *
  * Semantics switch (docs/MODEL-SEMANTICS.md): MD_SEM_OFFICIAL adds the
  * round trips the model was trained with (window and compressed KV through FP8,
- * indexer queries and keys through Hadamard + FP4) and the official router
- * arithmetic; MD_SEM_TRANSFORMERS leaves them out, like transformers 5.17.
+ * indexer queries and keys through Hadamard + FP4, the input of every FP8 / FP4
+ * GEMM through FP8 as the official linear() quantises it) and the official
+ * router arithmetic; MD_SEM_TRANSFORMERS leaves them out, like transformers
+ * 5.17.
  *
  * The state can be snapshotted to bytes, restored and cloned (end of file;
  * the format is in docs/KV.md). */

@@ -23,7 +23,7 @@
 #include "model/config.h"
 
 typedef enum {
-    MD_SEM_OFFICIAL = 0,      /* DeepSeek inference/model.py: KV FP8 and indexer FP4 round trips */
+    MD_SEM_OFFICIAL = 0,      /* DeepSeek inference/model.py: KV FP8, indexer FP4 and GEMM-input FP8 round trips */
     MD_SEM_TRANSFORMERS = 1,  /* transformers 5.17 DeepseekV4ForCausalLM: none of them */
 } md_semantics;
 
