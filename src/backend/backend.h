@@ -37,7 +37,7 @@ typedef struct be_weight {
 typedef struct be_backend be_backend;
 
 /* be_ops.moe flags */
-enum { BE_MOE_WEIGHT_BEFORE_W2 = 1, BE_MOE_ACT_FP8_H = 2 };
+enum { BE_MOE_WEIGHT_BEFORE_W2 = 1, BE_MOE_ACT_FP8_H = 2, BE_MOE_ACT_FP8_X = 4 };
 
 /* One sequence of an attention call (be_ops.attention).  Its query rows are
  * T consecutive rows of the call, at positions p0 .. p0+T-1. */
@@ -100,7 +100,9 @@ typedef struct be_ops {
      * weight w[t, k] applied to h before W2 (flag BE_MOE_WEIGHT_BEFORE_W2,
      * official semantics) or to W2 h; with BE_MOE_ACT_FP8_H, h (after the
      * weight) goes through v4.c's fq_fp8 in blocks of 128 columns before W2
-     * (the official act_quant of an FP8 / FP4 GEMM's input).  w1/w3/w2 are
+     * (the official act_quant of an FP8 / FP4 GEMM's input); BE_MOE_ACT_FP8_X
+     * says x already went through it (a hint: the backend may use that every
+     * value is an e4m3 code times a power of two).  w1/w3/w2 are
      * arrays of n_experts weights.  Returns 0 when y holds the result, > 0
      * when this backend does not take these weights or flags (the caller
      * loops instead), < 0 on a backend error (y is NaN). */

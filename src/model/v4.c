@@ -1323,7 +1323,7 @@ static moe_aq moe_act(const md_model *m, const md_layer *ly)
 
 static int moe_flags(int official, moe_aq a)
 {
-    return (official ? BE_MOE_WEIGHT_BEFORE_W2 : 0) | (a.out ? BE_MOE_ACT_FP8_H : 0);
+    return (official ? BE_MOE_WEIGHT_BEFORE_W2 : 0) | (a.out ? BE_MOE_ACT_FP8_H : 0) | (a.in ? BE_MOE_ACT_FP8_X : 0);
 }
 
 static int moe(md_model *m, int l, const rows_t *rw, const float *x, float *y)

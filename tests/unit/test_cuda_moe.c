@@ -756,8 +756,11 @@ static void test_gpu_act_fp8_h(void **st)
     experts_make(&X, 8, 512, 384); /* inter: three blocks of 128 */
     const int topk = 3;
     const int64_t Ts[] = {5, 64};
+    /* tiled bf16 (one plane): exact here, since x and h are e4m3 codes times powers of two (what the backend
+     * runs for bf16x3 when both went through act_quant) */
     const variant vs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},
                           {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_TILED, BCU_MOE_BF16, 5e-5, 0, 0},
                           {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4}};
     const int64_t D = X.D, I = X.I;

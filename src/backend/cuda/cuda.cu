@@ -749,10 +749,13 @@ run:
         CU(cudaMemcpyAsync(dids, ids, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
         CU(cudaMemcpyAsync(dw, w, T * (size_t)topk * 4, cudaMemcpyHostToDevice, c->st));
     }
-    /* bf16x3 / bf16: the tensor-core kernels (three bf16 planes, ~1e-6); fp32: FFMA */
-    const bcu_moe_math mm = c->math == BCU_MATH_BF16     ? BCU_MOE_BF16
-                            : c->math == BCU_MATH_BF16X3 ? BCU_MOE_BF16X3
-                                                         : BCU_MOE_FP32;
+    /* bf16x3 / bf16: the tensor-core kernels (three bf16 planes, ~1e-6); fp32: FFMA.  When x and h both went
+     * through act_quant (official semantics) one bf16 plane holds them exactly: bf16x3 takes the one-plane
+     * kernels, the same values for a third of the tensor-core work (the mma rows split three planes anyway) */
+    const int x8 = c->x8_kernel && (flags & BE_MOE_ACT_FP8_X) && (flags & BE_MOE_ACT_FP8_H);
+    const bcu_moe_math mm = c->math == BCU_MATH_BF16 || (x8 && c->math == BCU_MATH_BF16X3) ? BCU_MOE_BF16
+                            : c->math == BCU_MATH_BF16X3                                  ? BCU_MOE_BF16X3
+                                                                                          : BCU_MOE_FP32;
     const bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
     CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, mm, mp, dws, wsb, c->st));
     if (dev) return 0;
