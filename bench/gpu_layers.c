@@ -335,7 +335,7 @@ static md_seq *state_at(long P)
     free(blk);
     int32_t ids[MD_BLOCK_TOKENS];
     random_ids(ids, MD_BLOCK_TOKENS);
-    md_segment sg = {s, ids, MD_BLOCK_TOKENS, NULL, 0};
+    md_segment sg = {s, ids, MD_BLOCK_TOKENS, NULL, 0, NULL};
     if (md_forward(M, &sg, 1, &err)) {
         fprintf(stderr, BENCH_NAME ": filling the window: %s\n", err.msg);
         exit(1);
@@ -359,7 +359,7 @@ static void run_decode(md_seq *base, result *r, int reps)
             snprintf(r->skipped, sizeof r->skipped, "out of host memory for %d states", B);
             goto out;
         }
-        sg[b] = (md_segment){cl[b], &ids[b], 1, lg + (size_t)b * V, 0};
+        sg[b] = (md_segment){cl[b], &ids[b], 1, lg + (size_t)b * V, 0, NULL};
     }
     double t0[MAXREP], t1[MAXREP];
     int n = 0;
@@ -442,17 +442,17 @@ static void run_prefill(result *r)
     {
         md_seq *w = md_seq_create(M);
         rc_err err = {0};
-        md_segment wg = {w, ids, (size_t)r->P, lg, 0};
+        md_segment wg = {w, ids, (size_t)r->P, lg, 0, NULL};
         if (!w || md_forward(M, &wg, 1, &err)) fprintf(stderr, BENCH_NAME ": warm-up prefill failed: %s\n", err.msg);
         if (w) md_seq_free(w);
     }
-    md_segment sg = {s, ids, (size_t)r->P, lg, 0};
+    md_segment sg = {s, ids, (size_t)r->P, lg, 0, NULL};
     double t0, t1;
     int rc = forward_timed(&sg, 1, &ST[0], &t0, &t1);
     {
         /* the profiled prefill: its ops wait for the device one by one, so it is not the timed one */
         md_seq *w = md_seq_create(M);
-        md_segment wg = {w, ids, (size_t)r->P, lg, 0};
+        md_segment wg = {w, ids, (size_t)r->P, lg, 0, NULL};
         stamps ps;
         double a, z;
         prof_start();
@@ -600,7 +600,7 @@ int main(int argc, char **argv)
         md_seq *s = md_seq_create(M);
         int32_t ids[512];
         random_ids(ids, 512);
-        md_segment sg = {s, ids, 512, NULL, 0};
+        md_segment sg = {s, ids, 512, NULL, 0, NULL};
         double a, z;
         stamps st;
         tw = bench_now();

@@ -102,6 +102,8 @@ struct engine {
     int *b_prefill;          /* item i is a prompt chunk (else a decode) */
     int *b_want;             /* item i asks for logits */
     int *b_tok;              /* item i's sampled token (< 0: sampling failed) */
+    int32_t **b_top1;        /* item i's greedy token only (forward_top1): &b_top1v[i], else NULL */
+    int32_t *b_top1v;
     float *lbuf;             /* logits rows of one step */
     size_t lbuf_rows;
     eng_sample_scratch ws;
@@ -286,9 +288,14 @@ static void *loop(void *arg)
         }
         if (!p.items) { pthread_mutex_lock(&e->mu); continue; }
 
-        /* 5. one forward */
+        /* 5. one forward; a greedy item needs only its token, when the backend can give just that */
         size_t rows = 0;
-        for (size_t i = 0; i < p.items; i++) rows += (size_t)e->b_want[i];
+        for (size_t i = 0; i < p.items; i++) {
+            const int top1 = e->b_want[i] && e->be.forward_top1 && !e->be.forced &&
+                             !(e->b_slot[i]->sp.temperature >= 1e-5); /* eng_sample's greedy test */
+            e->b_top1[i] = top1 ? &e->b_top1v[i] : NULL;
+            rows += (size_t)(e->b_want[i] && !top1);
+        }
         rc_err err = {0};
         int rc = 0;
         if (rows > e->lbuf_rows) {
@@ -298,8 +305,11 @@ static void *loop(void *arg)
         }
         if (!rc) {
             for (size_t i = 0, r = 0; i < p.items; i++)
-                if (e->b_want[i]) e->b_logits[i] = e->lbuf + (r++) * (size_t)e->be.vocab;
-            rc = e->be.forward(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits, p.items, &err);
+                if (e->b_want[i] && !e->b_top1[i]) e->b_logits[i] = e->lbuf + (r++) * (size_t)e->be.vocab;
+            rc = e->be.forward_top1 ? e->be.forward_top1(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits,
+                                                          e->b_top1, p.items, &err)
+                                    : e->be.forward(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits, p.items,
+                                                    &err);
             if (rc && !err.msg[0]) rc_errf(&err, rc, "forward failed (%s)", rc_strerror(rc));
         }
         if (rc) {
@@ -316,7 +326,9 @@ static void *loop(void *arg)
             if (e->b_prefill[i]) { s->n_fed += e->b_n[i]; p.prompt_tokens += e->b_n[i]; }
             if (!e->b_want[i]) continue;
             int32_t f = e->be.forced ? e->be.forced(e->be.impl, e->b_seqs[i]) : -1;
-            e->b_tok[i] = f >= 0 ? f : eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws);
+            e->b_tok[i] = f >= 0           ? f
+                          : e->b_top1[i] ? *e->b_top1[i]
+                                         : eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws);
             completion += e->b_tok[i] >= 0;
         }
         pthread_mutex_lock(&e->mu);
@@ -377,8 +389,10 @@ engine *eng_create(const eng_backend *be, const eng_cfg *cfg, rc_err *err)
     e->b_prefill = calloc(n, sizeof *e->b_prefill);
     e->b_want = calloc(n, sizeof *e->b_want);
     e->b_tok = calloc(n, sizeof *e->b_tok);
+    e->b_top1 = calloc(n, sizeof *e->b_top1);
+    e->b_top1v = calloc(n, sizeof *e->b_top1v);
     if (!e->run || !e->b_seqs || !e->b_ids || !e->b_n || !e->b_logits || !e->b_slot || !e->b_prefill ||
-        !e->b_want || !e->b_tok) {
+        !e->b_want || !e->b_tok || !e->b_top1 || !e->b_top1v) {
         rc_errf(err, RC_ENOMEM, "out of memory for %d running sequences", c.max_running);
         goto fail;
     }
@@ -395,7 +409,7 @@ engine *eng_create(const eng_backend *be, const eng_cfg *cfg, rc_err *err)
     return e;
 fail:
     free(e->run); free(e->b_seqs); free(e->b_ids); free(e->b_n); free(e->b_logits); free(e->b_slot);
-    free(e->b_prefill); free(e->b_want); free(e->b_tok);
+    free(e->b_prefill); free(e->b_want); free(e->b_tok); free(e->b_top1); free(e->b_top1v);
     free(e);
     return NULL;
 }
@@ -532,7 +546,7 @@ void eng_destroy(engine *e)
     eng_sample_scratch_free(&e->ws);
     free(e->lbuf);
     free(e->run); free(e->b_seqs); free(e->b_ids); free(e->b_n); free(e->b_logits); free(e->b_slot);
-    free(e->b_prefill); free(e->b_want); free(e->b_tok);
+    free(e->b_prefill); free(e->b_want); free(e->b_tok); free(e->b_top1); free(e->b_top1v);
     free(e);
 }
 

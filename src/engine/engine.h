@@ -34,6 +34,12 @@ typedef struct eng_backend {
      * vocab logits after the last id.  One call = one batched forward. */
     int (*forward)(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
                    rc_err *err);
+    /* optional: forward, where an item with logits[i] NULL and top1[i] not gets only its greedy token (the argmax
+     * of the logits after its last id, ties to the lowest id, NaN as -inf: sampler.h's greedy) in *top1[i].  The
+     * engine asks it for greedy requests, whose tokens need no logits (a GPU backend then copies 4 bytes a row
+     * instead of the vocabulary). */
+    int (*forward_top1)(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                        int32_t **top1, size_t count, rc_err *err);
     /* optional, for test backends that know their output: after forward, a
      * value >= 0 is the sequence's next token and its logits are not read
      * (the scripted backend then skips writing them: serving overhead can be

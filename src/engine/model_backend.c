@@ -74,8 +74,8 @@ static size_t cuts(int64_t p0, size_t n, int every, size_t *cut, size_t cap)
 
 enum { MAX_PIECES = 64 };
 
-static int mb_forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
-                      rc_err *err)
+static int mb_forward_top1(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                           int32_t **top1, size_t count, rc_err *err)
 {
     eng_model_impl *mi = impl;
     md_segment *seg = calloc(count ? count : 1, sizeof *seg);
@@ -102,8 +102,9 @@ static int mb_forward(void *impl, void **seqs, const int32_t **ids, const size_t
             if (k >= npc[i]) continue;
             const size_t a = k ? cut[i * MAX_PIECES + k - 1] : 0, e = cut[i * MAX_PIECES + k];
             mb_seq *q = seqs[i];
-            seg[ns++] = (md_segment){.seq = q->s, .ids = ids[i] + a, .n = e - a,
-                                     .logits = k + 1 == npc[i] ? logits[i] : NULL};
+            const int last = k + 1 == npc[i];
+            seg[ns++] = (md_segment){.seq = q->s, .ids = ids[i] + a, .n = e - a, .logits = last ? logits[i] : NULL,
+                                     .top1 = last && top1 ? top1[i] : NULL};
         }
         rc = md_forward(mi->m, seg, ns, err);
         for (size_t i = 0; !rc && i < count; i++) {
@@ -116,6 +117,12 @@ out:
     free(cut);
     free(npc);
     return rc;
+}
+
+static int mb_forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
+                      rc_err *err)
+{
+    return mb_forward_top1(impl, seqs, ids, n, logits, NULL, count, err);
 }
 
 size_t eng_model_seq_bytes(void *impl, void *seq) { return seq ? md_seq_bytes(((mb_seq *)seq)->s) : 0; }
@@ -131,6 +138,7 @@ eng_backend eng_model_backend(eng_model_impl *impl)
         .seq_new = mb_seq_new,
         .seq_free = mb_seq_free,
         .forward = mb_forward,
+        .forward_top1 = mb_forward_top1,
         .prefix_attach = impl->kv ? mb_prefix_attach : NULL,
     };
 }

@@ -511,6 +511,20 @@ static const float *act_in(const md_model *m, const be_weight *w, const float *x
     return act_fp8(m, w) ? xq : x;
 }
 
+int32_t md_greedy(const float *row, size_t vocab)
+{
+    size_t best = 0;
+    float bv = -INFINITY;
+    for (size_t i = 0; i < vocab; i++) {
+        const float v = row[i] != row[i] ? -INFINITY : row[i];
+        if (v > bv) {
+            bv = v;
+            best = i;
+        }
+    }
+    return (int32_t)best;
+}
+
 /* Walsh-Hadamard transform in Sylvester order, scaled by n^-1/2 (n = 2^k). */
 static void hadamard(float *x, size_t n)
 {
@@ -1734,36 +1748,51 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     }
     if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
 
-    /* logits for the rows asked for */
-    size_t nl = 0;
+    /* logits for the rows asked for: the logits segments' rows, then one row per top1 segment, whose greedy
+     * token is taken on the device (only the ids come back) */
+    size_t nlog = 0, ntop = 0;
     for (size_t s = 0; s < nseg; s++)
-        if (segs[s].logits) nl += segs[s].all_logits ? segs[s].n : 1;
+        if (segs[s].logits) nlog += segs[s].all_logits ? segs[s].n : 1;
+        else if (segs[s].top1) ntop++;
+    const size_t nl = nlog + ntop;
     if (!rc && nl) {
         int32_t *src = malloc(nl * sizeof(int32_t));
         int32_t *dsrc = dalloc(&x, nl * sizeof(int32_t));
         float *hx = dalloc(&x, nl * (size_t)n * D * sizeof(float));
         float *y = dalloc(&x, nl * (size_t)D * sizeof(float));
         float *dl = dalloc(&x, nl * (size_t)V * sizeof(float));
-        if (!src || x.oom) {
+        int32_t *dtop = ntop ? dalloc(&x, ntop * sizeof(int32_t)) : NULL;
+        int32_t *htop = ntop ? malloc(ntop * sizeof(int32_t)) : NULL;
+        if (!src || x.oom || (ntop && !htop)) {
             rc = RC_ENOMEM;
         } else {
             size_t k = 0;
-            for (size_t s = 0; s < nseg; s++) {
-                if (!segs[s].logits) continue;
-                size_t a = segs[s].all_logits ? rw->seg_start[s] : rw->seg_start[s + 1] - 1;
-                for (size_t r = a; r < rw->seg_start[s + 1]; r++) src[k++] = (int32_t)r;
-            }
+            for (int top = 0; top < 2; top++)
+                for (size_t s = 0; s < nseg; s++) {
+                    if (top ? segs[s].logits || !segs[s].top1 : !segs[s].logits) continue;
+                    size_t a = segs[s].all_logits && !top ? rw->seg_start[s] : rw->seg_start[s + 1] - 1;
+                    for (size_t r = a; r < rw->seg_start[s + 1]; r++) src[k++] = (int32_t)r;
+                }
             dv->upload(be, dsrc, src, nl * sizeof(int32_t));
             dv->gather(be, hx, X, dsrc, nl, (size_t)n * D);
             be_hc h = hc_params(c, m->hc_head_fn, m->hc_head_base, m->hc_head_scale);
             dv->hc_head(be, &h, hx, nl, y);
             dv->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
             dv->linear(be, dl, y, nl, &m->head);
-            const float *lg = dv->view(be, dl, nl * (size_t)V * sizeof(float));
-            if (!lg) rc = RC_EIO;
-            else if (logits_copy(be, segs, nseg, lg, (size_t)V)) rc = RC_ENOMEM;
+            if (ntop) dv->argmax(be, dtop, dl + nlog * (size_t)V, ntop, (size_t)V);
+            if (nlog) {
+                const float *lg = dv->view(be, dl, nlog * (size_t)V * sizeof(float));
+                if (!lg) rc = RC_EIO;
+                else if (logits_copy(be, segs, nseg, lg, (size_t)V)) rc = RC_ENOMEM;
+            }
+            if (!rc && ntop) {
+                if (dv->download(be, htop, dtop, ntop * sizeof(int32_t))) rc = RC_EIO;
+                for (size_t s = 0, j = 0; !rc && s < nseg; s++)
+                    if (!segs[s].logits && segs[s].top1) *segs[s].top1 = htop[j++];
+            }
         }
         free(src);
+        free(htop);
     } else if (!rc) {
         /* no logits: still wait for the device, so that a failure is seen here */
         float probe;
@@ -1832,6 +1861,11 @@ static void hd_copy(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     (void)be;
     memcpy(dst, src, bytes);
+}
+static void hd_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows, size_t V)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) ids[r] = md_greedy(x + r * V, V);
 }
 static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
@@ -1945,6 +1979,7 @@ static const be_dev_ops hd_dev = {
     .zero = hd_zero, .copy = hd_copy, .linear = hd_linear, .linear_x8 = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
     .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
     .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
+    .argmax = hd_argmax,
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe, .attention = NULL,
 };
 
@@ -2046,11 +2081,12 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
     if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
     if (rc) { rc = rc_errf(err, rc, "forward failed: out of memory"); goto out; }
 
-    /* logits for the rows asked for */
+    /* logits for the rows asked for: the logits segments' rows, then one row per top1 segment */
     {
         size_t nl = 0;
         for (size_t s = 0; s < nseg; s++)
             if (segs[s].logits) nl += segs[s].all_logits ? segs[s].n : 1;
+            else if (segs[s].top1) nl++;
         if (nl) {
             lg_src = xalloc(nl * sizeof(size_t), &fail);
             float *hx = xalloc(nl * (size_t)n * D * sizeof(float), &fail);
@@ -2062,14 +2098,15 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
                 goto out;
             }
             size_t k = 0;
-            for (size_t s = 0; s < nseg; s++) {
-                if (!segs[s].logits) continue;
-                size_t a = segs[s].all_logits ? rw.seg_start[s] : rw.seg_start[s + 1] - 1;
-                for (size_t r = a; r < rw.seg_start[s + 1]; r++, k++) {
-                    lg_src[k] = r;
-                    memcpy(hx + k * (size_t)n * D, X + r * (size_t)n * D, (size_t)n * D * sizeof(float));
+            for (int top = 0; top < 2; top++)
+                for (size_t s = 0; s < nseg; s++) {
+                    if (top ? segs[s].logits || !segs[s].top1 : !segs[s].logits) continue;
+                    size_t a = segs[s].all_logits && !top ? rw.seg_start[s] : rw.seg_start[s + 1] - 1;
+                    for (size_t r = a; r < rw.seg_start[s + 1]; r++, k++) {
+                        lg_src[k] = r;
+                        memcpy(hx + k * (size_t)n * D, X + r * (size_t)n * D, (size_t)n * D * sizeof(float));
+                    }
                 }
-            }
             hc_job hj = {.h = hc_params(c, m->hc_head_fn, m->hc_head_base, m->hc_head_scale), .X = hx, .coll = y};
             be_cpu_parallel(be, nl, hc_head_task, &hj);
             be->ops->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
@@ -2081,6 +2118,8 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
                 memcpy(segs[s].logits, lg_rows + k * (size_t)V, cnt * (size_t)V * sizeof(float));
                 k += cnt;
             }
+            for (size_t s = 0; s < nseg; s++)
+                if (!segs[s].logits && segs[s].top1) *segs[s].top1 = md_greedy(lg_rows + (k++) * (size_t)V, (size_t)V);
             free(hx);
             free(y);
         }

@@ -1200,6 +1200,51 @@ static void route_case(const rtcase *c, size_t R, int *flips)
     free(rs); free(i2); free(w2);
 }
 
+/* bcu_argmax: the engine's greedy token per row (first maximum, NaN as -inf, 0 when nothing beats -inf), on
+ * vocabulary-sized rows with ties, NaN, +-inf, all -inf, all NaN, the maximum in the last column */
+static void test_argmax(void **st)
+{
+    (void)st;
+    const size_t R = 9, V = 129280;
+    float *x = rand_floats(R * V, 4.0f);
+    x[0 * V + 77] = 9.0f; x[0 * V + 5] = 9.0f;               /* a tie: the lower index */
+    x[1 * V + 3] = NAN; x[1 * V + 1000] = 50.0f;              /* NaN is -inf */
+    x[2 * V + 12345] = INFINITY; x[2 * V + 12346] = INFINITY; /* +inf, twice */
+    for (size_t i = 0; i < V; i++) x[3 * V + i] = -INFINITY;  /* nothing beats -inf: 0 */
+    for (size_t i = 0; i < V; i++) x[4 * V + i] = NAN;
+    x[5 * V + V - 1] = 100.0f;                                /* the last column */
+    for (size_t i = 0; i < V; i++) x[6 * V + i] = 1.0f;       /* all equal: 0 */
+    for (size_t i = 0; i < V; i++) x[7 * V + i] = i % 2 ? NAN : -INFINITY;
+    x[7 * V + V / 2 + 1] = -3.0f;
+    int32_t want[9], got[9];
+    for (size_t r = 0; r < R; r++) {
+        size_t best = 0;
+        float bv = -INFINITY;
+        for (size_t i = 0; i < V; i++) {
+            const float v = isnan(x[r * V + i]) ? -INFINITY : x[r * V + i];
+            if (v > bv) {
+                bv = v;
+                best = i;
+            }
+        }
+        want[r] = (int32_t)best;
+    }
+    float *dx = up(x, R * V * sizeof(float));
+    int32_t *di = dmalloc(R * sizeof(int32_t));
+    RUN(bcu_argmax(di, dx, R, V, 0));
+    down(got, di, R * sizeof(int32_t));
+    for (size_t r = 0; r < R; r++)
+        if (got[r] != want[r]) fail_msg("argmax row %zu: %d, want %d", r, got[r], want[r]);
+    assert_int_equal(want[0], 5);
+    assert_int_equal(want[3], 0);
+    assert_int_equal(want[4], 0);
+    assert_int_equal(want[7], (int32_t)(V / 2 + 1));
+    printf("  argmax: 9 rows of %zu, first maximum, NaN as -inf\n", V);
+    cudaFree(dx);
+    cudaFree(di);
+    free(x);
+}
+
 static void test_route(void **st)
 {
     (void)st;
@@ -1247,6 +1292,7 @@ int main(void)
         cmocka_unit_test(test_hc),
         cmocka_unit_test(test_hc_exact),
         cmocka_unit_test(test_route),
+        cmocka_unit_test(test_argmax),
     };
     const int gpu_fail = cmocka_run_group_tests_name("gpu", gpu, NULL, NULL);
     return cpu_fail || gpu_fail ? 1 : 0;

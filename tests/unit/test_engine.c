@@ -921,6 +921,77 @@ static void test_model_batch_invariance(void **st)
     free(js);
 }
 
+/* the model backend's forward_top1, counting the greedy tokens it returned instead of logits */
+static eng_model_impl *top1_inner;
+static size_t top1_calls, top1_items;
+static int counting_top1(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                         int32_t **top1, size_t count, rc_err *err)
+{
+    (void)impl;
+    eng_backend inner = eng_model_backend(top1_inner);
+    top1_calls++;
+    for (size_t i = 0; i < count; i++) top1_items += top1 && top1[i] && !logits[i];
+    return inner.forward_top1(inner.impl, seqs, ids, n, logits, top1, count, err);
+}
+
+/* Greedy requests take only their token from the backend (forward_top1: on a GPU the argmax is taken on the
+ * device and the logits stay there); the tokens equal those of the logits path (forward_top1 removed), for
+ * greedy and seeded requests in one batch, and md_greedy is the sampler's greedy on awkward rows. */
+static void test_model_top1(void **st)
+{
+    model_fix *fx = *st;
+    const int V = md_model_config(fx->m)->vocab_size;
+    const int N = 12, OUT = 8;
+    job js[2][12];
+    for (int pass = 0; pass < 2; pass++) {
+        fx->mi = (eng_model_impl){.m = fx->m};
+        top1_inner = &fx->mi;
+        eng_backend be = eng_model_backend(&fx->mi);
+        if (pass) be.forward_top1 = counting_top1;
+        else be.forward_top1 = NULL; /* the logits path */
+        eng_cfg cfg = {.max_batch_tokens = 64};
+        rc_err err = {0};
+        engine *e = eng_create(&be, &cfg, &err);
+        if (!e) fail_msg("eng_create: %s", err.msg);
+        for (int i = 0; i < N; i++) {
+            int32_t *p = make_ids((size_t)(3 + 5 * i), V, 500 + (uint64_t)i);
+            eng_sampling s = greedy_n(OUT);
+            s.ignore_eos = 1;
+            if (i % 4 == 3) {
+                s.temperature = 0.7;
+                s.seed = 77 + (uint64_t)i;
+                s.has_seed = 1;
+            }
+            job_init(&js[pass][i], p, (size_t)(3 + 5 * i), s);
+            free(p);
+            assert_int_equal(eng_submit(e, &js[pass][i].req, &err), 0);
+        }
+        WAIT_UNTIL(all_done(js[pass], (size_t)N));
+        eng_destroy(e);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(js[0][i].n_toks, (size_t)OUT);
+        assert_memory_equal(js[0][i].toks, js[1][i].toks, (size_t)OUT * sizeof(int32_t));
+    }
+    /* the greedy ones (9 of 12, 8 tokens each) came as tokens */
+    assert_true(top1_calls > 0);
+    assert_int_equal(top1_items, (size_t)(9 * OUT));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < N; i++) job_fini(&js[pass][i]);
+
+    const float rows[][5] = {{1, 5, 5, 3, 0},
+                             {NAN, 2, 2, -INFINITY, 1},
+                             {-INFINITY, -INFINITY, NAN, -INFINITY, NAN},
+                             {NAN, NAN, NAN, NAN, NAN},
+                             {0, INFINITY, 7, INFINITY, NAN},
+                             {-0.0f, 0.0f, -1, -2, -3}};
+    eng_sampling g = samp(0);
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        uint64_t rng = 1;
+        assert_int_equal(md_greedy(rows[r], 5), eng_sample(rows[r], 5, &g, &rng));
+    }
+}
+
 static void test_model_cancel_running(void **st)
 {
     model_fix *fx = *st;
@@ -1044,6 +1115,7 @@ int main(void)
     };
     const struct CMUnitTest model_tests[] = {
         cmocka_unit_test(test_model_batch_invariance),
+        cmocka_unit_test(test_model_top1),
         cmocka_unit_test(test_model_cancel_running),
         cmocka_unit_test(test_model_stops),
     };

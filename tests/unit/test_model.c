@@ -9,6 +9,7 @@
  *   - a batch of segments from different sequences == each run alone;
  *   - the FP8/FP4 checkpoint == its dequantised twin, bit for bit;
  *   - state bytes grow by exactly the documented per-token amount. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -347,6 +348,64 @@ static void test_quantized_equals_twin(void **st)
     be_destroy(be);
 }
 
+/* md_segment.top1: in a batch that mixes logits segments (last row, all rows) and top1 segments, each top1 is
+ * md_greedy of the logits the same segment gives when it asks for them, on the host path and on the device
+ * graph (run on the host); and md_greedy is the first maximum with NaN as -inf. */
+static void test_top1(void **st)
+{
+    (void)st;
+    const float r1[] = {1, 3, 3, NAN}, r2[] = {NAN, NAN}, r3[] = {-INFINITY, -1, INFINITY, INFINITY};
+    assert_int_equal(md_greedy(r1, 4), 1);
+    assert_int_equal(md_greedy(r2, 2), 0);
+    assert_int_equal(md_greedy(r3, 4), 2);
+    be_backend *be = be_cpu_create(2);
+    const char *fx[] = {FIX("tiny-mixed"), FIX("tiny-mixed-fp8fp4")};
+    for (int f = 0; f < 2; f++) {
+        md_model *m = load_fixture_model(fx[f], be, MD_SEM_OFFICIAL);
+        const int V = md_model_config(m)->vocab_size;
+        for (int dev = 0; dev < 2; dev++) {
+            assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
+            enum { NS = 5 };
+            const size_t lens[NS] = {7, 1, 40, 3, 129};
+            int32_t *ids[NS];
+            md_seq *a[NS], *b[NS];
+            float *lg = malloc(NS * 129 * (size_t)V * sizeof *lg);
+            int32_t top[NS];
+            md_segment sa[NS], sb[NS];
+            for (int i = 0; i < NS; i++) {
+                ids[i] = make_ids(lens[i], V, 90 + (uint64_t)i);
+                a[i] = md_seq_create(m);
+                b[i] = md_seq_create(m);
+                /* a: everything as logits (segment 2 all rows); b: segments 0, 2, 4 as top1 */
+                sa[i] = (md_segment){.seq = a[i], .ids = ids[i], .n = lens[i], .logits = lg + (size_t)i * 129 * V,
+                                     .all_logits = i == 2};
+                sb[i] = (md_segment){.seq = b[i], .ids = ids[i], .n = lens[i]};
+                if (i % 2) sb[i].logits = malloc((size_t)V * sizeof(float));
+                else sb[i].top1 = &top[i];
+                top[i] = -1;
+            }
+            rc_err err = {0};
+            assert_int_equal(md_forward(m, sa, NS, &err), 0);
+            assert_int_equal(md_forward(m, sb, NS, &err), 0);
+            for (int i = 0; i < NS; i++) {
+                const float *last = lg + (size_t)i * 129 * V + (i == 2 ? (lens[i] - 1) * (size_t)V : 0);
+                if (i % 2) assert_memory_equal(sb[i].logits, last, (size_t)V * sizeof(float));
+                else if (top[i] != md_greedy(last, (size_t)V))
+                    fail_msg("%s dev %d segment %d: top1 %d, greedy of the logits %d", fx[f], dev, i, top[i],
+                             md_greedy(last, (size_t)V));
+                free(sb[i].logits);
+                free(ids[i]);
+                md_seq_free(a[i]);
+                md_seq_free(b[i]);
+            }
+            free(lg);
+        }
+        assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
+        md_model_free(m);
+    }
+    be_destroy(be);
+}
+
 static void test_state_size(void **st)
 {
     (void)st;
@@ -392,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_batching_is_invisible),
         cmocka_unit_test(test_host_dev_graph_is_the_host_graph),
         cmocka_unit_test(test_quantized_equals_twin),
+        cmocka_unit_test(test_top1),
         cmocka_unit_test(test_state_size),
         cmocka_unit_test(test_load_errors_name_the_tensor),
     };

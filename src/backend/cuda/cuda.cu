@@ -1568,6 +1568,13 @@ static void dv_add(be_backend *be, float *y, const float *x, size_t n)
     DV_LEAVE;
 }
 
+static void dv_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows, size_t V)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    DV_CU(bcu_argmax(ids, x, rows, V, c->st));
+    DV_LEAVE;
+}
+
 static void dv_route(be_backend *be, const be_route *r, const float *logits, const int32_t *ids, size_t R,
                      int32_t *idx, float *wt)
 {
@@ -1656,6 +1663,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .swiglu = */ dv_swiglu,
     /* .scale = */ dv_scale,
     /* .add = */ dv_add,
+    /* .argmax = */ dv_argmax,
     /* .route = */ dv_route,
     /* .gather = */ dv_gather,
     /* .scatter_add = */ dv_scatter_add,

@@ -625,6 +625,40 @@ __global__ void __launch_bounds__(GR_NT) gr_scale_kernel(float *x, size_t n, flo
     for (size_t q = GR_TID; q < n; q += GR_STEP) x[q] = __fmul_rn(x[q], s);
 }
 
+/* One block per row: md_greedy (v4.c), the first index of the largest value with NaN as -inf.  Each thread
+ * keeps the first maximum of its strided columns (it starts at its own first column, so a row with nothing
+ * above -inf gives 0); the block keeps the larger value, the lower index on a tie. */
+__global__ void __launch_bounds__(GR_NT) gr_argmax_kernel(int32_t *ids, const float *x, size_t V)
+{
+    __shared__ float sv[GR_NT];
+    __shared__ unsigned long long si[GR_NT];
+    const float *row = x + (size_t)blockIdx.x * V;
+    float bv = -INFINITY;
+    unsigned long long bi = threadIdx.x;
+    for (size_t i = threadIdx.x; i < V; i += GR_NT) {
+        const float v = row[i];
+        if (v > bv) { /* NaN never is */
+            bv = v;
+            bi = i;
+        }
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int h = GR_NT / 2; h; h >>= 1) {
+        if ((int)threadIdx.x < h) {
+            const float ov = sv[threadIdx.x + h];
+            const unsigned long long oi = si[threadIdx.x + h];
+            if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
+                sv[threadIdx.x] = ov;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ids[blockIdx.x] = (int32_t)si[0];
+}
+
 __global__ void __launch_bounds__(GR_NT) gr_add_kernel(float *y, const float *x, size_t n)
 {
     for (size_t q = GR_TID; q < n; q += GR_STEP) y[q] = __fadd_rn(y[q], x[q]);
@@ -866,6 +900,14 @@ extern "C" cudaError_t bcu_scale(float *x, size_t n, float s, cudaStream_t st)
     if (!n) return cudaSuccess;
     if (!x) return GR_INVALID;
     gr_scale_kernel<<<gr_grid(n), GR_NT, 0, st>>>(x, n, s);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_argmax(int32_t *ids, const float *x, size_t rows, size_t V, cudaStream_t st)
+{
+    if (!rows) return cudaSuccess;
+    if (!ids || !x || !V || rows > INT_MAX || V > INT_MAX) return GR_INVALID;
+    gr_argmax_kernel<<<(unsigned)rows, GR_NT, 0, st>>>(ids, x, V);
     return cudaGetLastError();
 }
 
