@@ -343,6 +343,9 @@ static md_seq *state_at(long P)
     return s;
 }
 
+/* decode steps ask for the greedy token only (md_segment.top1) instead of the logits: --top1 1 */
+static int TOP1;
+
 static void run_decode(md_seq *base, result *r, int reps)
 {
     const int B = r->B, V = M->cfg.vocab_size;
@@ -359,7 +362,8 @@ static void run_decode(md_seq *base, result *r, int reps)
             snprintf(r->skipped, sizeof r->skipped, "out of host memory for %d states", B);
             goto out;
         }
-        sg[b] = (md_segment){cl[b], &ids[b], 1, lg + (size_t)b * V, 0, NULL};
+        /* --top1: the greedy token only (what the engine asks for greedy requests), else the logits */
+        sg[b] = (md_segment){cl[b], &ids[b], 1, TOP1 ? NULL : lg + (size_t)b * V, 0, TOP1 ? &ids[b] : NULL};
     }
     double t0[MAXREP], t1[MAXREP];
     int n = 0;
@@ -527,13 +531,14 @@ static const char usage[] =
     "usage: bench_gpu_layers MODEL_DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]\n"
     "                        [--contexts 4096,32768,131072] [--prefill 4096,16384] [--reps 3]\n"
     "                        [--budget-s 420] [--semantics official|transformers] [--threads N]\n"
-    "                        [--backend cuda|cpu]\n\n"
+    "                        [--backend cuda|cpu] [--top1 0|1]\n\n"
     "Per-layer decode and prefill times of the V4 forward on the CUDA backend (GPU 0), beside the\n"
     "bandwidth and FLOP floors measured in the same run and transformers' eager numbers (--hf, from\n"
     "bench/gpu_layers_hf.py).  MODEL_DIR: deepinfer make-tiny-model DIR --preset v4-flash.\n"
     "Cases past --budget-s of wall time are reported as skipped.  --backend cpu is a dry run of the\n"
-    "harness on the CPU backend (no GPU, no floors).  The header of bench/gpu_layers.c says how\n"
-    "everything is measured.\n";
+    "harness on the CPU backend (no GPU, no floors).  --top1 1: decode steps ask for the greedy token\n"
+    "only (md_segment.top1, as the engine does for greedy requests) instead of every row's logits.\n"
+    "The header of bench/gpu_layers.c says how everything is measured.\n";
 
 int main(int argc, char **argv)
 {
@@ -557,6 +562,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--backend")) on_gpu = strcmp(v, "cpu") != 0;
         else if (!strcmp(a, "--budget-s")) budget = atof(v);
+        else if (!strcmp(a, "--top1")) TOP1 = atoi(v) != 0;
         else if (!strcmp(a, "--semantics")) {
             if (md_semantics_parse(v, &sem)) { fprintf(stderr, BENCH_NAME ": --semantics official|transformers\n"); return 2; }
         } else { fprintf(stderr, BENCH_NAME ": unknown option %s\n\n%s", a, usage); return 2; }
