@@ -105,11 +105,11 @@ def test_slow_loris_headers_time_out(srv):
                 so.sendall(b"X-Slow: 1\r\n")  # trickle headers, never finish
                 if time.time() - t0 > 5:
                     break
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the server closed: a reset, reported as EPIPE, ECONNRESET or ECONNABORTED by the stack
             pass
         try:
             got = so.recv(65536)
-        except (ConnectionResetError, socket.timeout):
+        except OSError:  # a reset or the timeout: got stays empty and the assertion says so
             pass
     assert got.startswith(b"HTTP/1.1 408"), got[:80]
     assert time.time() - t0 < 5
