@@ -1377,7 +1377,9 @@ __global__ void __launch_bounds__(128) rowq8_kernel(RowQ8Args a)
         const int64_t o = rb0 + 8 * nt + g;
         rok[nt] = o < a.n;
         wr[nt] = a.w + (a.r0 + (rok[nt] ? o : 0)) * a.wcols + 8 * q;
-        srow[nt] = (int)(((a.r0 + rb0 + 8 * nt) >> a.bshift) * a.nsb);
+        /* a tile wholly past n (zero weights) reads row block 0's scales, never past the scale array */
+        const int64_t tr = rb0 + 8 * nt;
+        srow[nt] = tr < a.n ? (int)(((a.r0 + tr) >> a.bshift) * a.nsb) : 0;
     }
     const int c_lo = KS == 1 ? 0 : warp * nch / 4, c_hi = KS == 1 ? nch : (warp + 1) * nch / 4;
     uint4 ring[RQ_PD][RQ_TW];
