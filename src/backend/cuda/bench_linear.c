@@ -292,6 +292,17 @@ static void free_copies(void **dw, void **ds, int ncopy)
     }
 }
 
+/* what a run allocated: the weight copies, x and y on the device, x and the weight on the host */
+static void run_free(void **dw, void **ds, int ncopy, float *dx, float *dy, float *x, void *d0, void *s0)
+{
+    free_copies(dw, ds, ncopy);
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+    free(x);
+    free(d0);
+    free(s0);
+}
+
 static void run_ab(const shape *s, size_t T, double bw)
 {
     be_weight w0;
@@ -332,12 +343,7 @@ static void run_ab(const shape *s, size_t T, double bw)
            (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", T, simple, tm * 1e6, 100.0 * bytes / tm / bw,
            flop / tm / 1e12, bcu_rowdot_path(&a) == BCU_ROWDOT_MMA ? "mma" : "simple");
     fflush(stdout);
-    free_copies(dw, ds, ncopy);
-    CK(cudaFree(dx));
-    CK(cudaFree(dy));
-    free(x);
-    free(d0);
-    free(s0);
+    run_free(dw, ds, ncopy, dx, dy, x, d0, s0);
 }
 
 /* decode, T = 1, 2, 5 on device pointers: the decode kernel (what bcu_rowdot runs at T <= 5) against rowmma with one
@@ -409,12 +415,7 @@ static void run_decode(const shape *s, int groups, double bw)
             fflush(stdout);
         }
     }
-    free_copies(dw, ds, ncopy);
-    CK(cudaFree(dx));
-    CK(cudaFree(dy));
-    free(x);
-    free(d0);
-    free(s0);
+    run_free(dw, ds, ncopy, dx, dy, x, d0, s0);
 }
 
 /* prefill on an FP8 / FP4 weight: bcu_rowdot vs bcu_dequant_bf16 + one cuBLAS bf16 GEMM */
