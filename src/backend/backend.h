@@ -181,7 +181,7 @@ typedef struct be_dev_ops {
     void (*swiglu)(be_backend *be, float *g, const float *up, size_t rows, int I, float limit, const float *rw);
     void (*scale)(be_backend *be, float *x, size_t n, float s);
     void (*add)(be_backend *be, float *y, const float *x, size_t n);
-    /* ids[r] = md_greedy of row r of x [rows, V] (ties to the lowest index, NaN as -inf, 0 when nothing beats
+    /* ids[r] = rc_greedy (base/greedy.h) of row r of x [rows, V] (ties to the lowest index, NaN as -inf, 0 when nothing beats
      * -inf); ids device */
     void (*argmax)(be_backend *be, int32_t *ids, const float *x, size_t rows, size_t V);
     /* idx [R, K], wt [R, K] from the gate's logits [R, E]; ids [R] device */

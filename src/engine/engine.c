@@ -291,8 +291,8 @@ static void *loop(void *arg)
         /* 5. one forward; a greedy item needs only its token, when the backend can give just that */
         size_t rows = 0;
         for (size_t i = 0; i < p.items; i++) {
-            const int top1 = e->b_want[i] && e->be.forward_top1 && !e->be.forced &&
-                             !(e->b_slot[i]->sp.temperature >= 1e-5); /* eng_sample's greedy test */
+            const int top1 =
+                e->b_want[i] && e->be.forward_top1 && !e->be.forced && eng_sampling_greedy(&e->b_slot[i]->sp);
             e->b_top1[i] = top1 ? &e->b_top1v[i] : NULL;
             rows += (size_t)(e->b_want[i] && !top1);
         }

@@ -27,6 +27,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "base/greedy.h"
+
 typedef struct {
     double w;  /* exp((l - l_max) / T) */
     float l;   /* the logit, NaN folded to -inf */
@@ -130,23 +132,14 @@ static size_t nucleus_bound(cand *c, size_t n, double need)
     return m;
 }
 
-static int greedy(const float *logits, int vocab)
-{
-    int best = 0;
-    float bv = logit_at(logits, 0);
-    for (int i = 1; i < vocab; i++) {
-        float v = logit_at(logits, i);
-        if (v > bv) { bv = v; best = i; }
-    }
-    return best;
-}
+static int greedy(const float *logits, int vocab) { return (int)rc_greedy(logits, (size_t)vocab); }
 
 int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state,
                   eng_sample_scratch *ws)
 {
     if (!logits || vocab <= 0 || !s || !rng_state || !ws) return RC_EINVAL;
     const int amax = greedy(logits, vocab);
-    if (!(s->temperature >= 1e-5)) return amax;  /* vLLM's _SAMPLING_EPS; NaN too */
+    if (eng_sampling_greedy(s)) return amax;
     const float lmax = logit_at(logits, amax);
     const double u01 = (double)(eng_rng_next(rng_state) >> 11) * 0x1.0p-53;
     if (!isfinite(lmax)) return amax;  /* all -inf, or +inf present: nothing to weigh */

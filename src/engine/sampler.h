@@ -35,6 +35,10 @@ int eng_sample(const float *logits, int vocab, const eng_sampling *s, uint64_t *
 int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state,
                   eng_sample_scratch *ws);
 
+/* Whether s draws nothing: temperature below 1e-5 (vLLM's _SAMPLING_EPS; 0 and NaN too), the token is the
+ * greedy one (base/greedy.h) and the rng stream does not move. */
+static inline int eng_sampling_greedy(const eng_sampling *s) { return !(s->temperature >= 1e-5); }
+
 uint64_t eng_rng_init(uint64_t seed);
 /* The next 64 random bits of the stream (splitmix64). */
 uint64_t eng_rng_next(uint64_t *state);

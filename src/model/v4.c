@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "base/crc32c.h"
+#include "base/greedy.h"
 #include "base/le.h"
 #include "base/scratch.h"
 #include "model/v4_internal.h"
@@ -509,20 +510,6 @@ static float *act_quant_copy(be_backend *be, const float *x, size_t R, size_t K,
 static const float *act_in(const md_model *m, const be_weight *w, const float *x, const float *xq)
 {
     return act_fp8(m, w) ? xq : x;
-}
-
-int32_t md_greedy(const float *row, size_t vocab)
-{
-    size_t best = 0;
-    float bv = -INFINITY;
-    for (size_t i = 0; i < vocab; i++) {
-        const float v = row[i] != row[i] ? -INFINITY : row[i];
-        if (v > bv) {
-            bv = v;
-            best = i;
-        }
-    }
-    return (int32_t)best;
 }
 
 /* Walsh-Hadamard transform in Sylvester order, scaled by n^-1/2 (n = 2^k). */
@@ -1865,7 +1852,7 @@ static void hd_copy(be_backend *be, void *dst, const void *src, size_t bytes)
 static void hd_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows, size_t V)
 {
     (void)be;
-    for (size_t r = 0; r < rows; r++) ids[r] = md_greedy(x + r * V, V);
+    for (size_t r = 0; r < rows; r++) ids[r] = (int32_t)rc_greedy(x + r * V, V);
 }
 static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
@@ -2119,7 +2106,8 @@ int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err)
                 k += cnt;
             }
             for (size_t s = 0; s < nseg; s++)
-                if (!segs[s].logits && segs[s].top1) *segs[s].top1 = md_greedy(lg_rows + (k++) * (size_t)V, (size_t)V);
+                if (!segs[s].logits && segs[s].top1)
+                    *segs[s].top1 = (int32_t)rc_greedy(lg_rows + (k++) * (size_t)V, (size_t)V);
             free(hx);
             free(y);
         }

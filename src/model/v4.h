@@ -141,14 +141,10 @@ typedef struct md_segment {
     float *logits;
     int all_logits;
     /* logits NULL and top1 not: *top1 = the greedy token after the last id
-     * (md_greedy of its logits), and the logits never leave the backend (on
-     * a GPU: 4 bytes instead of a vocabulary of floats per row) */
+     * (base/greedy.h's rule), and the logits never leave the backend (on a
+     * GPU: 4 bytes instead of a vocabulary of floats per row) */
     int32_t *top1;
 } md_segment;
-
-/* The argmax of a row of logits: ties to the lowest id, NaN as -inf, 0 when
- * nothing beats -inf -- the engine's greedy rule (sampler.h). */
-int32_t md_greedy(const float *row, size_t vocab);
 
 int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err);
 

@@ -65,6 +65,12 @@ static void test_greedy_ties(void **st)
     assert_true(rng == rng0); /* greedy draws nothing */
     const float n[] = {NAN, 2, 2, -INFINITY};
     assert_int_equal(eng_sample(n, 4, &s, &rng), 1);
+    const float infs[] = {0, INFINITY, 7, INFINITY, NAN}, nans[] = {NAN, NAN, NAN};
+    assert_int_equal(eng_sample(infs, 5, &s, &rng), 1);
+    assert_int_equal(eng_sample(nans, 3, &s, &rng), 0);
+    const float mixed[] = {-INFINITY, -INFINITY, NAN, -INFINITY, NAN}, zeros[] = {-0.0f, 0.0f, -1, -2, -3};
+    assert_int_equal(eng_sample(mixed, 5, &s, &rng), 0);
+    assert_int_equal(eng_sample(zeros, 5, &s, &rng), 0); /* +0 does not beat -0 */
     const float all_neg[] = {-INFINITY, -INFINITY};
     s.temperature = 1;
     assert_int_equal(eng_sample(all_neg, 2, &s, &rng), 0);
@@ -936,7 +942,7 @@ static int counting_top1(void *impl, void **seqs, const int32_t **ids, const siz
 
 /* Greedy requests take only their token from the backend (forward_top1: on a GPU the argmax is taken on the
  * device and the logits stay there); the tokens equal those of the logits path (forward_top1 removed), for
- * greedy and seeded requests in one batch, and md_greedy is the sampler's greedy on awkward rows. */
+ * greedy and seeded requests in one batch. */
 static void test_model_top1(void **st)
 {
     model_fix *fx = *st;
@@ -978,18 +984,6 @@ static void test_model_top1(void **st)
     assert_int_equal(top1_items, (size_t)(9 * OUT));
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < N; i++) job_fini(&js[pass][i]);
-
-    const float rows[][5] = {{1, 5, 5, 3, 0},
-                             {NAN, 2, 2, -INFINITY, 1},
-                             {-INFINITY, -INFINITY, NAN, -INFINITY, NAN},
-                             {NAN, NAN, NAN, NAN, NAN},
-                             {0, INFINITY, 7, INFINITY, NAN},
-                             {-0.0f, 0.0f, -1, -2, -3}};
-    eng_sampling g = samp(0);
-    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-        uint64_t rng = 1;
-        assert_int_equal(md_greedy(rows[r], 5), eng_sample(rows[r], 5, &g, &rng));
-    }
 }
 
 static void test_model_cancel_running(void **st)

@@ -22,6 +22,7 @@
 
 #include "model_util.h"
 
+#include "base/greedy.h"
 #include "model/v4.h"
 
 #define FIX(name) MODEL_FIXTURE_DIR "/" name
@@ -349,15 +350,15 @@ static void test_quantized_equals_twin(void **st)
 }
 
 /* md_segment.top1: in a batch that mixes logits segments (last row, all rows) and top1 segments, each top1 is
- * md_greedy of the logits the same segment gives when it asks for them, on the host path and on the device
- * graph (run on the host); and md_greedy is the first maximum with NaN as -inf. */
+ * rc_greedy of the logits the same segment gives when it asks for them, on the host path and on the device
+ * graph (run on the host); and rc_greedy is the first maximum with NaN as -inf. */
 static void test_top1(void **st)
 {
     (void)st;
     const float r1[] = {1, 3, 3, NAN}, r2[] = {NAN, NAN}, r3[] = {-INFINITY, -1, INFINITY, INFINITY};
-    assert_int_equal(md_greedy(r1, 4), 1);
-    assert_int_equal(md_greedy(r2, 2), 0);
-    assert_int_equal(md_greedy(r3, 4), 2);
+    assert_int_equal(rc_greedy(r1, 4), 1);
+    assert_int_equal(rc_greedy(r2, 2), 0);
+    assert_int_equal(rc_greedy(r3, 4), 2);
     be_backend *be = be_cpu_create(2);
     const char *fx[] = {FIX("tiny-mixed"), FIX("tiny-mixed-fp8fp4")};
     for (int f = 0; f < 2; f++) {
@@ -390,9 +391,9 @@ static void test_top1(void **st)
             for (int i = 0; i < NS; i++) {
                 const float *last = lg + (size_t)i * 129 * V + (i == 2 ? (lens[i] - 1) * (size_t)V : 0);
                 if (i % 2) assert_memory_equal(sb[i].logits, last, (size_t)V * sizeof(float));
-                else if (top[i] != md_greedy(last, (size_t)V))
+                else if (top[i] != (int32_t)rc_greedy(last, (size_t)V))
                     fail_msg("%s dev %d segment %d: top1 %d, greedy of the logits %d", fx[f], dev, i, top[i],
-                             md_greedy(last, (size_t)V));
+                             (int)rc_greedy(last, (size_t)V));
                 free(sb[i].logits);
                 free(ids[i]);
                 md_seq_free(a[i]);

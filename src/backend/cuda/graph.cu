@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(GR_NT) gr_scale_kernel(float *x, size_t n, flo
     for (size_t q = GR_TID; q < n; q += GR_STEP) x[q] = __fmul_rn(x[q], s);
 }
 
-/* One block per row: md_greedy (v4.c), the first index of the largest value with NaN as -inf.  Each thread
+/* One block per row: base/greedy.h's rc_greedy, the first index of the largest value with NaN as -inf.  Each thread
  * keeps the first maximum of its strided columns (it starts at its own first column, so a row with nothing
  * above -inf gives 0); the block keeps the larger value, the lower index on a tie. */
 __global__ void __launch_bounds__(GR_NT) gr_argmax_kernel(int32_t *ids, const float *x, size_t V)

@@ -78,7 +78,7 @@ cudaError_t bcu_hadamard(float *x, size_t rows, size_t n, cudaStream_t st);
 /* v4.c swiglu(): g[i] = min(g, limit) / (1 + exp(-min(g, limit))) * clamp(up, -limit, limit) (no clamp when
  * limit <= 0), over rows*I elements; rw != NULL multiplies row r by rw[r] afterwards. */
 cudaError_t bcu_swiglu(float *g, const float *up, size_t rows, int I, float limit, const float *rw, cudaStream_t st);
-/* ids[r] = v4.c md_greedy of row r of x [rows, V]: the first index of the largest value, NaN as -inf, 0 when
+/* ids[r] = base/greedy.h's rc_greedy of row r of x [rows, V]: the first index of the largest value, NaN as -inf, 0 when
  * nothing beats -inf (the engine's greedy token) */
 cudaError_t bcu_argmax(int32_t *ids, const float *x, size_t rows, size_t V, cudaStream_t st);
 /* x[i] *= s */
