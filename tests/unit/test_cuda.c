@@ -41,6 +41,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 #include "cuda_skip.h"
+#include "act_quant_ref.h"
 
 #include "model_util.h"
 
@@ -505,19 +506,6 @@ static void test_rowdot_grouped(void **st)
 
 /* ------------------------------------------------------------------ bcu_rowdot_x8 */
 
-/* v4.c's act_quant of a row (fq_fp8, blocks of 128), written here from dtype.c's codecs */
-static void x8_quant_row(float *x, int64_t n)
-{
-    for (int64_t b0 = 0; b0 < n; b0 += 128) {
-        const int64_t b1 = b0 + 128 < n ? b0 + 128 : n;
-        float amax = 1e-4f;
-        for (int64_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
-        int e;
-        const float f = frexpf(amax * (1.0f / 448.0f), &e), sc = ldexpf(1.0f, f == 0.5f ? e - 1 : e);
-        for (int64_t i = b0; i < b1; i++) x[i] = md_e4m3_to_f32(md_f32_to_e4m3(x[i] / sc)) * sc;
-    }
-}
-
 /* The FP8-activation row-dot (e4m3 x e4m3, official semantics' act_quant'd x): against the CPU backend's
  * linear of the same quantised x within 1e-5 (and against the three-plane bcu_rowdot), T = 1 .. 16, weight
  * blocks of 128 and 32, every scale dtype, the K split and not; a token alone equals the same token inside
@@ -548,7 +536,7 @@ static void test_rowdot_x8(void **st)
         ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
         ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
         float *x = rand_rows(TM * (size_t)K);
-        for (size_t t = 0; t < TM; t++) x8_quant_row(x + t * (size_t)K, K);
+        for (size_t t = 0; t < TM; t++) aq_ref_row(x + t * (size_t)K, K, NULL);
         ck(cudaMemcpy(dw, w->data, (size_t)(n * K), cudaMemcpyHostToDevice), "cudaMemcpy");
         ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
         ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");

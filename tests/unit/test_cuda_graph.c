@@ -47,6 +47,7 @@
 #include "cuda_skip.h"
 
 #include "backend/backend.h"
+#include "base/greedy.h"
 #include "backend/cuda/graph.h"
 #include "model/dtype.h"
 
@@ -1218,16 +1219,7 @@ static void test_argmax(void **st)
     x[7 * V + V / 2 + 1] = -3.0f;
     int32_t want[9], got[9];
     for (size_t r = 0; r < R; r++) {
-        size_t best = 0;
-        float bv = -INFINITY;
-        for (size_t i = 0; i < V; i++) {
-            const float v = isnan(x[r * V + i]) ? -INFINITY : x[r * V + i];
-            if (v > bv) {
-                bv = v;
-                best = i;
-            }
-        }
-        want[r] = (int32_t)best;
+        want[r] = (int32_t)rc_greedy(x + r * V, V);
     }
     float *dx = up(x, R * V * sizeof(float));
     int32_t *di = dmalloc(R * sizeof(int32_t));

@@ -45,6 +45,7 @@
 
 #include "backend/cuda/moe.h"
 #include "model/dtype.h"
+#include "act_quant_ref.h"
 
 /* ------------------------------------------------------------------ random */
 
@@ -718,30 +719,7 @@ static void test_gpu_v4dims(void **st)
 
 /* ------------------------------------------------------------------ act_fp8_h */
 
-/* v4.c's fq_fp8 on n floats, blocks of 128 (the official act_quant), written here from dtype.c's codecs; gap[i]
- * (may be NULL): the relative distance of x/scale to the nearest e4m3 rounding midpoint, for the flip allowance */
-static void fq128(float *x, int64_t n, double *gap)
-{
-    for (int64_t b0 = 0; b0 < n; b0 += 128) {
-        const int64_t b1 = b0 + 128 < n ? b0 + 128 : n;
-        float amax = 1e-4f;
-        for (int64_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
-        int e;
-        const float f = frexpf(amax * (1.0f / 448.0f), &e);
-        const float sc = ldexpf(1.0f, f == 0.5f ? e - 1 : e);
-        for (int64_t i = b0; i < b1; i++) {
-            const float v = x[i] / sc, q = md_e4m3_to_f32(md_f32_to_e4m3(v));
-            if (gap) { /* the neighbour on the far side of v, and the midpoint between */
-                const uint8_t c = md_f32_to_e4m3(v);
-                const float o = md_e4m3_to_f32((uint8_t)(fabsf(v) > fabsf(q) ? c + 1 : c - 1));
-                gap[i] = fabs(fabs((double)v) - (fabs((double)q) + fabs((double)o)) / 2) / (fabs((double)v) + 1e-30);
-            }
-            x[i] = q * sc;
-        }
-    }
-}
-
-/* BE_MOE_ACT_FP8_H (official semantics, FP4 experts): h = w * swiglu(W1 x, W3 x) goes through fq128 before W2, in
+/* BE_MOE_ACT_FP8_H (official semantics, FP4 experts): h = w * swiglu(W1 x, W3 x) goes through act_quant (aq_ref_row) before W2, in
  * every path.  The workspace keeps the device's h (after the quantisation, rows in the routing plan's order), so
  * each stage is checked on its own:
  *   - every row of h is quantised: h / scale is an e4m3 value in every block of 128, and h equals this file's
@@ -770,7 +748,7 @@ static void test_gpu_act_fp8_h(void **st)
         float *w = xmalloc((size_t)P * sizeof *w), *x = xmalloc((size_t)(T * D) * sizeof *x);
         make_routing(ids, w, T, topk, X.E, R_UNIFORM);
         for (int64_t i = 0; i < T * D; i++) x[i] = unif();
-        for (int64_t t = 0; t < T; t++) fq128(x + t * D, D, NULL); /* the caller hands x over quantised */
+        for (int64_t t = 0; t < T; t++) aq_ref_row(x + t * D, D, NULL); /* the caller hands x over quantised */
         X.ex.swiglu_limit = 0.0f;
         X.ex.weight_before_w2 = 1;
         X.ex.act_fp8_h = 1;
@@ -792,7 +770,7 @@ static void test_gpu_act_fp8_h(void **st)
                 hr[r * I + f] = (float)((float)(g / (1.0 + exp(-g)) * u) * (double)w[pair]);
             }
             memcpy(hq + r * I, hr + r * I, (size_t)I * sizeof *hq);
-            fq128(hq + r * I, I, gap + r * I);
+            aq_ref_row(hq + r * I, I, gap + r * I);
         }
         dcall dc;
         dcall_make(&dc, &X, x, ids, w, T, topk);
@@ -820,11 +798,7 @@ static void test_gpu_act_fp8_h(void **st)
             int64_t flips = 0;
             for (int64_t i = 0; i < P * I; i++) {
                 if (hd[i] == hq[i]) continue;
-                const int64_t b0 = i / 128 * 128;
-                float amax = 1e-4f;
-                for (int64_t k = b0; k < b0 + 128; k++) amax = fmaxf(amax, fabsf(hr[k]));
-                int e;
-                const float f = frexpf(amax * (1.0f / 448.0f), &e), sc = ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+                const float sc = aq_ref_scale(hr + i / 128 * 128, 128);
                 const float vq = hd[i] / sc;
                 const uint8_t c = md_f32_to_e4m3(vq), cr = md_f32_to_e4m3(hq[i] / sc);
                 if (!(gap[i] < 1e-4 && md_e4m3_to_f32(c) == vq && abs((c & 0x7f) - (cr & 0x7f)) == 1))
