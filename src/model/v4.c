@@ -469,10 +469,7 @@ static void fq_fp4(float *x, size_t n, size_t block)
  * checkpoint.  The callers ask act_fp8() at exactly those sites. */
 #define MD_ACT_BLOCK 128
 
-static int act_fp8(const md_model *m, const be_weight *w)
-{
-    return m->sem == MD_SEM_OFFICIAL && (w->fmt == BE_W_FP8 || w->fmt == BE_W_FP4);
-}
+static int act_fp8(const md_model *m, const be_weight *w) { return m->sem == MD_SEM_OFFICIAL && md_w_quantised(w); }
 
 typedef struct {
     float *x;
@@ -1305,21 +1302,16 @@ static void route_rows(const be_route *ra, float *logit, const int32_t *ids, siz
 }
 
 /* act_fp8 over a layer's routed experts: any_in, whether some w1 / w3 takes the quantised x; uniform, whether
- * every w1 and w3 agree (in) and every w2 agrees (out), as a grouped expert op needs (be_ops.moe's flags) */
+ * every w1 and w3 agree (in) and every w2 agrees (out), as a grouped expert op needs (be_ops.moe's flags).  From
+ * the formats found at load (md_layer.moe_q_*): nothing per step but the semantics test. */
 typedef struct {
     int any_in, uniform, in, out;
 } moe_aq;
 
 static moe_aq moe_act(const md_model *m, const md_layer *ly)
 {
-    const int E = m->cfg.n_experts;
-    moe_aq a = {0, 1, E > 0 && act_fp8(m, &ly->w1[0]), E > 0 && act_fp8(m, &ly->w2[0])};
-    for (int e = 0; e < E; e++) {
-        const int i1 = act_fp8(m, &ly->w1[e]), i3 = act_fp8(m, &ly->w3[e]);
-        a.any_in |= i1 | i3;
-        if (i1 != a.in || i3 != a.in || act_fp8(m, &ly->w2[e]) != a.out) a.uniform = 0;
-    }
-    return a;
+    if (m->sem != MD_SEM_OFFICIAL) return (moe_aq){0, 1, 0, 0};
+    return (moe_aq){ly->moe_q_any, ly->moe_q_uniform, ly->moe_q_in, ly->moe_q_out};
 }
 
 static int moe_flags(int official, moe_aq a)

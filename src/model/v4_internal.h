@@ -36,7 +36,13 @@ typedef struct md_layer {
     int32_t *tid2eid;   /* [vocab, top_k] on hash layers */
     be_weight *w1, *w2, *w3; /* [n_experts] */
     be_weight sw1, sw2, sw3;
+    /* the routed experts' weight formats, for act_quant under official semantics (v4.c moe_act), found once at
+     * load: some w1 / w3 is FP8 / FP4; every w1 and w3 agree (q_in) and every w2 (q_out) */
+    int moe_q_any, moe_q_uniform, moe_q_in, moe_q_out;
 } md_layer;
+
+/* FP8 / FP4: a weight whose GEMM the official linear() feeds act_quant'd input */
+static inline int md_w_quantised(const be_weight *w) { return w->fmt == BE_W_FP8 || w->fmt == BE_W_FP4; }
 
 struct md_model {
     md_config cfg;

@@ -241,6 +241,15 @@ static int load_layer(loader *L, int l)
         if ((rc = load_weight(L, P("layers.%d.ffn.experts.%lld.w2", l, (long long)e), D, I, &ly->w2[e]))) return rc;
         if ((rc = load_weight(L, P("layers.%d.ffn.experts.%lld.w3", l, (long long)e), I, D, &ly->w3[e]))) return rc;
     }
+    ly->moe_q_uniform = 1;
+    ly->moe_q_in = E > 0 && md_w_quantised(&ly->w1[0]);
+    ly->moe_q_out = E > 0 && md_w_quantised(&ly->w2[0]);
+    for (int64_t e = 0; e < E; e++) {
+        const int i1 = md_w_quantised(&ly->w1[e]), i3 = md_w_quantised(&ly->w3[e]);
+        ly->moe_q_any |= i1 | i3;
+        if (i1 != ly->moe_q_in || i3 != ly->moe_q_in || md_w_quantised(&ly->w2[e]) != ly->moe_q_out)
+            ly->moe_q_uniform = 0;
+    }
     if ((rc = load_weight(L, P("layers.%d.ffn.shared_experts.w1", l), I, D, &ly->sw1))) return rc;
     if ((rc = load_weight(L, P("layers.%d.ffn.shared_experts.w2", l), D, I, &ly->sw2))) return rc;
     if ((rc = load_weight(L, P("layers.%d.ffn.shared_experts.w3", l), I, D, &ly->sw3))) return rc;
