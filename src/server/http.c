@@ -1112,12 +1112,14 @@ static bool process_dirty(srv_http *h) {
 
 /* Beyond max_connections (or out of fds): answer 503 and close at once. */
 static void reject_conn(srv_http *h, int fd) {
+    /* counted before the client can see the answer: a client that reads the
+     * stats after its 503 and EOF must find itself counted */
+    atomic_fetch_add(&h->st_rejected, 1);
     if (send(fd, h->reject_msg, h->reject_len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* best effort */ }
     shutdown(fd, SHUT_WR);
     char tmp[4096]; /* read what already came so close() sends FIN, not RST */
     for (int i = 0; i < 4 && recv(fd, tmp, sizeof tmp, MSG_DONTWAIT) > 0; i++) {}
     close(fd);
-    atomic_fetch_add(&h->st_rejected, 1);
 }
 
 static void do_accept(srv_http *h) {
