@@ -1118,20 +1118,25 @@ static void ring_step(md_model *m, int l, md_segment *segs, size_t nseg, const r
     }
 }
 
+/* Where each segment's window starts (kst[s]: the first position its attention reads, for every layer). */
+static void win_starts(const md_model *m, const md_segment *segs, size_t nseg, int64_t *kst)
+{
+    for (size_t sgi = 0; sgi < nseg; sgi++) {
+        const md_seq *sq = segs[sgi].seq;
+        const int64_t kstart = sq->len - m->cfg.window + 1;
+        kst[sgi] = kstart < sq->win_lo ? sq->win_lo : kstart;
+    }
+}
+
 /* Before attention, per segment in order: where its window starts (kst), its window keys (kbufs, when
  * with_kbufs), and the compressors (a block completed by token t is visible to t). */
 static int state_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv,
                       const float *ckv, const float *cg, const float *ikv, const float *ig, float **kbufs,
                       int64_t *kst, int with_kbufs)
 {
-    const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
     int rc = 0;
-    for (size_t sgi = 0; sgi < nseg; sgi++) {
-        const md_seq *sq = segs[sgi].seq;
-        int64_t kstart = sq->len - c->window + 1;
-        kst[sgi] = kstart < sq->win_lo ? sq->win_lo : kstart;
-    }
+    win_starts(m, segs, nseg, kst);
     if (with_kbufs && (rc = build_kbufs(m, l, segs, nseg, rw, kv, kbufs, kst))) return rc;
     return ly->ratio ? comp_step(m, l, segs, nseg, rw, ckv, cg, ikv, ig) : 0;
 }
@@ -1406,9 +1411,12 @@ out:
  * compressor partial blocks, KV blocks): per layer, the rows that extend it
  * (window key, compressor and indexer-compressor inputs) come down in one
  * download, state_step runs as on the host path, and the attention op reads
- * the window keys and blocks from host memory as be_ops.attention does.  So a
- * layer waits for the device once; moving the state onto the device removes
- * that wait (docs/CUDA.md). */
+ * the window keys and blocks from host memory as be_ops.attention does.  A
+ * layer waits for the device for that only where a segment completes a
+ * compressed entry in it (the entry is visible to the token that completes
+ * it); every other layer's update runs after the forward (late_state), which
+ * at decode is most layers of most steps.  Moving the state onto the device
+ * removes the remaining waits (docs/CUDA.md). */
 
 typedef struct {
     md_model *m;
@@ -1418,6 +1426,10 @@ typedef struct {
     const int32_t *ids;  /* device [R] */
     const int64_t *pos;  /* device [R] */
     int oom;
+    /* layers whose state update waits for the end of the forward: their rows (device [R, xw]) */
+    int *late_l;
+    const float **late_xs;
+    size_t nlate;
 } dev_ctx;
 
 static void *dalloc(dev_ctx *x, size_t bytes)
@@ -1466,6 +1478,59 @@ static int attend_dev_host(dev_ctx *x, int l, md_segment *segs, size_t nseg, con
     return rc;
 }
 
+/* Whether layer l's compressors complete an entry in this forward (one that its attention may read): only then
+ * must the state's update run before the attention.  The update is otherwise the partial blocks' and the ring's,
+ * which nothing in this forward reads. */
+static int comp_completes(const md_model *m, int l, const md_segment *segs, size_t nseg)
+{
+    const md_layer *ly = &m->layers[l];
+    if (!ly->ratio) return 0;
+    for (size_t s = 0; s < nseg; s++) {
+        const md_seq *sq = segs[s].seq;
+        const seq_layer *sl = &sq->L[l];
+        const int64_t end = (sq->len + (int64_t)segs[s].n) / ly->ratio, b = sq->len / ly->ratio;
+        if ((b > (int64_t)sl->c_n ? b : (int64_t)sl->c_n) < end) return 1;
+        if (ly->overlap && (b > (int64_t)sl->i_n ? b : (int64_t)sl->i_n) < end) return 1;
+    }
+    return 0;
+}
+
+/* Width of layer l's state rows (kv [R, d], ckv, cg [R, cd], ikv, ig [R, 2 ID], one buffer) */
+static size_t state_width(const md_model *m, int l, size_t *cd, size_t *icd)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    const size_t d = (size_t)c->head_dim;
+    *cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0;
+    *icd = ly->overlap ? 2 * (size_t)c->index_head_dim : 0;
+    return d + 2 * *cd + 2 * *icd;
+}
+
+/* The late state updates (attention_dev): each such layer's rows down (the first download waits for the device),
+ * then its compressors, which complete no entry, and its ring, in layer order. */
+static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
+{
+    const size_t R = x->rw->R, d = (size_t)x->m->cfg.head_dim;
+    size_t wmax = 0, cd, icd;
+    for (size_t i = 0; i < x->nlate; i++) {
+        const size_t w = state_width(x->m, x->late_l[i], &cd, &icd);
+        if (w > wmax) wmax = w;
+    }
+    float *hx = x->nlate ? malloc(R * wmax * sizeof(float)) : NULL;
+    int rc = x->nlate && !hx ? RC_ENOMEM : 0;
+    for (size_t i = 0; i < x->nlate && !rc; i++) {
+        const int l = x->late_l[i];
+        const size_t xw = state_width(x->m, l, &cd, &icd);
+        if (x->dv->download(x->be, hx, x->late_xs[i], R * xw * sizeof(float))) rc = RC_EIO;
+        else if (cd) rc = comp_step(x->m, l, segs, nseg, x->rw, hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd),
+                                    hx + R * (d + 2 * cd + icd));
+        if (!rc) ring_step(x->m, l, segs, nseg, x->rw, hx);
+    }
+    free(hx);
+    x->nlate = 0;
+    return rc;
+}
+
 static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *xin, float *out)
 {
     md_model *m = x->m;
@@ -1478,9 +1543,8 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     const int g = c->o_groups, ol = c->o_lora_rank, IH = c->index_heads, ID = c->index_head_dim;
     const float *inv = ly->ratio ? m->inv_freq_comp : m->inv_freq_main;
     const int official = m->sem == MD_SEM_OFFICIAL;
-    const int cd = ly->ratio ? (ly->overlap ? 2 : 1) * d : 0, icd = ly->overlap ? 2 * ID : 0;
-    /* what extends the state, in one buffer: kv [R, d], ckv, cg [R, cd], ikv, ig [R, 2 ID] */
-    const size_t xw = (size_t)d + 2 * (size_t)cd + 2 * (size_t)icd;
+    size_t cd, icd;
+    const size_t xw = state_width(m, l, &cd, &icd); /* what extends the state, in one buffer */
     float *qr = dalloc(x, R * ql * sizeof(float));
     float *q = dalloc(x, R * (size_t)H * d * sizeof(float));
     float *o = dalloc(x, R * (size_t)H * d * sizeof(float));
@@ -1523,23 +1587,34 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
         }
     }
 
-    /* the state, on the host */
+    /* The state, on the host.  When a segment completes a compressed entry here, its rows come down now and the
+     * compressors run before the attention (a block completed by token t is visible to t): the layer waits for
+     * the device.  Otherwise nothing this attention reads changes, and the update (the partial blocks, the ring)
+     * runs after the forward (late_state): no wait.  The rows come down now also when the backend's attention
+     * declines (the window keys are built on the host). */
     int rc = 0;
+    const int now = comp_completes(m, l, segs, nseg);
     float *hx = malloc(R * xw * sizeof(float));
     float **kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
     int64_t *kst = calloc(nseg ? nseg : 1, sizeof *kst);
     if (!hx || !kbufs || !kst) rc = RC_ENOMEM;
-    else if (dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
-    /* the compressors on the host; the window keys only if the backend's attention declines (it keeps its own
-     * copy of every ring and takes the segment's keys from kv on the device) */
-    if (!rc)
+    else if (now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
+    if (!rc && now) {
         rc = state_step(m, l, segs, nseg, x->rw, hx, hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd),
                         hx + R * (d + 2 * cd + icd), kbufs, kst, 0);
+        m->st_state_now++;
+    } else if (!rc) {
+        win_starts(m, segs, nseg, kst);
+        x->late_l[x->nlate] = l;
+        x->late_xs[x->nlate++] = xs;
+        m->st_state_late++;
+    }
     if (!rc && attend_backend(m, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, kv, o) > 0) {
-        rc = build_kbufs(m, l, segs, nseg, x->rw, hx, kbufs, kst);
+        if (!now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
+        if (!rc) rc = build_kbufs(m, l, segs, nseg, x->rw, hx, kbufs, kst);
         if (!rc) rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
     }
-    if (!rc) ring_step(m, l, segs, nseg, x->rw, hx);
+    if (!rc && now) ring_step(m, l, segs, nseg, x->rw, hx);
     for (size_t i = 0; kbufs && i < nseg; i++) free(kbufs[i]);
     free(kbufs); free(kst); free(hx);
     if (rc) return rc;
@@ -1694,6 +1769,13 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     const size_t R = rw->R;
     dev_ctx x = {.m = m, .be = be, .dv = dv, .rw = rw};
     int rc = 0;
+    x.late_l = malloc((size_t)c->n_layers * sizeof *x.late_l);
+    x.late_xs = malloc((size_t)c->n_layers * sizeof *x.late_xs);
+    if (!x.late_l || !x.late_xs) {
+        free(x.late_l);
+        free(x.late_xs);
+        return rc_errf(err, RC_ENOMEM, "out of memory");
+    }
     dv->reset(be);
     int32_t *ids = dalloc(&x, R * sizeof(int32_t));
     int64_t *pos = dalloc(&x, R * sizeof(int64_t));
@@ -1702,7 +1784,10 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     float *post = dalloc(&x, R * (size_t)n * sizeof(float));
     float *comb = dalloc(&x, R * (size_t)n * n * sizeof(float));
     float *f = dalloc(&x, R * (size_t)D * sizeof(float));
-    if (x.oom) return rc_errf(err, RC_ENOMEM, "out of device memory for a batch of %zu tokens", R);
+    if (x.oom) {
+        rc = RC_ENOMEM;
+        goto out;
+    }
     dv->upload(be, ids, rw->ids, R * sizeof(int32_t));
     dv->upload(be, pos, rw->pos, R * sizeof(int64_t));
     x.ids = ids;
@@ -1777,7 +1862,13 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         float probe;
         if (dv->download(be, &probe, f, sizeof probe)) rc = RC_EIO;
     }
+    /* after the logits are out: the state updates no layer had to wait for */
+    if (!rc) rc = late_state(&x, segs, nseg);
     if (!rc && dv->failed(be)) rc = RC_EIO;
+out:
+    free(x.late_l);
+    free(x.late_xs);
+    if (rc == RC_ENOMEM && x.oom) return rc_errf(err, RC_ENOMEM, "out of device memory for a batch of %zu tokens", R);
     if (rc == RC_EIO) return rc_errf(err, RC_EIO, "forward failed on the device backend");
     if (rc == RC_EUNSUP) return rc_errf(err, RC_EUNSUP, "forward: the device graph does not take this model's shapes");
     if (rc) return rc_errf(err, rc, "forward failed: out of memory");
@@ -1971,6 +2062,12 @@ static void hd_destroy(be_backend *be)
 }
 
 static const be_ops hd_ops = {.name = "host-dev-graph", .destroy = hd_destroy, .dev = &hd_dev};
+
+void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late)
+{
+    if (now) *now = m->st_state_now;
+    if (late) *late = m->st_state_late;
+}
 
 int md_model_set_host_dev_graph(md_model *m, int on)
 {

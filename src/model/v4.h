@@ -157,11 +157,18 @@ typedef void (*md_layer_hook)(void *arg, int layer, int part);
 void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
 
 /* A backend with be_ops.dev runs md_forward as the device-resident graph
- * (activations in the backend's memory; the state stays on the host and each
- * layer exchanges the rows that extend it).  This switch runs that same graph
+ * (activations in the backend's memory; the state stays on the host and gets
+ * the rows that extend it: before the layer's attention where a segment
+ * completes a compressed entry there, else after the forward).  This switch runs that same graph
  * code with host memory and the host path's own ops on any backend: a check
  * of its plumbing without a GPU, bit-identical to the host graph (unit_model).
  * 0 or RC_ENOMEM. */
 int md_model_set_host_dev_graph(md_model *m, int on);
+
+/* The device graph's state updates, counted per (forward, layer) since load: now, those that ran before the
+ * layer's attention because a segment completed a compressed entry there (the forward waits for the device at
+ * that layer); late, those that ran after the forward (no wait: the layer has no compressor, or none completes
+ * an entry in that forward). */
+void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late);
 
 #endif

@@ -69,6 +69,7 @@ struct md_model {
     md_layer_hook hook;
     void *hook_arg;
     md_host_dev *hostdev; /* md_model_set_host_dev_graph */
+    uint64_t st_state_now, st_state_late; /* md_model_state_stats */
 };
 
 int md_load_weights(md_model *m, md_progress_fn progress, void *progress_arg, rc_err *err);

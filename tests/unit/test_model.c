@@ -318,6 +318,46 @@ static void test_host_dev_graph_is_the_host_graph(void **st)
     be_destroy(be);
 }
 
+/* The device graph waits for the state only at the layers where a segment completes a compressed entry (layer
+ * l with ratio r, a segment at p0 adding k tokens: floor((p0 + k) / r) > floor(p0 / r)); every other layer's
+ * update runs after the forward.  Counted by md_model_state_stats over token-by-token and chunked runs; the
+ * logits of those runs are test_host_dev_graph_is_the_host_graph's. */
+static void test_state_waits_only_for_entries(void **st)
+{
+    (void)st;
+    be_backend *be = be_cpu_create(2);
+    const char *fx[] = {FIX("tiny-mixed"), FIX("tiny-hca16")};
+    for (int f = 0; f < 2; f++) {
+        md_model *m = load_fixture_model(fx[f], be, MD_SEM_OFFICIAL);
+        const md_config *c = md_model_config(m);
+        assert_int_equal(md_model_set_host_dev_graph(m, 1), 0);
+        const size_t n = 150, chunks[] = {1, 7, 150};
+        int32_t *ids = make_ids(n, c->vocab_size, 11);
+        for (size_t ci = 0; ci < 3; ci++) {
+            uint64_t want_now = 0, want_late = 0, now0, late0, now1, late1;
+            for (size_t p0 = 0; p0 < n; p0 += chunks[ci]) {
+                const size_t k = n - p0 < chunks[ci] ? n - p0 : chunks[ci];
+                for (int l = 0; l < c->n_layers; l++) {
+                    const size_t r = (size_t)c->ratio[l];
+                    if (r && (p0 + k) / r > p0 / r) want_now++;
+                    else want_late++;
+                }
+            }
+            md_model_state_stats(m, &now0, &late0);
+            free(run_chunked(m, ids, n, chunks[ci]));
+            md_model_state_stats(m, &now1, &late1);
+            if (now1 - now0 != want_now || late1 - late0 != want_late)
+                fail_msg("%s chunk %zu: %llu waits and %llu late updates, want %llu and %llu", fx[f], chunks[ci],
+                         (unsigned long long)(now1 - now0), (unsigned long long)(late1 - late0),
+                         (unsigned long long)want_now, (unsigned long long)want_late);
+            if (chunks[ci] == 1) assert_true(want_late > want_now); /* decode: most layers do not wait */
+        }
+        free(ids);
+        md_model_free(m);
+    }
+    be_destroy(be);
+}
+
 /* The FP8 / FP4 checkpoint and its dequantised twin (the same weight values in bf16 / f32) are the same model
  * under transformers semantics, bit for bit.  Under official semantics they are not: the official linear()
  * quantises the activation of every FP8 / FP4 GEMM (act_quant), which the twin's bf16 GEMMs do not do;
@@ -451,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_state_transformers),
         cmocka_unit_test(test_batching_is_invisible),
         cmocka_unit_test(test_host_dev_graph_is_the_host_graph),
+        cmocka_unit_test(test_state_waits_only_for_entries),
         cmocka_unit_test(test_quantized_equals_twin),
         cmocka_unit_test(test_top1),
         cmocka_unit_test(test_state_size),
