@@ -194,6 +194,7 @@ typedef struct {
     int nkind[NKIND];
     double step_ms, head_ms, reps;
     double free_ms;   /* decode: median step with no layer hook (no per-layer synchronise) */
+    double waits;     /* decode: layers per free step whose state update waited for the device (md_model_state_stats) */
     double prof_reps; /* steps the profile covers */
     double hf_ms[NKIND];
     char hf_skip[160];
@@ -395,6 +396,8 @@ static void run_decode(md_seq *base, result *r, int reps)
         const char *nb = getenv("BENCH_NCU_B");
         static int ncu_done;
         const int ncu = on_gpu && nb && atoi(nb) == B && !ncu_done;
+        uint64_t w0, w1;
+        md_model_state_stats(M, &w0, NULL);
         for (int i = 0; i < reps && nf < MAXREP; i++) {
             random_ids(ids, (size_t)B);
             rc_err err = {0};
@@ -410,6 +413,8 @@ static void run_decode(md_seq *base, result *r, int reps)
             }
         }
         r->free_ms = med_of(fr, nf);
+        md_model_state_stats(M, &w1, NULL);
+        r->waits = nf ? (double)(w1 - w0) / nf : 0;
         random_ids(ids, (size_t)B);
         stamps st;
         double a, z;
@@ -654,7 +659,9 @@ int main(int argc, char **argv)
                     fprintf(stderr, BENCH_NAME ": decode B=%d P=%ld ...", r->B, r->P);
                     run_decode(base, r, reps);
                     floors(M, bw, pk, r);
-                    fprintf(stderr, " %.1f ms/step\n", r->step_ms);
+                    fprintf(stderr, " %.1f ms/step (%.1f without the layer hook", r->step_ms, r->free_ms);
+                    if (on_gpu) fprintf(stderr, "; %.2f of %d layers a step waited for the state", r->waits, c->n_layers);
+                    fprintf(stderr, ")\n");
                 }
                 if (base) md_seq_free(base);
             }
