@@ -495,6 +495,10 @@ static void test_rowdot_grouped(void **st)
         a6.xg = K;
         a6.yg = n;
         if (bcu_rowdot(&a6, 0) != cudaErrorNotSupported) fail_msg("a grouped call at T = 6 was not refused");
+        bcu_rowdot_args ax = a6; /* x + g xg not 16-byte aligned: refused, not a misaligned cp.async */
+        ax.T = 1;
+        ax.xg = K + 2;
+        if (bcu_rowdot(&ax, 0) != cudaErrorNotSupported) fail_msg("a grouped call with xg %% 4 != 0 was not refused");
         printf("  rowdot grouped %s %lldx%lld in %d groups: %zu outputs differ from a launch per group\n",
                k ? "fp4" : "fp8", (long long)w->rows, (long long)K, G, bad);
         if (bad) fail_msg("the grouped launch differs from the launches per group in %zu outputs", bad);

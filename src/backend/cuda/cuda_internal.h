@@ -84,7 +84,7 @@ typedef struct {
                         x + g xg into y + g yg (ldx, ldy as usual).  Only the decode kernel takes it (the tile it
                         would run is BCU_ROWDOT_TILE_DEC and its shared memory fits): else cudaErrorNotSupported
                         with nothing launched.  Each group's bits are those of its own call. */
-    int64_t xg, yg;  /* floats between groups in x and in y */
+    int64_t xg, yg;  /* floats between groups in x (a multiple of 4) and in y */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
 /* the arguments for rows [r0, r0+n), columns [c0, cols) of an FP8 / FP4 / f16 weight w whose device copies are

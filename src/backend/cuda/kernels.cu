@@ -1047,7 +1047,7 @@ static bool mm_supported(const bcu_rowdot_args *p)
 {
     const int64_t ng = p->groups > 1 ? p->groups : 1;
     if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + ng * p->n > p->wrows) return false;
-    if (ng > 1 && (p->xg < 0 || p->yg < 0 || ng > 65535)) return false;
+    if (ng > 1 && (p->xg < 0 || p->xg % 4 || p->yg < 0 || ng > 65535)) return false; /* x + g xg: 16-byte aligned */
     if ((uintptr_t)p->x % 16 || (uintptr_t)p->w % 16 || !p->scale) return false;
     if ((p->ldx ? p->ldx : p->K) % 4 || (p->ldx && p->ldx < p->K) || (p->ldy && p->ldy < p->n)) return false;
     if ((p->K + 63) / 64 > 0x3fffffff) return false;
