@@ -856,7 +856,10 @@ static int conn_dispatch(srv_http *h, conn *c) {
     r->http10 = p->http_major < 1 || (p->http_major == 1 && p->http_minor == 0);
     r->is_head = p->method == HTTP_HEAD;
     if (r->bodybuf) r->info.body = r->bodybuf;
-    if (h->draining) {
+    /* the stop flag too, not only draining: a request that arrives after
+     * srv_http_stop returned is refused even when the loop sees it in the same
+     * epoll batch as the stop's wakeup, before begin_drain has run */
+    if (h->draining || atomic_load(&h->stop)) {
         req_unref(r);
         conn_error(h, c, 503, "the server is shutting down");
         return PARSE_NEXT;

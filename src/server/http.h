@@ -4,8 +4,8 @@
  *
  * Lifecycle: srv_http_create(cfg, handler) -> srv_http_run (blocks, on its
  * own thread or the caller's) -> srv_http_stop (from any thread or a signal
- * handler: stops accepting, lets streams finish up to cfg->drain_ms) ->
- * srv_http_destroy.
+ * handler: stops accepting, answers 503 to any request that arrives after it
+ * returned, lets streams finish up to cfg->drain_ms) -> srv_http_destroy.
  *
  * A request is handed to the handler only once it is complete and within the
  * limits; limit violations are answered by this layer itself (413 body too
