@@ -94,8 +94,14 @@ typedef struct {
     size_t kv_hits, kv_uploads;
     bcu_attn_ws aws;
     size_t aws_bytes;
-    char *stage;
-    size_t stage_cap;
+    /* the attention op's pinned staging (block rows, pointers, windows, launch tables): two buffers used in
+     * turn, each with the event recorded after the copies that read it.  In the device graph nothing waits
+     * between two layers' attention calls, so the host must not rewrite a buffer whose copies the stream has not
+     * run yet (stage_take waits for that event: the stream is then at most one attention call behind) */
+    char *stage[2];
+    size_t stage_cap[2];
+    cudaEvent_t stage_ev[2];
+    int stage_rec[2], stage_k, have_stage_ev;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
     size_t hc_gemm_R; /* device graph: mHC pre over at least this many rows does its dot products as one GEMM
@@ -895,7 +901,29 @@ static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
     return d;
 }
 
-static int stage_room(cuda_be *c, size_t n) { return grow(c, &c->stage, &c->stage_cap, n, 1); }
+/* the next staging buffer with room for n bytes, once the copies that last read it have run; NULL on failure */
+static char *stage_take(cuda_be *c, size_t n, int *k)
+{
+    *k = c->stage_k;
+    c->stage_k ^= 1;
+    if (c->stage_rec[*k]) {
+        const cudaError_t r = cudaEventSynchronize(c->stage_ev[*k]);
+        if (r != cudaSuccess) {
+            fail(c, "waiting for the attention staging copies failed: %s", cudaGetErrorString(r));
+            return NULL;
+        }
+        c->stage_rec[*k] = 0;
+    }
+    return grow(c, &c->stage[*k], &c->stage_cap[*k], n, 1) ? NULL : c->stage[*k];
+}
+
+/* the copies from staging buffer k are queued: mark it */
+static int stage_done(cuda_be *c, int k)
+{
+    CU(cudaEventRecord(c->stage_ev[k], c->st));
+    c->stage_rec[k] = 1;
+    return 0;
+}
 
 static int aws_room(cuda_be *c, const bcu_attn_limits *need)
 {
@@ -1083,8 +1111,10 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                  iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
                  iwb = a->csa && !devio ? up256((size_t)rows_max * IH * 4) : 0,
                  selb = a->csa ? up256((size_t)rows_max * a->topk * 4) : 0, nselb = a->csa ? up256((size_t)rows_max * 4) : 0;
-    if (scratch(c, staged + 2 * qb + iqb + iwb + selb + nselb + 256) || stage_room(c, staged)) return -1;
-    char *dev = c->scratch, *hst = c->stage;
+    if (scratch(c, staged + 2 * qb + iqb + iwb + selb + nselb + 256)) return -1;
+    int sk;
+    char *dev = c->scratch, *hst = stage_take(c, staged, &sk);
+    if (!hst) return -1;
     float *dq = (float *)(dev + staged), *dout = (float *)((char *)dq + qb), *diq = (float *)((char *)dout + qb);
     float *diw = (float *)((char *)diq + iqb);
     int32_t *dsel = (int32_t *)((char *)diw + iwb), *dnsel = (int32_t *)((char *)dsel + selb);
@@ -1215,6 +1245,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                                c->st));
         row += rows;
     }
+    if (stage_done(c, sk)) return -1;
     if (devio) { /* the error flags are read at the next download, which waits for the device anyway */
         c->aws_pending = 1;
         return 0;
@@ -1738,7 +1769,10 @@ static void teardown(cuda_be *c)
     if (c->up) cudaFreeHost(c->up);
     if (c->down) cudaFreeHost(c->down);
     if (c->aws.mem) cudaFree(c->aws.mem);
-    if (c->stage) cudaFreeHost(c->stage);
+    for (int k = 0; k < 2; k++) {
+        if (c->stage[k]) cudaFreeHost(c->stage[k]);
+        if (c->have_stage_ev) cudaEventDestroy(c->stage_ev[k]);
+    }
     free(c->tab);
     if (c->scratch) cudaFree(c->scratch);
     if (c->have_blas) cublasDestroy(c->blas);
@@ -1800,6 +1834,16 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
         goto cuda_fail;
     }
     c->have_stream = 1;
+    if ((r = cudaEventCreateWithFlags(&c->stage_ev[0], cudaEventDisableTiming)) != cudaSuccess) {
+        what = "cudaEventCreate";
+        goto cuda_fail;
+    }
+    if ((r = cudaEventCreateWithFlags(&c->stage_ev[1], cudaEventDisableTiming)) != cudaSuccess) {
+        cudaEventDestroy(c->stage_ev[0]);
+        what = "cudaEventCreate";
+        goto cuda_fail;
+    }
+    c->have_stage_ev = 1;
     if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cublasCreate failed: %s", cublasGetStatusString(bs));
         goto fail;
