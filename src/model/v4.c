@@ -1593,7 +1593,8 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
      * runs after the forward (late_state): no wait.  The rows come down now also when the backend's attention
      * declines (the window keys are built on the host). */
     int rc = 0;
-    const int now = comp_completes(m, l, segs, nseg);
+    const char *le = getenv("DEEPINFER_STATE_LATE"); /* 0: every layer waits, as before the late updates */
+    const int now = (le && !strcmp(le, "0")) || comp_completes(m, l, segs, nseg);
     float *hx = malloc(R * xw * sizeof(float));
     float **kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
     int64_t *kst = calloc(nseg ? nseg : 1, sizeof *kst);

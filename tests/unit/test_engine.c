@@ -401,6 +401,7 @@ typedef struct {
     size_t log_items[FLOG], log_tokens[FLOG], log_logits[FLOG];
     size_t log_n0[FLOG];  /* n of the first item */
     int hold, in_forward;
+    int park_at;             /* forward number park_at (1-based) sets hold itself: parks until released */
     int sleep_us;
 } fake;
 
@@ -426,6 +427,7 @@ static int f_forward(void *impl, void **seqs, const int32_t **ids, const size_t 
     fake *f = impl;
     pthread_mutex_lock(&g_mu);
     f->in_forward++;
+    if (f->park_at && f->in_forward == f->park_at) f->hold = 1;
     pthread_cond_broadcast(&g_cv);
     while (f->hold) pthread_cond_wait(&g_cv, &g_mu);
     int k = f->n_forward++;
@@ -751,6 +753,38 @@ static void test_fake_queue_full_and_cancel_waiting(void **st)
     for (int i = 0; i < 5; i++) job_fini(&js[i]);
 }
 
+/* Releases a parked engine once eng_shutdown has begun and its deadline has
+ * passed.  The probe is a request that is live (parked), so eng_submit answers
+ * "already submitted" until the engine is stopping and "shutting down" from
+ * then on; the deadline eng_shutdown computes is no later than deadline_ms
+ * after that answer. */
+typedef struct {
+    engine *e;
+    fake *f;
+    eng_request *probe;
+    int deadline_ms;
+    int saw_stopping;
+} releaser;
+
+static void *release_after_deadline(void *arg)
+{
+    releaser *r = arg;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        rc_err err = {0};
+        int rc = eng_submit(r->e, r->probe, &err);
+        if (rc == ENG_EBUSY && strstr(err.msg, "shutting down")) { r->saw_stopping = 1; break; }
+        if (rc != RC_EINVAL) break; /* the probe was not refused as live: the test fails on saw_stopping */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 60) break;
+        usleep(1000);
+    }
+    usleep((useconds_t)(r->deadline_ms + 30) * 1000); /* sleeping longer only helps */
+    release(r->f);
+    return NULL;
+}
+
 /* on_done may submit; shutdown drains what was accepted; a deadline cancels */
 static void test_fake_chain_and_shutdown(void **st)
 {
@@ -793,8 +827,12 @@ static void test_fake_chain_and_shutdown(void **st)
         job_fini(&late);
     }
     {
-        /* short deadline: running and waiting ones are cancelled, seqs freed */
-        fake f = {.sleep_us = 2000};
+        /* short deadline: running and waiting ones are cancelled, seqs freed.
+         * The third forward parks (js[0] and js[1] have 2 tokens each, js[2]
+         * and js[3] wait) and is released only after the deadline: however
+         * late this thread gets to eng_shutdown, nothing runs to its end
+         * first. */
+        fake f = {.sleep_us = 2000, .park_at = 3};
         engine *e = fake_engine(&f, 16, 2, 0);
         job js[4];
         rc_err err = {0};
@@ -802,8 +840,15 @@ static void test_fake_chain_and_shutdown(void **st)
             job_init(&js[i], p, 4, greedy_n(200));
             assert_int_equal(eng_submit(e, &js[i].req, &err), 0);
         }
-        WAIT_UNTIL(js[0].n_toks >= 2);
+        WAIT_UNTIL(f.in_forward == 3);
+        assert_int_equal(js[0].n_toks, 2);
+        assert_int_equal(js[1].n_toks, 2);
+        releaser rel = {.e = e, .f = &f, .probe = &js[0].req, .deadline_ms = 20};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, release_after_deadline, &rel), 0);
         eng_shutdown(e, 20);
+        pthread_join(th, NULL);
+        assert_true(rel.saw_stopping);
         for (int i = 0; i < 4; i++) {
             assert_int_equal(js[i].done, 1);
             assert_int_equal(js[i].why, ENG_CANCELLED);
