@@ -244,7 +244,7 @@ static void *loop(void *arg)
     for (;;) {
         while (!e->stopping && !e->wq_head && !e->n_run && !e->dead) pthread_cond_wait(&e->work, &e->mu);
         const int past_deadline = e->stopping && now_s() >= e->deadline;
-        if (past_deadline && 0) cancel_all_locked(e); /* MUTATION */
+        if (past_deadline) cancel_all_locked(e);
         if (e->stopping && !e->wq_head && !e->n_run && !e->dead) break;
         eng_slot *dead = e->dead;
         e->dead = NULL;
