@@ -59,7 +59,20 @@ typedef struct be_attn_seq {
     uint64_t win_key;
     const float *ring;
     const float *krows;
+    /* The device graph's compressors may run on the device (be_dev_ops.comp_pool): then entries [ent0, ent0 +
+     * nent) of this layer, which this call's tokens complete, are at ent_dev [nent, head_dim] and indexer keys
+     * [key0, key0 + nkey) at key_dev [nkey, index_dim], device memory, and the blocks' host rows for them are not
+     * written yet.  A backend takes those rows from there, or declines (nent = nkey = 0: nothing such). */
+    const float *ent_dev, *key_dev;
+    int64_t ent0, nent, key0, nkey;
 } be_attn_seq;
+
+/* One slot of an entry for be_dev_ops.comp_pool: its kv and gate rows (device memory, hd floats each) and the
+ * offset in floats of the ape row added to the gate (-1: the gate has it already).  kv NULL: no slot there. */
+typedef struct be_comp_slot {
+    const float *kv, *g;
+    int64_t ape;
+} be_comp_slot;
 
 /* One layer's attention for a batch of sequences: the math of v4.c's
  * indexer_task and attn_task (src/backend/cuda/attn.h states it), over the
@@ -197,6 +210,13 @@ typedef struct be_dev_ops {
                const be_weight *w1, const be_weight *w3, const be_weight *w2, int n_experts, float swiglu_limit,
                int flags);
     int (*attention)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
+    /* Optional (NULL: the compressors run on the host, and a layer where an entry completes waits for its rows).
+     * v4.c's compressor pooling (comp_pool_slots) for n entries of hd channels: per channel, a softmax over the
+     * ns slots of entry i (slots[i ns .. i ns + ns), device, in that order) of g + ape weighs their kv; into out
+     * [n, hd].  ape is host memory, the model's constant [ratio, width] array of ape_n floats (a backend may keep
+     * a copy by address). */
+    void (*comp_pool)(be_backend *be, float *out, size_t n, int ns, int hd, const be_comp_slot *slots,
+                      const float *ape, size_t ape_n);
 } be_dev_ops;
 
 struct be_backend {

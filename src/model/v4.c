@@ -680,40 +680,61 @@ typedef struct {
     size_t rn;
 } comp_seg;
 
-/* Entry b from its block's slots kv, g [r, hd] (the pooled channels, ape
- * added) and, when overlapping and b > 0, the previous block's half A
- * pkv, pg [r, hd] (else NULL); w holds 2r floats of scratch; into out [hd]. */
-static void comp_pool(const md_model *m, const comp_seg *cs, int64_t b, const float *kv, const float *g,
-                      const float *pkv, const float *pg, float *w, float *out)
+/* The pooling of one entry, channel ch of out [hd]: a softmax over its ns slots, in order, of the gate (slot s:
+ * g[s] + ape[s], or g[s] where ape[s] is NULL) weighs the kv rows; slots with kv[s] NULL are absent.  The only
+ * copy of this arithmetic: the host compressors (comp_pool) and the device graph's comp_pool op on the host
+ * (hd_comp_pool) call it, and the CUDA kernel follows it (graph.cu, bcu_comp_pool).  w: ns floats of scratch. */
+static void comp_pool_slots(int ns, int hd, const float *const *kv, const float *const *g, const float *const *ape,
+                            float *w, float *out)
 {
-    const md_config *c = &m->cfg;
-    const int r = cs->ratio, hd = cs->hd;
     for (int ch = 0; ch < hd; ch++) {
         float mx = -INFINITY;
-        if (pg)
-            for (int s = 0; s < r; s++) mx = fmaxf(mx, pg[(size_t)s * hd + ch]);
-        for (int s = 0; s < r; s++) mx = fmaxf(mx, g[(size_t)s * hd + ch]);
+        for (int s = 0; s < ns; s++)
+            if (kv[s]) mx = fmaxf(mx, ape[s] ? g[s][ch] + ape[s][ch] : g[s][ch]);
         float den = 0, num = 0;
-        int k = 0;
-        if (pg)
-            for (int s = 0; s < r; s++) den += (w[k++] = expf(pg[(size_t)s * hd + ch] - mx));
-        for (int s = 0; s < r; s++) den += (w[k++] = expf(g[(size_t)s * hd + ch] - mx));
-        k = 0;
-        if (pg)
-            for (int s = 0; s < r; s++) num += pkv[(size_t)s * hd + ch] * (w[k++] / den);
-        for (int s = 0; s < r; s++) num += kv[(size_t)s * hd + ch] * (w[k++] / den);
+        for (int s = 0; s < ns; s++)
+            if (kv[s]) den += (w[s] = expf((ape[s] ? g[s][ch] + ape[s][ch] : g[s][ch]) - mx));
+        for (int s = 0; s < ns; s++)
+            if (kv[s]) num += kv[s][ch] * (w[s] / den);
         out[ch] = num;
     }
-    be_rmsnorm_rows(out, out, 1, (size_t)hd, cs->norm, c->rms_eps);
-    rope(out + hd - c->rope_dim, c->rope_dim, m->inv_freq_comp, b * r, 0);
+}
+
+/* After the pooling, entry b of a compressor (indexer keys or not) of width hd: norm, RoPE at the block's first
+ * position, the official round trip.  forward_dev runs the same as device ops over all entries at once. */
+static void comp_post(const md_model *m, int is_indexer, int hd, const float *norm, int64_t pos, float *out)
+{
+    const md_config *c = &m->cfg;
+    be_rmsnorm_rows(out, out, 1, (size_t)hd, norm, c->rms_eps);
+    rope(out + hd - c->rope_dim, c->rope_dim, m->inv_freq_comp, pos, 0);
     if (m->sem == MD_SEM_OFFICIAL) {
-        if (cs->is_indexer) {
+        if (is_indexer) {
             if (is_pow2((size_t)hd)) hadamard(out, (size_t)hd);
             fq_fp4(out, (size_t)hd, 32);
         } else {
             fq_fp8(out, (size_t)(hd - c->rope_dim), 64);
         }
     }
+}
+
+/* Entry b from its block's slots kv, g [r, hd] (the pooled channels, ape
+ * added) and, when overlapping and b > 0, the previous block's half A
+ * pkv, pg [r, hd] (else NULL); w holds 2r floats of scratch and p 6r
+ * pointers; into out [hd]. */
+static void comp_pool(const md_model *m, const comp_seg *cs, int64_t b, const float *kv, const float *g,
+                      const float *pkv, const float *pg, float *w, const float **p, float *out)
+{
+    const int r = cs->ratio, hd = cs->hd, ns = 2 * r;
+    const float **pk = p, **pgt = p + ns, **pa = p + 2 * ns;
+    for (int s = 0; s < r; s++) {
+        pk[s] = pg ? pkv + (size_t)s * hd : NULL;
+        pgt[s] = pg ? pg + (size_t)s * hd : NULL;
+        pk[r + s] = kv + (size_t)s * hd;
+        pgt[r + s] = g + (size_t)s * hd;
+        pa[s] = pa[r + s] = NULL;
+    }
+    comp_pool_slots(ns, hd, pk, pgt, pa, w, out);
+    comp_post(m, cs->is_indexer, hd, cs->norm, b * r, out);
 }
 
 /* Channels c0 .. c0+hd of block b's slots into kv, g [r, hd], as the partial
@@ -759,32 +780,34 @@ static void comp_task(void *arg, size_t i)
     /* the previous block's half A: the state's when that block completed before the segment, else its slots */
     const int prev = cs->overlap && b > 0, own = prev && b * cs->ratio > cs->p0;
     /* the attention slot: the compressors run before attention, never inside one of its tasks */
-    float *kv = rc_scratch(RC_SCRATCH_ATTN, ((own ? 4 : 2) * rh + 2 * (size_t)cs->ratio) * sizeof(float));
+    const size_t pf = 6 * (size_t)cs->ratio * sizeof(float *) / sizeof(float) + 1; /* floats for comp_pool's p */
+    float *kv = rc_scratch(RC_SCRATCH_ATTN, ((own ? 4 : 2) * rh + 2 * (size_t)cs->ratio + pf) * sizeof(float));
     if (!kv) {
         __atomic_store_n(&j->fail, 1, __ATOMIC_RELAXED);
         return;
     }
     float *g = kv + rh, *w = g + rh, *pkv = NULL, *pg = NULL;
+    const float **pp = (const float **)(((uintptr_t)(w + 2 * cs->ratio) + sizeof(void *) - 1) & ~(uintptr_t)(sizeof(void *) - 1));
     comp_gather(cs, b, cs->overlap ? cs->hd : 0, kv, g);
     if (own) {
-        pkv = w + 2 * cs->ratio;
+        pkv = (float *)(pp + 6 * cs->ratio);
         pg = pkv + rh;
         comp_gather(cs, b - 1, 0, pkv, pg);
     } else if (prev) {
         pkv = cs->ovkv;
         pg = cs->ovg;
     }
-    comp_pool(j->m, cs, b, kv, g, pkv, pg, w, ent_row(cs->s, cs->l, cs->is_indexer, (size_t)b));
+    comp_pool(j->m, cs, b, kv, g, pkv, pg, w, pp, ent_row(cs->s, cs->l, cs->is_indexer, (size_t)b));
 }
 
 /* The entries the segment completes that the state does not hold yet: their
  * blocks, in ascending order, and one item each.  Entries below *n are a
  * bounded replay over blocks that already hold them: kept, not recomputed. */
+static int64_t comp_range(const comp_seg *cs, int64_t *b0);
 static int comp_plan(const comp_seg *cs, comp_item *it, size_t *ni)
 {
-    const int64_t r = cs->ratio, end = (cs->p0 + (int64_t)cs->rn) / r;
-    int64_t b = cs->p0 / r;
-    if (b < (int64_t)*cs->n) b = (int64_t)*cs->n;
+    int64_t b;
+    const int64_t end = comp_range(cs, &b);
     assert(b >= end || b == (int64_t)*cs->n); /* entries are made in order, none skipped */
     for (; b < end; b++) {
         int rc = ent_slot(cs->s, cs->l, (size_t)b);
@@ -818,6 +841,33 @@ static void comp_finish(const comp_seg *cs)
     if ((size_t)end > *cs->n) *cs->n = (size_t)end;
 }
 
+/* Compressor x (0: the attention's, 1: the CSA indexer's) of layer l for a segment of sq adding rn tokens whose
+ * rows (kv, gate without ape; [rn, width]) are rkv, rgate */
+static comp_seg comp_seg_of(md_model *m, int l, md_seq *sq, int x, const float *rkv, const float *rgate, size_t rn)
+{
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    seq_layer *sl = &sq->L[l];
+    if (!x)
+        return (comp_seg){.ratio = ly->ratio, .overlap = ly->overlap, .hd = c->head_dim, .is_indexer = 0,
+                          .kv = sl->c_kv, .gate = sl->c_gate, .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l,
+                          .n = &sl->c_n, .ape = ly->c_ape, .norm = ly->c_norm, .rkv = rkv, .rgate = rgate,
+                          .p0 = sq->len, .rn = rn};
+    return (comp_seg){.ratio = ly->ratio, .overlap = 1, .hd = c->index_head_dim, .is_indexer = 1, .kv = sl->i_kv,
+                      .gate = sl->i_gate, .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
+                      .ape = ly->i_ape, .norm = ly->i_norm, .rkv = rkv, .rgate = rgate, .p0 = sq->len, .rn = rn};
+}
+
+/* The entries cs completes that it does not hold yet: [*b0, end) (comp_plan's range) */
+static int64_t comp_range(const comp_seg *cs, int64_t *b0)
+{
+    const int64_t r = cs->ratio, end = (cs->p0 + (int64_t)cs->rn) / r;
+    int64_t b = cs->p0 / r;
+    if (b < (int64_t)*cs->n) b = (int64_t)*cs->n;
+    *b0 = b;
+    return end > b ? end : b;
+}
+
 /* Layer l's compressors (and the CSA indexer's) over every segment: ckv / cg [R, cd] and ikv / ig [R, 2 ID] are
  * host rows.  The entries of all segments are pooled in one parallel call. */
 static int comp_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *ckv,
@@ -834,19 +884,11 @@ static int comp_step(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     size_t ni = 0;
     int rc = cs && it ? 0 : RC_ENOMEM;
     for (size_t sgi = 0; sgi < nseg && !rc; sgi++) {
-        md_seq *sq = segs[sgi].seq;
-        seq_layer *sl = &sq->L[l];
         const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
         comp_seg *sc = cs + sgi * nc;
-        sc[0] = (comp_seg){.ratio = r, .overlap = ly->overlap, .hd = d, .is_indexer = 0, .kv = sl->c_kv,
-                           .gate = sl->c_gate, .ovkv = sl->c_ovkv, .ovg = sl->c_ovg, .s = sq, .l = l, .n = &sl->c_n,
-                           .ape = ly->c_ape, .norm = ly->c_norm, .rkv = ckv + r0 * cd, .rgate = cg + r0 * cd,
-                           .p0 = sq->len, .rn = n};
-        if (ly->overlap)
-            sc[1] = (comp_seg){.ratio = r, .overlap = 1, .hd = ID, .is_indexer = 1, .kv = sl->i_kv,
-                               .gate = sl->i_gate, .ovkv = sl->i_ovkv, .ovg = sl->i_ovg, .s = sq, .l = l, .n = &sl->i_n,
-                               .ape = ly->i_ape, .norm = ly->i_norm, .rkv = ikv + r0 * icd, .rgate = ig + r0 * icd,
-                               .p0 = sq->len, .rn = n};
+        for (size_t x = 0; x < nc; x++)
+            sc[x] = comp_seg_of(m, l, segs[sgi].seq, (int)x, x ? ikv + r0 * icd : ckv + r0 * cd,
+                                x ? ig + r0 * icd : cg + r0 * cd, n);
         for (size_t x = 0; x < nc && !rc; x++) rc = comp_plan(&sc[x], it, &ni);
     }
     if (!rc) {
@@ -998,13 +1040,22 @@ typedef int (*attn_op)(be_backend *be, const be_attn_seq *seqs, int nseq, int nt
 
 /* The backend's attention op (be_ops.attention, or the device graph's) for every segment: <= 0 when it did the
  * work (< 0: o is NaN and the backend keeps the error), > 0 when it declined or there is none. */
-static int attend_backend(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, attn_op op,
-                          const float *q, const float *iq, const float *iw, float *const *kbufs, const int64_t *kst,
-                          const float *krows, float *o)
+/* Entries a forward's layer computed on the device (comp_dev): per kind (0 entries, 1 indexer keys) the rows
+ * [n, width] in (segment, entry) order, and per segment its first entry b0 and count (0: none) and where its
+ * rows start in e. */
+typedef struct {
+    float *e[2];
+    size_t n[2];
+    int64_t *b0[2], *cnt[2];
+    size_t *at[2];
+} dev_ents;
+
+static int attend_backend(md_model *m, be_backend *be, int l, md_segment *segs, size_t nseg, const rows_t *rw,
+                          attn_op op, const float *q, const float *iq, const float *iw, float *const *kbufs,
+                          const int64_t *kst, const float *krows, const dev_ents *de, float *o)
 {
     const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
-    be_backend *be = m->be;
     const int H = c->n_heads, d = c->head_dim, IH = c->index_heads, ID = c->index_head_dim;
     int r = 1;
     if (op && nseg <= INT32_MAX && rw->R <= INT32_MAX) {
@@ -1028,6 +1079,16 @@ static int attend_backend(md_model *m, int l, md_segment *segs, size_t nseg, con
                                       .blocks = bp + k, .block_ids = bid + k, .nblk = need, .nfull = full,
                                       .win_key = krows ? sq->gen : 0, .ring = sq->L[l].win,
                                       .krows = krows ? krows + rw->seg_start[s] * (size_t)d : NULL};
+                if (de) {
+                    as[s].ent_dev = de->e[0] + de->at[0][s] * (size_t)d;
+                    as[s].ent0 = de->b0[0][s];
+                    as[s].nent = de->cnt[0][s];
+                    if (de->e[1]) {
+                        as[s].key_dev = de->e[1] + de->at[1][s] * (size_t)ID;
+                        as[s].key0 = de->b0[1][s];
+                        as[s].nkey = de->cnt[1][s];
+                    }
+                }
                 for (size_t i = 0; i < need; i++, k++) {
                     bp[k] = sq->blk[i]->data;
                     bid[k] = sq->blk[i]->id;
@@ -1220,7 +1281,7 @@ static int attention(md_model *m, int l, md_segment *segs, size_t nseg, const ro
     kst = calloc(nseg ? nseg : 1, sizeof *kst);
     if (!kbufs || !kst) { rc = RC_ENOMEM; goto out; }
     rc = state_step(m, l, segs, nseg, rw, kv, ckv, cg, ikv, ig, kbufs, kst, 1);
-    if (!rc && attend_backend(m, l, segs, nseg, rw, be->ops->attention, q, iq, iw, kbufs, kst, NULL, o) > 0)
+    if (!rc && attend_backend(m, be, l, segs, nseg, rw, be->ops->attention, q, iq, iw, kbufs, kst, NULL, NULL, o) > 0)
         rc = attend_host(m, l, segs, nseg, rw, q, iq, iw, kbufs, kst, o);
     if (rc) goto out;
     ring_step(m, l, segs, nseg, rw, kv);
@@ -1429,8 +1490,25 @@ typedef struct {
     /* layers whose state update waits for the end of the forward: their rows (device [R, xw]) */
     int *late_l;
     const float **late_xs;
+    dev_ents *late_de;   /* the entries the layer made on the device (comp_dev), or all zero */
     size_t nlate;
 } dev_ctx;
+
+static void dev_ents_free(dev_ents *de)
+{
+    for (int k = 0; k < 2; k++) {
+        free(de->b0[k]);
+        free(de->cnt[k]);
+        free(de->at[k]);
+    }
+    memset(de, 0, sizeof *de);
+}
+
+static int env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
+}
 
 static void *dalloc(dev_ctx *x, size_t bytes)
 {
@@ -1506,6 +1584,154 @@ static size_t state_width(const md_model *m, int l, size_t *cd, size_t *icd)
     return d + 2 * *cd + 2 * *icd;
 }
 
+/* After a forward whose entries are written (or that completes none): each compressor's partial block and half A
+ * as pushing the rows leaves them (comp_finish).  rows: ckv, cg, ikv, ig, host [R, width]. */
+static void comp_push(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *const rows[4])
+{
+    const md_layer *ly = &m->layers[l];
+    const size_t d = (size_t)m->cfg.head_dim, ID = (size_t)m->cfg.index_head_dim;
+    const size_t cd = (ly->overlap ? 2 : 1) * d, icd = 2 * ID;
+    for (size_t s = 0; s < nseg; s++) {
+        const size_t r0 = rw->seg_start[s], n = rw->seg_start[s + 1] - r0;
+        for (int k = 0; k < (ly->overlap ? 2 : 1); k++) {
+            comp_seg cs = comp_seg_of(m, l, segs[s].seq, k, rows[2 * k] + r0 * (k ? icd : cd),
+                                      rows[2 * k + 1] + r0 * (k ? icd : cd), n);
+            comp_finish(&cs);
+        }
+    }
+}
+
+/* The entries of de (made on the device) into the sequences' blocks */
+static int ents_write(dev_ctx *x, int l, md_segment *segs, size_t nseg, const dev_ents *de)
+{
+    const md_config *c = &x->m->cfg;
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        if (!de->n[k]) continue;
+        const size_t hd = (size_t)(k ? c->index_head_dim : c->head_dim);
+        float *he = malloc(de->n[k] * hd * sizeof(float));
+        if (!he) return RC_ENOMEM;
+        if (x->dv->download(x->be, he, de->e[k], de->n[k] * hd * sizeof(float))) rc = RC_EIO;
+        for (size_t s = 0; s < nseg && !rc; s++)
+            for (int64_t j = 0; j < de->cnt[k][s]; j++)
+                memcpy(ent_row(segs[s].seq, l, k, (size_t)(de->b0[k][s] + j)), he + (de->at[k][s] + (size_t)j) * hd,
+                       hd * sizeof(float));
+        free(he);
+    }
+    return rc;
+}
+
+/* Layer l's compressors on the device (be_dev_ops.comp_pool), for the entries this forward's segments complete:
+ * into de, which the layer's attention reads (be_attn_seq.ent_dev) and late_state writes into the blocks.  Each
+ * entry's slots are comp_gather's: rows of this forward (rows: ckv, cg, ikv, ig, device [R, width]) or the
+ * state's partial block / half A (uploaded here); comp_pool pools them, then device ops do comp_post's norm,
+ * RoPE and round trip over all entries at once.  The state is not changed but for its block table (ent_slot). */
+static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *const rows[4], dev_ents *de)
+{
+    md_model *m = x->m;
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    const be_dev_ops *dv = x->dv;
+    be_backend *be = x->be;
+    const size_t *st = x->rw->seg_start;
+    const int r = ly->ratio, ov = ly->overlap, ns = ov ? 2 * r : r, rd = c->rope_dim;
+    int rc = 0;
+    memset(de, 0, sizeof *de);
+    for (int k = 0; k < (ov ? 2 : 1) && !rc; k++) {
+        const int hd = k ? c->index_head_dim : c->head_dim, c0 = ov ? hd : 0;
+        const size_t cd = (size_t)(ov ? 2 : 1) * (size_t)hd;
+        int64_t *b0 = de->b0[k] = malloc((nseg ? nseg : 1) * sizeof(int64_t));
+        int64_t *cnt = de->cnt[k] = malloc((nseg ? nseg : 1) * sizeof(int64_t));
+        size_t *at = de->at[k] = malloc((nseg ? nseg : 1) * sizeof(size_t));
+        if (!b0 || !cnt || !at) return RC_ENOMEM;
+        /* per segment its entries; the state arrays it reads travel: partial block kv, gate [r, cd], half A [r, hd] */
+        size_t n = 0, pri = 0;
+        for (size_t s = 0; s < nseg && !rc; s++) {
+            comp_seg cs = comp_seg_of(m, l, segs[s].seq, k, NULL, NULL, segs[s].n);
+            int64_t b;
+            const int64_t end = comp_range(&cs, &b);
+            b0[s] = b;
+            cnt[s] = end - b;
+            at[s] = n;
+            n += (size_t)cnt[s];
+            for (int64_t e = b; e < end && !rc; e++) rc = ent_slot(segs[s].seq, l, (size_t)e);
+            if (cnt[s]) pri += 2 * (size_t)r * (cd + (ov ? (size_t)hd : 0));
+        }
+        de->n[k] = n;
+        if (rc || !n) continue;
+        float *hp = malloc((pri ? pri : 1) * sizeof(float));
+        be_comp_slot *hs = malloc(n * (size_t)ns * sizeof *hs);
+        int64_t *hpos = malloc(n * sizeof *hpos);
+        float *dp = dalloc(x, (pri ? pri : 1) * sizeof(float));
+        be_comp_slot *ds = dalloc(x, n * (size_t)ns * sizeof *ds);
+        int64_t *dpos = dalloc(x, n * sizeof *dpos);
+        float *E = de->e[k] = dalloc(x, n * (size_t)hd * sizeof(float));
+        if (!hp || !hs || !hpos || x->oom) rc = RC_ENOMEM;
+        size_t po = 0;
+        for (size_t s = 0; s < nseg && !rc; s++) {
+            if (!cnt[s]) continue;
+            md_seq *sq = segs[s].seq;
+            seq_layer *sl = &sq->L[l];
+            const int64_t p0 = sq->len;
+            const float *rkv = rows[2 * k] + st[s] * cd, *rg = rows[2 * k + 1] + st[s] * cd;
+            /* the state's arrays: host copies into hp, their device addresses in dp */
+            const size_t rcd = (size_t)r * cd, rh = (size_t)r * (size_t)hd;
+            memcpy(hp + po, k ? sl->i_kv : sl->c_kv, rcd * sizeof(float));
+            memcpy(hp + po + rcd, k ? sl->i_gate : sl->c_gate, rcd * sizeof(float));
+            const float *pkv = dp + po, *pg = dp + po + rcd, *okv = NULL, *og = NULL;
+            po += 2 * rcd;
+            if (ov) {
+                memcpy(hp + po, k ? sl->i_ovkv : sl->c_ovkv, rh * sizeof(float));
+                memcpy(hp + po + rh, k ? sl->i_ovg : sl->c_ovg, rh * sizeof(float));
+                okv = dp + po;
+                og = dp + po + rh;
+                po += 2 * rh;
+            }
+            for (int64_t j = 0; j < cnt[s]; j++) {
+                const int64_t b = b0[s] + j;
+                be_comp_slot *o = hs + (at[s] + (size_t)j) * (size_t)ns;
+                hpos[at[s] + (size_t)j] = b * r;
+                /* comp_task's slots: the previous block's half A (own: gathered at c0 0; else the state's), then
+                 * block b at c0; a position before p0 from the partial block, later ones from the rows + ape */
+                for (int q = 0; q < 2; q++) {
+                    if (q == 0 && !ov) continue;
+                    const int64_t blk = q ? b : b - 1;
+                    const size_t off = q ? (size_t)c0 : 0;
+                    be_comp_slot *os = o + (q && ov ? r : 0);
+                    for (int i = 0; i < r; i++) {
+                        const int64_t pos = blk * r + i;
+                        if (!q && b == 0) os[i] = (be_comp_slot){NULL, NULL, -1};
+                        else if (!q && b * r <= p0) os[i] = (be_comp_slot){okv + (size_t)i * hd, og + (size_t)i * hd, -1};
+                        else if (pos < p0) os[i] = (be_comp_slot){pkv + (size_t)i * cd + off, pg + (size_t)i * cd + off, -1};
+                        else os[i] = (be_comp_slot){rkv + (size_t)(pos - p0) * cd + off, rg + (size_t)(pos - p0) * cd + off,
+                                                    (int64_t)((size_t)i * cd + off)};
+                    }
+                }
+            }
+        }
+        if (!rc) {
+            if (pri) dv->upload(be, dp, hp, pri * sizeof(float));
+            dv->upload(be, ds, hs, n * (size_t)ns * sizeof *ds);
+            dv->upload(be, dpos, hpos, n * sizeof *dpos);
+            dv->comp_pool(be, E, n, ns, hd, ds, k ? ly->i_ape : ly->c_ape, (size_t)r * cd);
+            dv->rmsnorm(be, E, E, n, (size_t)hd, k ? ly->i_norm : ly->c_norm, c->rms_eps);
+            dv->rope(be, E, n, (size_t)hd, (size_t)(hd - rd), rd, m->inv_freq_comp, dpos, 1);
+            if (m->sem == MD_SEM_OFFICIAL) {
+                if (k) {
+                    if (is_pow2((size_t)hd)) dv->hadamard(be, E, n, (size_t)hd);
+                    dv->fq(be, E, n, (size_t)hd, (size_t)hd, 32, 1);
+                } else {
+                    dv->fq(be, E, n, (size_t)hd, (size_t)(hd - rd), 64, 0);
+                }
+            }
+        }
+        free(hp);
+        free(hs);
+        free(hpos);
+    }
+    return rc;
+}
+
 /* The late state updates (attention_dev): each such layer's rows down (the first download waits for the device),
  * then its compressors, which complete no entry, and its ring, in layer order. */
 static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
@@ -1522,10 +1748,14 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
         const int l = x->late_l[i];
         const size_t xw = state_width(x->m, l, &cd, &icd);
         if (x->dv->download(x->be, hx, x->late_xs[i], R * xw * sizeof(float))) rc = RC_EIO;
-        else if (cd) rc = comp_step(x->m, l, segs, nseg, x->rw, hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd),
-                                    hx + R * (d + 2 * cd + icd));
+        else if (x->late_de[i].n[0] + x->late_de[i].n[1]) rc = ents_write(x, l, segs, nseg, &x->late_de[i]);
+        if (!rc && cd) {
+            const float *rows[4] = {hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd), hx + R * (d + 2 * cd + icd)};
+            comp_push(x->m, l, segs, nseg, x->rw, rows);
+        }
         if (!rc) ring_step(x->m, l, segs, nseg, x->rw, hx);
     }
+    for (size_t i = 0; i < x->nlate; i++) dev_ents_free(&x->late_de[i]);
     free(hx);
     x->nlate = 0;
     return rc;
@@ -1593,11 +1823,14 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
      * runs after the forward (late_state): no wait.  The rows come down now also when the backend's attention
      * declines (the window keys are built on the host). */
     int rc = 0;
-    const char *le = getenv("DEEPINFER_STATE_LATE"); /* 0: every layer waits, as before the late updates */
-    const int now = (le && !strcmp(le, "0")) || comp_completes(m, l, segs, nseg);
+    /* DEEPINFER_STATE_LATE=0: every layer waits (as before the late updates); DEEPINFER_DEV_COMP=0: the
+     * compressors stay on the host where the backend has comp_pool */
+    const int devc = dv->comp_pool && !env_off("DEEPINFER_DEV_COMP"), comp = comp_completes(m, l, segs, nseg);
+    const int now = env_off("DEEPINFER_STATE_LATE") || (comp && !devc);
     float *hx = malloc(R * xw * sizeof(float));
     float **kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
     int64_t *kst = calloc(nseg ? nseg : 1, sizeof *kst);
+    dev_ents de = {0};
     if (!hx || !kbufs || !kst) rc = RC_ENOMEM;
     else if (now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
     if (!rc && now) {
@@ -1606,12 +1839,24 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
         m->st_state_now++;
     } else if (!rc) {
         win_starts(m, segs, nseg, kst);
-        x->late_l[x->nlate] = l;
-        x->late_xs[x->nlate++] = xs;
-        m->st_state_late++;
+        if (comp) {
+            const float *rows[4] = {ckv, cg, ikv, ig};
+            rc = comp_dev(x, l, segs, nseg, rows, &de);
+        }
+        if (!rc) {
+            x->late_l[x->nlate] = l;
+            x->late_xs[x->nlate] = xs;
+            x->late_de[x->nlate++] = de; /* late_state frees it */
+            m->st_state_late++;
+        } else {
+            dev_ents_free(&de);
+        }
     }
-    if (!rc && attend_backend(m, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, kv, o) > 0) {
+    if (!rc && attend_backend(m, be, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, kv,
+                              de.n[0] + de.n[1] ? &de : NULL, o) > 0) {
+        /* the host attention: the rows down now, and the entries made on the device into the blocks */
         if (!now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
+        if (!rc && de.n[0] + de.n[1]) rc = ents_write(x, l, segs, nseg, &de);
         if (!rc) rc = build_kbufs(m, l, segs, nseg, x->rw, hx, kbufs, kst);
         if (!rc) rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
     }
@@ -1762,6 +2007,9 @@ static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, cons
 }
 
 /* md_forward on the device: rw is built, segs are checked; the caller advances the lengths */
+/* the host-dev graph's attention op needs the forward in progress (no-op on another backend) */
+static void hd_bind(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw);
+
 static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw, rc_err *err)
 {
     const md_config *c = &m->cfg;
@@ -1772,11 +2020,14 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     int rc = 0;
     x.late_l = malloc((size_t)c->n_layers * sizeof *x.late_l);
     x.late_xs = malloc((size_t)c->n_layers * sizeof *x.late_xs);
-    if (!x.late_l || !x.late_xs) {
+    x.late_de = calloc((size_t)c->n_layers, sizeof *x.late_de);
+    if (!x.late_l || !x.late_xs || !x.late_de) {
         free(x.late_l);
         free(x.late_xs);
+        free(x.late_de);
         return rc_errf(err, RC_ENOMEM, "out of memory");
     }
+    hd_bind(m, be, segs, nseg, rw);
     dv->reset(be);
     int32_t *ids = dalloc(&x, R * sizeof(int32_t));
     int64_t *pos = dalloc(&x, R * sizeof(int64_t));
@@ -1867,8 +2118,11 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     if (!rc) rc = late_state(&x, segs, nseg);
     if (!rc && dv->failed(be)) rc = RC_EIO;
 out:
+    for (size_t i = 0; i < x.nlate; i++) dev_ents_free(&x.late_de[i]);
+    hd_bind(m, be, NULL, 0, NULL);
     free(x.late_l);
     free(x.late_xs);
+    free(x.late_de);
     if (rc == RC_ENOMEM && x.oom) return rc_errf(err, RC_ENOMEM, "out of device memory for a batch of %zu tokens", R);
     if (rc == RC_EIO) return rc_errf(err, RC_EIO, "forward failed on the device backend");
     if (rc == RC_EUNSUP) return rc_errf(err, RC_EUNSUP, "forward: the device graph does not take this model's shapes");
@@ -1886,10 +2140,26 @@ struct md_host_dev {
     be_backend *inner;
     void **blk;
     size_t nblk, cap;
+    int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback) */
+    /* the forward in progress (hd_bind), for the attention op, which runs the host path's attention */
+    md_model *m;
+    md_segment *segs;
+    size_t nseg;
+    const rows_t *rw;
 };
 
 static md_host_dev *hd_of(be_backend *be) { return (md_host_dev *)be; }
 static be_backend *hd_in(be_backend *be) { return hd_of(be)->inner; }
+
+static void hd_bind(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw)
+{
+    md_host_dev *h = m->hostdev;
+    if (!h || be != &h->base) return;
+    h->m = segs ? m : NULL;
+    h->segs = segs;
+    h->nseg = nseg;
+    h->rw = rw;
+}
 
 static void hd_reset(be_backend *be)
 {
@@ -2044,6 +2314,83 @@ static int hd_moe(be_backend *be, float *y, const float *x, size_t T, const int3
     return 1; /* decline: forward_dev's per-expert fallback runs */
 }
 
+static void hd_comp_pool(be_backend *be, float *out, size_t n, int ns, int hd, const be_comp_slot *slots,
+                         const float *ape, size_t ape_n)
+{
+    (void)be;
+    (void)ape_n;
+    const float **p = malloc(3 * (size_t)ns * sizeof *p);
+    float *w = malloc((size_t)ns * sizeof *w);
+    if (!p || !w) { /* out stays as it was: a wrong result the bit-for-bit test sees */
+        free(p);
+        free(w);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (int s = 0; s < ns; s++) {
+            const be_comp_slot *sl = slots + i * (size_t)ns + s;
+            p[s] = sl->kv;
+            p[ns + s] = sl->g;
+            p[2 * ns + s] = sl->ape >= 0 ? ape + sl->ape : NULL;
+        }
+        comp_pool_slots(ns, hd, p, p + ns, p + 2 * ns, w, out + i * (size_t)hd);
+    }
+    free(p);
+    free(w);
+}
+
+/* The device attention op, the way a backend that keeps window copies does it, on the host: the window from the
+ * pre-forward ring and the segment's keys (krows), the entries the forward made on the device (ent_dev, key_dev)
+ * in place of the blocks' rows for the call (they are written for good by late_state: the old rows come back
+ * after), then the host path's attention. */
+static int hd_attention(be_backend *be, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a)
+{
+    (void)ntok;
+    md_host_dev *h = hd_of(be);
+    md_model *m = h->m;
+    if (!m || (size_t)nseq != h->nseg || h->decline_attn) return 1;
+    const int l = a->layer, d = a->head_dim, W = a->window, ID = a->index_dim;
+    float **kb = calloc((size_t)nseq, sizeof *kb);
+    int64_t *kst = malloc((size_t)nseq * sizeof *kst);
+    size_t nsave = 0;
+    for (int s = 0; s < nseq; s++) nsave += (size_t)sq[s].nent * d + (size_t)sq[s].nkey * ID;
+    float *save = malloc((nsave ? nsave : 1) * sizeof(float));
+    int rc = kb && kst && save ? 0 : RC_ENOMEM;
+    for (int s = 0; s < nseq && !rc; s++) {
+        const size_t nold = (size_t)(sq[s].p0 - sq[s].kstart);
+        kst[s] = sq[s].kstart;
+        if (!(kb[s] = malloc((nold + (size_t)sq[s].T) * d * sizeof(float)))) { rc = RC_ENOMEM; break; }
+        for (size_t k = 0; k < nold; k++)
+            memcpy(kb[s] + k * d, sq[s].ring + (size_t)((sq[s].kstart + (int64_t)k) % W) * d, (size_t)d * sizeof(float));
+        memcpy(kb[s] + nold * d, sq[s].krows, (size_t)sq[s].T * d * sizeof(float));
+    }
+    size_t o = 0;
+    for (int s = 0; s < nseq && !rc; s++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
+            const size_t w = (size_t)(k ? ID : d);
+            for (int64_t j = 0; j < ne; j++, o += w) {
+                float *row = ent_row(h->segs[s].seq, l, k, (size_t)(e0 + j));
+                memcpy(save + o, row, w * sizeof(float));
+                memcpy(row, (k ? sq[s].key_dev : sq[s].ent_dev) + (size_t)j * w, w * sizeof(float));
+            }
+        }
+    if (!rc) rc = attend_host(m, l, h->segs, h->nseg, h->rw, a->q, a->iq, a->iw, kb, kst, a->out);
+    o = 0;
+    for (int s = 0; s < nseq && save; s++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
+            const size_t w = (size_t)(k ? ID : d);
+            for (int64_t j = 0; j < ne && o < nsave; j++, o += w)
+                memcpy(ent_row(h->segs[s].seq, l, k, (size_t)(e0 + j)), save + o, w * sizeof(float));
+        }
+    for (int s = 0; kb && s < nseq; s++) free(kb[s]);
+    free(kb);
+    free(kst);
+    free(save);
+    return rc ? -1 : 0;
+}
+
 static const be_dev_ops hd_dev = {
     .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .view = hd_view,
     .failed = hd_failed,
@@ -2051,7 +2398,8 @@ static const be_dev_ops hd_dev = {
     .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
     .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
     .argmax = hd_argmax,
-    .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe, .attention = NULL,
+    .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
+    .attention = hd_attention, .comp_pool = hd_comp_pool,
 };
 
 static void hd_destroy(be_backend *be)
@@ -2081,6 +2429,7 @@ int md_model_set_host_dev_graph(md_model *m, int on)
     h->base.ops = &hd_ops;
     h->base.threads = m->be->threads;
     h->base.impl = m->be->impl;
+    h->decline_attn = on == 2;
     m->hostdev = h;
     return 0;
 }

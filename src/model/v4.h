@@ -158,11 +158,14 @@ void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
 
 /* A backend with be_ops.dev runs md_forward as the device-resident graph
  * (activations in the backend's memory; the state stays on the host and gets
- * the rows that extend it: before the layer's attention where a segment
- * completes a compressed entry there, else after the forward).  This switch runs that same graph
- * code with host memory and the host path's own ops on any backend: a check
+ * the rows that extend it after the forward, the entries a forward completes
+ * made by the backend's comp_pool; without comp_pool, before the layer's
+ * attention where a segment completes an entry there).  This switch runs
+ * that same graph code with host memory and the host path's own ops (and a
+ * host comp_pool and attention op) on any backend: a check
  * of its plumbing without a GPU, bit-identical to the host graph (unit_model).
- * 0 or RC_ENOMEM. */
+ * on = 2: the same, with its attention op declining (the graph's host
+ * attention fallback runs).  0 or RC_ENOMEM. */
 int md_model_set_host_dev_graph(md_model *m, int on);
 
 /* The device graph's state updates, counted per (forward, layer) since load: now, those that ran before the

@@ -151,15 +151,21 @@ static void on_done(void *ctx, eng_reason why, size_t completion_tokens, const c
     gen *g = ctx;
     srv_app *a = g->app;
     int gone = atomic_load(&g->client_gone);
-    int status = 200;
-    if (why == ENG_CANCELLED && !g->stop_hit) {
+    const int cancelled = why == ENG_CANCELLED && !g->stop_hit;
+    const int status = cancelled ? 499 : why == ENG_ERROR ? 500 : 200;
+    /* counted before the answer is queued: this runs on the engine thread, and
+     * a client that reads /metrics right after its response (or its stream's
+     * end) must find the request and its tokens counted */
+    double t = now_s();
+    srv_metrics_request(a->m, g->api_name, status);
+    srv_metrics_tokens(a->m, g->prompt.n, g->er.cached_tokens, completion_tokens);
+    srv_metrics_e2e(a->m, t - g->t_arrival);
+    if (cancelled) {
         /* the client went away: nobody to answer */
         atomic_fetch_add(&a->cancelled, 1);
-        status = 499;
         if (g->streaming) srv_stream_close(g->st);
         else srv_respond(g->r, 499, "application/json", "{}", 2, NULL);
     } else if (why == ENG_ERROR) {
-        status = 500;
         rc_api_error e = {.status = 500, .type = "internal_error"};
         snprintf(e.message, sizeof e.message, "generation failed: %s", error ? error : "unknown error");
         g->out.n = 0;
@@ -187,10 +193,6 @@ static void on_done(void *ctx, eng_reason why, size_t completion_tokens, const c
             srv_respond(g->r, 200, "application/json", g->out.v, g->out.n, NULL);
         }
     }
-    double t = now_s();
-    srv_metrics_request(a->m, g->api_name, status);
-    srv_metrics_tokens(a->m, g->prompt.n, g->er.cached_tokens, completion_tokens);
-    srv_metrics_e2e(a->m, t - g->t_arrival);
     if (a->cfg.log_requests) {
         double gen_s = g->t_last > 0 && g->er.t_first_token > 0 ? t - g->er.t_first_token : 0;
         fprintf(stderr,

@@ -163,6 +163,28 @@ def test_models_health_metrics(scripted):
     assert oa(scripted).models.list().data[0].id == "scripted"
 
 
+def _metric_line(server, name):
+    _, text = server.get("/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_a_request_before_its_answer(scripted):
+    """/metrics read right after a response (or a stream's last chunk) already counts that request and its
+    tokens: on_done runs on the engine thread and counts before it hands the answer to the HTTP loop"""
+    ok = 'deepinfer_requests_total{api="chat",status="200"}'
+    for stream in (False, True) * 5:
+        n0, c0 = _metric_line(scripted, ok), _metric_line(scripted, "deepinfer_completion_tokens_total")
+        st, _ = _post(scripted.url + "/v1/chat/completions",
+                      {"model": scripted.model, "stream": stream, "thinking": {"type": "disabled"},
+                       "messages": [{"role": "user", "content": "[[script:stop]]"}]})
+        assert st == 200
+        assert _metric_line(scripted, ok) == n0 + 1, stream
+        assert _metric_line(scripted, "deepinfer_completion_tokens_total") > c0, stream
+
+
 # ----------------------------------------------------------------- the queue
 
 def _post(url, body, timeout=60):

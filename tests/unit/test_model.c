@@ -263,7 +263,8 @@ static void test_batching_is_invisible(void **st)
     be_destroy(be);
 }
 
-/* forward_dev, the device-resident graph, run on the host with the host ops (md_model_set_host_dev_graph)
+/* forward_dev, the device-resident graph, run on the host with the host ops (md_model_set_host_dev_graph: with
+ * its attention op and compressor op, and again with the attention op declining)
  * gives the host graph's logits bit for bit: one-shot, in chunks, token by token, and three sequences in one
  * batch, on every fixture (bf16 / FP8+FP4 / hash routing / HCA-only / the e2e vocabulary), both semantics.
  * That pins down its buffers, its per-layer state exchange and its fallbacks before any GPU runs it. */
@@ -301,14 +302,18 @@ static void test_host_dev_graph_is_the_host_graph(void **st)
                 assert_int_equal(md_forward(m, sg, 3, &err), 0);
                 for (int k = 0; k < 3; k++) md_seq_free(q[k]);
             }
-            const size_t chunks[] = {0, 7, 1};
-            for (size_t c = 0; c < 3; c++) {
-                float *lg = run_chunked(m, ids, n, chunks[c]);
-                for (size_t i = 0; i < n * (size_t)V; i++)
-                    if (lg[i] != ref[i])
-                        fail_msg("%s %s chunk %zu: position %zu differs (%.9g vs %.9g)", fx[f],
-                                 sem ? "transformers" : "official", chunks[c], i / V, lg[i], ref[i]);
-                free(lg);
+            /* the device graph with its attention op (dev 1), and with the op declining (dev 2: the host fallback) */
+            for (int dev = 1; dev <= 2; dev++) {
+                assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
+                const size_t chunks[] = {0, 7, 1};
+                for (size_t c = 0; c < 3; c++) {
+                    float *lg = run_chunked(m, ids, n, chunks[c]);
+                    for (size_t i = 0; i < n * (size_t)V; i++)
+                        if (lg[i] != ref[i])
+                            fail_msg("%s %s dev %d chunk %zu: position %zu differs (%.9g vs %.9g)", fx[f],
+                                     sem ? "transformers" : "official", dev, chunks[c], i / V, lg[i], ref[i]);
+                    free(lg);
+                }
             }
             assert_memory_equal(got_b, ref_b, 3 * 9 * (size_t)V * sizeof(float));
             assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
@@ -318,10 +323,11 @@ static void test_host_dev_graph_is_the_host_graph(void **st)
     be_destroy(be);
 }
 
-/* The device graph waits for the state only at the layers where a segment completes a compressed entry (layer
- * l with ratio r, a segment at p0 adding k tokens: floor((p0 + k) / r) > floor(p0 / r)); every other layer's
- * update runs after the forward.  Counted by md_model_state_stats over token-by-token and chunked runs; the
- * logits of those runs are test_host_dev_graph_is_the_host_graph's. */
+/* Where the device graph waits for the state.  With the compressors on the host (DEEPINFER_DEV_COMP=0) only at
+ * the layers where a segment completes a compressed entry (layer l with ratio r, a segment at p0 adding k
+ * tokens: floor((p0 + k) / r) > floor(p0 / r)), every other layer's update running after the forward; with the
+ * backend's comp_pool (the host-dev graph has one) at none.  Counted by md_model_state_stats over token-by-token,
+ * chunked and one-shot runs, whose logits must be those of the host graph. */
 static void test_state_waits_only_for_entries(void **st)
 {
     (void)st;
@@ -330,28 +336,41 @@ static void test_state_waits_only_for_entries(void **st)
     for (int f = 0; f < 2; f++) {
         md_model *m = load_fixture_model(fx[f], be, MD_SEM_OFFICIAL);
         const md_config *c = md_model_config(m);
-        assert_int_equal(md_model_set_host_dev_graph(m, 1), 0);
+        const int V = c->vocab_size;
         const size_t n = 150, chunks[] = {1, 7, 150};
-        int32_t *ids = make_ids(n, c->vocab_size, 11);
-        for (size_t ci = 0; ci < 3; ci++) {
-            uint64_t want_now = 0, want_late = 0, now0, late0, now1, late1;
-            for (size_t p0 = 0; p0 < n; p0 += chunks[ci]) {
-                const size_t k = n - p0 < chunks[ci] ? n - p0 : chunks[ci];
-                for (int l = 0; l < c->n_layers; l++) {
-                    const size_t r = (size_t)c->ratio[l];
-                    if (r && (p0 + k) / r > p0 / r) want_now++;
-                    else want_late++;
+        int32_t *ids = make_ids(n, V, 11);
+        float *ref = run_chunked(m, ids, n, 0);
+        assert_int_equal(md_model_set_host_dev_graph(m, 1), 0);
+        for (int host_comp = 0; host_comp < 2; host_comp++) {
+            if (host_comp) setenv("DEEPINFER_DEV_COMP", "0", 1);
+            for (size_t ci = 0; ci < 3; ci++) {
+                uint64_t want_now = 0, want_late = 0, now0, late0, now1, late1;
+                for (size_t p0 = 0; p0 < n; p0 += chunks[ci]) {
+                    const size_t k = n - p0 < chunks[ci] ? n - p0 : chunks[ci];
+                    for (int l = 0; l < c->n_layers; l++) {
+                        const size_t r = (size_t)c->ratio[l];
+                        if (host_comp && r && (p0 + k) / r > p0 / r) want_now++;
+                        else want_late++;
+                    }
                 }
+                md_model_state_stats(m, &now0, &late0);
+                float *lg = run_chunked(m, ids, n, chunks[ci]);
+                md_model_state_stats(m, &now1, &late1);
+                if (now1 - now0 != want_now || late1 - late0 != want_late)
+                    fail_msg("%s %s compressors, chunk %zu: %llu waits and %llu late updates, want %llu and %llu",
+                             fx[f], host_comp ? "host" : "device", chunks[ci], (unsigned long long)(now1 - now0),
+                             (unsigned long long)(late1 - late0), (unsigned long long)want_now,
+                             (unsigned long long)want_late);
+                if (host_comp && chunks[ci] == 1) assert_true(want_late > want_now); /* decode: most do not wait */
+                for (size_t i = 0; i < n * (size_t)V; i++)
+                    if (lg[i] != ref[i])
+                        fail_msg("%s %s compressors, chunk %zu: position %zu differs from the host graph", fx[f],
+                                 host_comp ? "host" : "device", chunks[ci], i / V);
+                free(lg);
             }
-            md_model_state_stats(m, &now0, &late0);
-            free(run_chunked(m, ids, n, chunks[ci]));
-            md_model_state_stats(m, &now1, &late1);
-            if (now1 - now0 != want_now || late1 - late0 != want_late)
-                fail_msg("%s chunk %zu: %llu waits and %llu late updates, want %llu and %llu", fx[f], chunks[ci],
-                         (unsigned long long)(now1 - now0), (unsigned long long)(late1 - late0),
-                         (unsigned long long)want_now, (unsigned long long)want_late);
-            if (chunks[ci] == 1) assert_true(want_late > want_now); /* decode: most layers do not wait */
+            unsetenv("DEEPINFER_DEV_COMP");
         }
+        free(ref);
         free(ids);
         md_model_free(m);
     }
