@@ -1700,6 +1700,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .scatter_add = */ dv_scatter_add,
     /* .moe = */ dv_moe,
     /* .attention = */ dv_attention,
+    /* .comp_pool = */ NULL,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
