@@ -1237,6 +1237,87 @@ static void test_argmax(void **st)
     free(x);
 }
 
+/* bcu_comp_pool against v4.c comp_pool_slots' loops (written out here): CSA-like entries (8 slots, the first
+ * block's previous half absent) and HCA-like ones (128 slots), slots from two buffers (rows with an ape offset,
+ * state rows without), within 1e-6 of the host (CUDA's expf vs glibc's) */
+static void ref_pool(size_t n, int ns, int hd, const float *const *kv, const float *const *g, const int64_t *ao,
+                     const float *ape, float *out)
+{
+    float *w = malloc((size_t)ns * sizeof *w);
+    for (size_t i = 0; i < n; i++)
+        for (int c = 0; c < hd; c++) {
+            const size_t b = i * (size_t)ns;
+            float mx = -INFINITY, den = 0, num = 0;
+            for (int s = 0; s < ns; s++)
+                if (kv[b + s]) mx = fmaxf(mx, ao[b + s] >= 0 ? g[b + s][c] + ape[ao[b + s] + c] : g[b + s][c]);
+            for (int s = 0; s < ns; s++)
+                if (kv[b + s]) den += (w[s] = expf((ao[b + s] >= 0 ? g[b + s][c] + ape[ao[b + s] + c] : g[b + s][c]) - mx));
+            for (int s = 0; s < ns; s++)
+                if (kv[b + s]) num += kv[b + s][c] * (w[s] / den);
+            out[i * (size_t)hd + c] = num;
+        }
+    free(w);
+}
+
+static void test_comp_pool(void **st)
+{
+    (void)st;
+    const struct { int r, ov, hd; size_t n; } cs[] = {{4, 1, 512, 37}, {4, 1, 128, 9}, {128, 0, 512, 3}, {16, 0, 100, 5}};
+    for (size_t t = 0; t < sizeof cs / sizeof cs[0]; t++) {
+        const int r = cs[t].r, hd = cs[t].hd, ns = cs[t].ov ? 2 * r : r;
+        const size_t n = cs[t].n, cd = (size_t)(cs[t].ov ? 2 : 1) * hd, R = (size_t)r * (n + 2);
+        float *rows_kv = rand_floats(R * cd, 1.0f), *rows_g = rand_floats(R * cd, 3.0f);
+        float *st_kv = rand_floats((size_t)r * cd, 1.0f), *st_g = rand_floats((size_t)r * cd, 3.0f);
+        float *ape = rand_floats((size_t)r * cd, 0.5f);
+        float *d_rkv = up(rows_kv, R * cd * 4), *d_rg = up(rows_g, R * cd * 4);
+        float *d_skv = up(st_kv, (size_t)r * cd * 4), *d_sg = up(st_g, (size_t)r * cd * 4);
+        float *d_ape = up(ape, (size_t)r * cd * 4);
+        const float **hk = calloc(n * ns, sizeof *hk), **hg = calloc(n * ns, sizeof *hg);
+        int64_t *ao = malloc(n * ns * sizeof *ao);
+        bcu_comp_slot *sl = calloc(n * ns, sizeof *sl);
+        for (size_t i = 0; i < n; i++)
+            for (int s = 0; s < ns; s++) {
+                const size_t k = i * ns + s;
+                const int q = s % r, c0 = cs[t].ov && s >= r ? hd : 0;
+                if (cs[t].ov && s < r && i == 0) { /* block 0: no previous half */
+                    ao[k] = -1;
+                    continue;
+                }
+                if ((i + (size_t)s) % 3 == 0) { /* a state row, ape included */
+                    hk[k] = st_kv + (size_t)q * cd + c0;
+                    hg[k] = st_g + (size_t)q * cd + c0;
+                    sl[k] = (bcu_comp_slot){d_skv + (size_t)q * cd + c0, d_sg + (size_t)q * cd + c0, -1};
+                    ao[k] = -1;
+                } else {                        /* a row of the forward, plus its ape row */
+                    const size_t row = (i * (size_t)r + (size_t)s * 7) % R;
+                    hk[k] = rows_kv + row * cd + c0;
+                    hg[k] = rows_g + row * cd + c0;
+                    ao[k] = (int64_t)((size_t)q * cd + c0);
+                    sl[k] = (bcu_comp_slot){d_rkv + row * cd + c0, d_rg + row * cd + c0, ao[k]};
+                }
+            }
+        float *want = malloc(n * hd * sizeof *want), *got = malloc(n * hd * sizeof *got);
+        ref_pool(n, ns, hd, hk, hg, ao, ape, want);
+        bcu_comp_slot *d_sl = up(sl, n * ns * sizeof *sl);
+        float *d_out = dmalloc(n * hd * sizeof(float));
+        RUN(bcu_comp_pool(d_out, n, ns, hd, d_sl, d_ape, 0));
+        down(got, d_out, n * hd * sizeof(float));
+        double worst = 0;
+        for (size_t i = 0; i < n * (size_t)hd; i++) {
+            const double e = fabs((double)got[i] - want[i]) / (fabs(want[i]) + 1e-3);
+            if (!(e <= worst)) worst = e; /* NaN too */
+        }
+        printf("  comp_pool r %d%s hd %d, %zu entries: max rel err %.2e\n", r, cs[t].ov ? " (overlap)" : "", hd, n, worst);
+        if (!(worst <= 1e-6)) fail_msg("comp_pool case %zu: %.3e", t, worst);
+        cudaFree(d_rkv); cudaFree(d_rg); cudaFree(d_skv); cudaFree(d_sg); cudaFree(d_ape); cudaFree(d_sl); cudaFree(d_out);
+        free(rows_kv); free(rows_g); free(st_kv); free(st_g); free(ape); free(hk); free(hg); free(ao); free(sl);
+        free(want); free(got);
+    }
+    assert_int_equal(bcu_comp_pool(NULL, 1, 8, 4, NULL, NULL, 0), cudaErrorInvalidValue);
+    assert_int_equal(bcu_comp_pool(NULL, 1, BCU_COMP_MAX_SLOTS + 1, 4, (const bcu_comp_slot *)8, NULL, 0),
+                     cudaErrorInvalidValue);
+}
+
 static void test_route(void **st)
 {
     (void)st;
@@ -1285,6 +1366,7 @@ int main(void)
         cmocka_unit_test(test_hc_exact),
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_comp_pool),
     };
     const int gpu_fail = cmocka_run_group_tests_name("gpu", gpu, NULL, NULL);
     return cpu_fail || gpu_fail ? 1 : 0;

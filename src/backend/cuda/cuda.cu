@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1070,6 +1071,19 @@ static void win_mark(cuda_be *c, uint64_t key, int layer, int64_t len)
     }
 }
 
+/* one row the device graph's compressors made (be_attn_seq.ent_dev / key_dev) into the staged copy of its block */
+struct ent_patch {
+    float *dst;
+    const float *src;
+    int64_t n;
+};
+
+__global__ void ent_patch_kernel(const ent_patch *p)
+{
+    const ent_patch q = p[blockIdx.x];
+    for (int64_t j = threadIdx.x; j < q.n; j += blockDim.x) q.dst[j] = q.src[j];
+}
+
 static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a, int devio)
 {
     if (c->failed) return -1;
@@ -1092,20 +1106,31 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     if (nring > 65535) return 1;
     if (nring && win_init(c, a->window, d)) return -1;
     const int epb = a->ratio ? 128 / a->ratio : 0;
-    /* what travels: per sequence its window keys and the changing blocks' rows of this layer */
-    size_t nb = 0, npart = 0, nwin = 0;
+    /* what travels: per sequence its window keys and the changing blocks' rows of this layer (and the rows the
+     * device made for them: patches) */
+    size_t nb = 0, npart = 0, nwin = 0, npatch = 0;
     for (int s = 0; s < nseq; s++) {
         if (sq[s].T < 1 || sq[s].kstart > sq[s].p0 || sq[s].nfull > sq[s].nblk) return fail(c, "attention: bad sequence %d", s);
         nb += sq[s].nblk;
         npart += sq[s].nblk - sq[s].nfull;
         nwin += (size_t)(sq[s].p0 + sq[s].T - sq[s].kstart) * (size_t)d;
+        for (int k = 0; k < 2; k++) {
+            const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
+            if (ne <= 0) continue;
+            /* the rows belong to blocks this call may still change: staged ones, which are then patched */
+            if (!a->ratio || (k && !a->csa) || !(k ? sq[s].key_dev : sq[s].ent_dev) || e0 < 0 ||
+                (size_t)(e0 / epb) < sq[s].nfull || (size_t)((e0 + ne - 1) / epb) >= sq[s].nblk)
+                return 1;
+            npatch += (size_t)ne;
+        }
     }
     if (!a->ratio) nb = npart = 0;
     const int rows_max = c->attn_rows;
     const size_t o_part = 0, o_win = up256(npart * blk * 4), o_ptr = o_win + up256(nwin * 4),
                  o_seq = o_ptr + up256((nb ? nb : 1) * sizeof(float *)),
                  o_wd = o_seq + up256((size_t)(nseq + ntok / rows_max + 2) * sizeof(bcu_attn_seq)),
-                 staged = o_wd + up256((size_t)(nring ? nring : 1) * sizeof(win_desc));
+                 o_patch = o_wd + up256((size_t)(nring ? nring : 1) * sizeof(win_desc)),
+                 staged = o_patch + up256((npatch ? npatch : 1) * sizeof(ent_patch));
     /* device: the staged part, then per launch q, out, iq, iw, sel, nsel */
     const size_t qb = devio ? 0 : up256((size_t)rows_max * H * d * 4),
                  iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
@@ -1124,9 +1149,20 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     /* block pointers: the mirror for full blocks, the staged area for the others */
     const float **hptr = (const float **)(hst + o_ptr);
     float *hpart = (float *)(hst + o_part), *hwin = (float *)(hst + o_win);
-    size_t kb = 0, kp = 0, kw = 0, nwd = 0;
+    size_t kb = 0, kp = 0, kw = 0, nwd = 0, np = 0;
     const size_t ent_rows = (size_t)epb * d, key_rows = a->csa ? (size_t)epb * ID : 0;
+    ent_patch *hpat = (ent_patch *)(hst + o_patch);
     for (int s = 0; s < nseq; s++) {
+        for (int k = 0; k < 2 && a->ratio; k++) { /* block i of the sequence is staged at kp + i - nfull */
+            const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
+            const size_t w = k ? (size_t)ID : (size_t)d, off = k ? a->key_off : a->ent_off;
+            for (int64_t j = 0; j < ne; j++) {
+                const int64_t e = e0 + j;
+                const size_t i = (size_t)(e / epb);
+                hpat[np++] = ent_patch{(float *)(dev + o_part) + (kp + i - sq[s].nfull) * blk + off + (size_t)(e % epb) * w,
+                                       (k ? sq[s].key_dev : sq[s].ent_dev) + (size_t)j * w, (int64_t)w};
+            }
+        }
         for (size_t i = 0; a->ratio && i < sq[s].nblk; i++, kb++) {
             if (i < sq[s].nfull) {
                 const float *p = kv_get(c, sq[s].block_ids[i], sq[s].blocks[i]);
@@ -1152,6 +1188,11 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         kw += w;
     }
     CU(cudaMemcpyAsync(dev, hst, o_seq, cudaMemcpyHostToDevice, c->st));
+    if (np) { /* the rows the device made, over their staged blocks' host rows */
+        CU(cudaMemcpyAsync(dev + o_patch, hst + o_patch, np * sizeof(ent_patch), cudaMemcpyHostToDevice, c->st));
+        ent_patch_kernel<<<(unsigned)np, 128, 0, c->st>>>((const ent_patch *)(dev + o_patch));
+        CU(cudaGetLastError());
+    }
     if (nwd) {
         /* the windows of the ring sequences, then their rings advanced past this call's keys */
         CU(cudaMemcpyAsync(dev + o_wd, hst + o_wd, nwd * sizeof(win_desc), cudaMemcpyHostToDevice, c->st));
@@ -1564,6 +1605,19 @@ static void dv_rope(be_backend *be, float *x, size_t rows, size_t stride, size_t
     DV_LEAVE;
 }
 
+static_assert(sizeof(be_comp_slot) == sizeof(bcu_comp_slot) && offsetof(be_comp_slot, g) == offsetof(bcu_comp_slot, g) &&
+                  offsetof(be_comp_slot, ape) == offsetof(bcu_comp_slot, ape),
+              "be_comp_slot and bcu_comp_slot share a layout");
+
+static void dv_comp_pool(be_backend *be, float *out, size_t n, int ns, int hd, const be_comp_slot *slots,
+                         const float *ape, size_t ape_n)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    const float *da = ape && ape_n ? norm_weight(c, ape, ape_n) : NULL;
+    if (!ape || !ape_n || da) DV_CU(bcu_comp_pool(out, n, ns, hd, (const bcu_comp_slot *)slots, da, c->st));
+    DV_LEAVE;
+}
+
 static void dv_fq(be_backend *be, float *x, size_t rows, size_t stride, size_t n, int block, int fp4)
 {
     DV_ENTER(BCU_PROF_GRAPH);
@@ -1700,7 +1754,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .scatter_add = */ dv_scatter_add,
     /* .moe = */ dv_moe,
     /* .attention = */ dv_attention,
-    /* .comp_pool = */ NULL,
+    /* .comp_pool = */ dv_comp_pool,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);

@@ -941,3 +941,44 @@ extern "C" cudaError_t bcu_gather_rows(float *dst, const float *src, const int32
     gr_gather_kernel<<<gr_grid(n * width), GR_NT, 0, st>>>(dst, src, rows, n, width);
     return cudaGetLastError();
 }
+
+/* ---- the compressors' pooling (v4.c comp_pool_slots): one thread per (entry, channel), the slot descriptors of
+ * the block's entry in shared memory; the three passes of the host loop, each in slot order, with explicitly
+ * rounded operations (no contraction into FMAs the host does not do) */
+__global__ void gr_comp_pool_kernel(float *out, int ns, int hd, const bcu_comp_slot *slots, const float *ape)
+{
+    __shared__ bcu_comp_slot sl[BCU_COMP_MAX_SLOTS];
+    const size_t i = blockIdx.y;
+    for (int s = threadIdx.x; s < ns; s += blockDim.x) sl[s] = slots[i * (size_t)ns + s];
+    __syncthreads();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= hd) return;
+    float mx = -INFINITY;
+    for (int s = 0; s < ns; s++)
+        if (sl[s].kv) mx = fmaxf(mx, sl[s].ape >= 0 ? __fadd_rn(sl[s].g[c], ape[sl[s].ape + c]) : sl[s].g[c]);
+    float den = 0.0f, num = 0.0f;
+    for (int s = 0; s < ns; s++)
+        if (sl[s].kv) den = __fadd_rn(den, expf(__fsub_rn(sl[s].ape >= 0 ? __fadd_rn(sl[s].g[c], ape[sl[s].ape + c]) : sl[s].g[c], mx)));
+    for (int s = 0; s < ns; s++)
+        if (sl[s].kv) {
+            const float g = sl[s].ape >= 0 ? __fadd_rn(sl[s].g[c], ape[sl[s].ape + c]) : sl[s].g[c];
+            num = __fadd_rn(num, __fmul_rn(sl[s].kv[c], __fdiv_rn(expf(__fsub_rn(g, mx)), den)));
+        }
+    out[i * (size_t)hd + c] = num;
+}
+
+extern "C" cudaError_t bcu_comp_pool(float *out, size_t n, int ns, int hd, const bcu_comp_slot *slots, const float *ape,
+                                     cudaStream_t st)
+{
+    if (!n) return cudaSuccess;
+    if (!out || !slots || ns < 1 || ns > BCU_COMP_MAX_SLOTS || hd < 1) return GR_INVALID;
+    const int nt = hd < 256 ? ((hd + 31) / 32) * 32 : 256;
+    for (size_t i0 = 0; i0 < n; i0 += 65535) { /* grid.y is at most 65535 entries */
+        const size_t k = n - i0 < 65535 ? n - i0 : 65535;
+        const dim3 grid((unsigned)((hd + nt - 1) / nt), (unsigned)k);
+        gr_comp_pool_kernel<<<grid, nt, 0, st>>>(out + i0 * (size_t)hd, ns, hd, slots + i0 * (size_t)ns, ape);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}

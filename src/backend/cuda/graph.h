@@ -103,6 +103,18 @@ typedef struct {
 cudaError_t bcu_route(const bcu_route_args *a, const float *logits, size_t R, int32_t *idx, float *wt,
                       cudaStream_t st);
 
+/* v4.c comp_pool_slots for n entries of hd channels: per channel c, over the ns slots s of entry i (slots[i ns +
+ * s]; kv NULL: absent) in order, mx = max of g_s[c] (+ ape[off_s + c] when off_s >= 0), w_s = expf(g - mx),
+ * den = sum of w_s, out[i, c] = sum of kv_s[c] * (w_s / den), fp32 in slot order (CUDA's expf: a few ulp from
+ * glibc's).  slots [n, ns] device; ape device (NULL when no slot has an offset).  ns <= BCU_COMP_MAX_SLOTS. */
+#define BCU_COMP_MAX_SLOTS 256
+typedef struct {
+    const float *kv, *g;
+    int64_t ape;
+} bcu_comp_slot; /* the layout of backend.h's be_comp_slot */
+cudaError_t bcu_comp_pool(float *out, size_t n, int ns, int hd, const bcu_comp_slot *slots, const float *ape,
+                          cudaStream_t st);
+
 /* dst[i, :] = src[rows[i], :] for i < n; rows of `width` floats */
 cudaError_t bcu_gather_rows(float *dst, const float *src, const int32_t *rows, size_t n, size_t width,
                             cudaStream_t st);
