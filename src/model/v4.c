@@ -1734,6 +1734,30 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
 
 /* The late state updates (attention_dev): each such layer's rows down (the first download waits for the device),
  * then its compressors, which complete no entry, and its ring, in layer order. */
+/* Layer l's state rows (xs, device [R, xw] as state_width lays them out) into hx, host, at the same places: all
+ * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment: its
+ * last max(window, 2 ratio) rows (comp_finish pushes fewer than 2 ratio, the ring keeps the window) */
+static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg)
+{
+    const md_model *m = x->m;
+    const size_t R = x->rw->R, *st = x->rw->seg_start;
+    size_t cd, icd;
+    const size_t xw = state_width(m, l, &cd, &icd), r = (size_t)m->layers[l].ratio;
+    size_t tail = (size_t)m->cfg.window, need = 0;
+    if (2 * r > tail) tail = 2 * r;
+    for (size_t s = 0; s < nseg; s++) need += st[s + 1] - st[s] < tail ? st[s + 1] - st[s] : tail;
+    if (nseg > 16 || 2 * need > R) return x->dv->download(x->be, hx, xs, R * xw * sizeof(float)) ? RC_EIO : 0;
+    const size_t w[5] = {(size_t)m->cfg.head_dim, cd, cd, icd, icd};
+    size_t base = 0;
+    for (int j = 0; j < 5; base += R * w[j], j++)
+        for (size_t s = 0; s < nseg && w[j]; s++) {
+            const size_t n = st[s + 1] - st[s], t = n < tail ? n : tail, r0 = st[s] + n - t;
+            if (x->dv->download(x->be, hx + base + r0 * w[j], xs + base + r0 * w[j], t * w[j] * sizeof(float)))
+                return RC_EIO;
+        }
+    return 0;
+}
+
 static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
 {
     const size_t R = x->rw->R, d = (size_t)x->m->cfg.head_dim;
@@ -1746,9 +1770,9 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
     int rc = x->nlate && !hx ? RC_ENOMEM : 0;
     for (size_t i = 0; i < x->nlate && !rc; i++) {
         const int l = x->late_l[i];
-        const size_t xw = state_width(x->m, l, &cd, &icd);
-        if (x->dv->download(x->be, hx, x->late_xs[i], R * xw * sizeof(float))) rc = RC_EIO;
-        else if (x->late_de[i].n[0] + x->late_de[i].n[1]) rc = ents_write(x, l, segs, nseg, &x->late_de[i]);
+        state_width(x->m, l, &cd, &icd);
+        if ((rc = late_rows(x, l, x->late_xs[i], hx, nseg))) break;
+        if (x->late_de[i].n[0] + x->late_de[i].n[1]) rc = ents_write(x, l, segs, nseg, &x->late_de[i]);
         if (!rc && cd) {
             const float *rows[4] = {hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd), hx + R * (d + 2 * cd + icd)};
             comp_push(x->m, l, segs, nseg, x->rw, rows);
