@@ -168,6 +168,11 @@ DEEPINFER_CUDA_DEQUANT_T=1 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$B
 rc=$?
 grep -E "PASSED|FAILED|Failure|ERROR|max rel|differs|agreement" "$OUTDIR/unit_cuda_deq1.txt" | tee -a "$SUM"
 say "test_cuda (dequant GEMMs) exit status: $rc"
+section "unit_cuda model tests again with the compressors on the host (DEEPINFER_DEV_COMP=0: waits where an entry completes)"
+DEEPINFER_DEV_COMP=0 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_hostcomp.txt" 2>&1
+rc=$?
+grep -E "PASSED|FAILED|Failure|ERROR|max rel|differs|agreement" "$OUTDIR/unit_cuda_hostcomp.txt" | tee -a "$SUM"
+say "test_cuda (host compressors) exit status: $rc"
 
 fi
 if want cli; then
