@@ -291,10 +291,13 @@ static uint8_t *snapshot(const md_seq *s, size_t *len)
     return b;
 }
 
-static void snapshot_is_exact(md_semantics sem)
+/* dev: the device graph run on the host (md_model_set_host_dev_graph), whose state updates come after each
+ * forward and whose compressors are its comp_pool op: the state must come out the same */
+static void snapshot_is_exact(md_semantics sem, int dev)
 {
     be_backend *be = be_cpu_create(2);
     md_model *m = load_fixture_model(FIX("tiny-mixed"), be, sem);
+    assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
     const md_config *c = md_model_config(m);
     const size_t V = (size_t)c->vocab_size, N = 402;
     int32_t *ids = make_ids(N, c->vocab_size, 23);
@@ -376,8 +379,9 @@ static void snapshot_is_exact(md_semantics sem)
     be_destroy(be);
 }
 
-static void test_snapshot_exact_official(void **st) { (void)st; snapshot_is_exact(MD_SEM_OFFICIAL); }
-static void test_snapshot_exact_transformers(void **st) { (void)st; snapshot_is_exact(MD_SEM_TRANSFORMERS); }
+static void test_snapshot_exact_official(void **st) { (void)st; snapshot_is_exact(MD_SEM_OFFICIAL, 0); }
+static void test_snapshot_exact_transformers(void **st) { (void)st; snapshot_is_exact(MD_SEM_TRANSFORMERS, 0); }
+static void test_snapshot_exact_dev_graph(void **st) { (void)st; snapshot_is_exact(MD_SEM_OFFICIAL, 1); }
 
 /* An independent, bitwise CRC32C (the format's checksum), for crafting
  * snapshots whose checksum is right but whose contents are not. */
@@ -548,10 +552,11 @@ static void test_snapshot_refuses_bad_input(void **st)
  * the boundary state, replaying R tokens; with R at least the dependency cone
  * W + (L-1)(W-1) the result is bit-identical too (tiny-mixed: 16 + 4*15 = 76);
  * with R = W it must differ somewhere (the replay is an approximation). */
-static void attach_is_exact(md_semantics sem)
+static void attach_is_exact(md_semantics sem, int dev)
 {
     be_backend *be = be_cpu_create(2);
     md_model *m = load_fixture_model(FIX("tiny-mixed"), be, sem);
+    assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
     const md_config *c = md_model_config(m);
     const size_t V = (size_t)c->vocab_size, N = 300, CUT = 256;
     int32_t *ids = make_ids(N, c->vocab_size, 77);
@@ -647,8 +652,9 @@ static void attach_is_exact(md_semantics sem)
     be_destroy(be);
 }
 
-static void test_attach_official(void **st) { (void)st; attach_is_exact(MD_SEM_OFFICIAL); }
-static void test_attach_transformers(void **st) { (void)st; attach_is_exact(MD_SEM_TRANSFORMERS); }
+static void test_attach_official(void **st) { (void)st; attach_is_exact(MD_SEM_OFFICIAL, 0); }
+static void test_attach_transformers(void **st) { (void)st; attach_is_exact(MD_SEM_TRANSFORMERS, 0); }
+static void test_attach_dev_graph(void **st) { (void)st; attach_is_exact(MD_SEM_OFFICIAL, 1); }
 
 int main(void)
 {
@@ -662,6 +668,8 @@ int main(void)
         cmocka_unit_test(test_snapshot_refuses_bad_input),
         cmocka_unit_test(test_attach_official),
         cmocka_unit_test(test_attach_transformers),
+        cmocka_unit_test(test_snapshot_exact_dev_graph),
+        cmocka_unit_test(test_attach_dev_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
