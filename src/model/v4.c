@@ -2373,6 +2373,8 @@ static int hd_attention(be_backend *be, const be_attn_seq *sq, int nseq, int nto
     md_host_dev *h = hd_of(be);
     md_model *m = h->m;
     if (!m || (size_t)nseq != h->nseg || h->decline_attn) return 1;
+    for (int s = 0; s < nseq; s++)
+        if (sq[s].kwin || !sq[s].ring || !sq[s].krows) return 1; /* it builds windows from rings only */
     const int l = a->layer, d = a->head_dim, W = a->window, ID = a->index_dim;
     float **kb = calloc((size_t)nseq, sizeof *kb);
     int64_t *kst = malloc((size_t)nseq * sizeof *kst);
