@@ -716,17 +716,20 @@ static void test_expiry(void **st)
     uint8_t k1[32], k2[32], k3[32], k4[32];
     mkkey(31, k1), mkkey(32, k2), mkkey(33, k3), mkkey(34, k4);
     uint8_t *b = blob(2000, 31, 0);
-    assert_int_equal(kv_store_put(s, k1, 2, b, 2000, 1), 0);        /* a window state, 1 s */
+    /* window states with a TTL of 30 s, aged past it by set_age below: with
+     * 1 s they were already expired 1-2 s after the write (whole seconds), a
+     * stall a loaded ASan run can take before "fresh: all there" */
+    assert_int_equal(kv_store_put(s, k1, 2, b, 2000, 30), 0);       /* a window state, 30 s */
     assert_int_equal(kv_store_put(s, k2, 1, b, 2000, 0), 0);        /* never */
     assert_int_equal(kv_store_put(s, k3, 1, b, 2000, 72 * HOUR), 0);
-    assert_int_equal(kv_store_put(s, k4, 2, b, 2000, 1), 0);
+    assert_int_equal(kv_store_put(s, k4, 2, b, 2000, 30), 0);
     kv_store_flush(s);
     char p1[512], p2[512], p3[512], p4[512];
     fpath(dir, k1, 2, p1), fpath(dir, k2, 1, p2), fpath(dir, k3, 1, p3), fpath(dir, k4, 2, p4);
 
     /* fresh: all there */
     for (int i = 0; i < 2; i++) assert_int_equal(kv_store_contains(s, i ? k4 : k1, 2), 1);
-    set_age(p1, 10);
+    set_age(p1, 100);
     set_age(p2, 10 * 365 * 24 * 3600);
     set_age(p3, 71 * 3600);
     assert_int_equal(kv_store_contains(s, k1, 2), 0);
@@ -748,7 +751,7 @@ static void test_expiry(void **st)
     assert_true(fmtime(p3) <= time(NULL) - 999);
 
     /* the sweep deletes expired files too */
-    set_age(p4, 5);
+    set_age(p4, 100);
     kv_store_sweep(s);
     assert_false(exists(p4));
     t = stats(s);
@@ -832,9 +835,9 @@ static void test_background_sweeper(void **st)
     kv_store_cfg c = {.dir = dir, .sweep_interval_ms = 20};
     kv_store *s = NULL;
     assert_int_equal(kv_store_open(&c, &s, NULL), 0);
-    assert_int_equal(kv_store_put(s, k, 2, b, 10000, 1), 0);
+    assert_int_equal(kv_store_put(s, k, 2, b, 10000, 30), 0); /* 30 s: the sweeper cannot expire it before set_age */
     kv_store_flush(s);
-    set_age(p, 10);
+    set_age(p, 100);
     assert_true(wait_for(s, one_expired, 10000));
     assert_false(exists(p));
     kv_store_close(s);
