@@ -342,6 +342,10 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
 #pragma unroll
     for (int i = 0; i < BCU_TT; i++) acc[i] = 0.0f;
     if (VEC) {
+        /* bf16 / f16 (the small decode GEMVs: the router, the compressors, the indexer): four steps unrolled, their
+         * loads in flight together (a few warps an SM, bound by load latency; not measured yet); the order of each
+         * lane's FMAs is the loop's, so the bits do not change */
+#pragma unroll(FMT == BCU_RW_BF16 || FMT == BCU_RW_F16 ? 4 : 1)
         for (int64_t j = (int64_t)lane * 8; j < a.K; j += 32 * 8) {
             float wv[8];
             wget8<FMT>(a, r, a.c0 + j, wv);
