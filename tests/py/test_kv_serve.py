@@ -88,7 +88,13 @@ class KVServer(Server):
     """serve_util.Server plus an optional preexec_fn (resource limits) and a parsed request log"""
 
     def __init__(self, *args, preexec_fn=None, env=None):
+        self.answered = 0  # generation requests answered 200: each one logs a line just after its response
+        self._answered_lock = threading.Lock()
         super().__init__(*BASE, *args, env=env, preexec_fn=preexec_fn)
+
+    def count_answer(self):
+        with self._answered_lock:
+            self.answered += 1
 
     def req_lines(self):
         return [m for m in (LOG_RE.match(line) for line in list(self.log)) if m]
@@ -116,9 +122,12 @@ def post(server, b, headers=None, timeout=60, path="/v1/chat/completions"):
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+            st, j = r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+    if st == 200 and hasattr(server, "count_answer"):
+        server.count_answer()
+    return st, j
 
 
 def answer(j):
@@ -137,10 +146,15 @@ def cached(j):
 
 def chat(server, b, headers=None):
     """one request, alone on the server: (response json, its log line as (prompt, cached, path))"""
+    # A log line is written just after its response: first let the lines of the requests answered before
+    # this one (post() without chat()) come in, or one of them would be taken for this request's line.
+    deadline = time.time() + 30  # polls: each ends as soon as its line is there
+    while len(server.req_lines()) < server.answered and time.time() < deadline:
+        time.sleep(0.01)
     n0 = len(server.req_lines())
     st, j = post(server, b, headers)
     assert st == 200, j
-    deadline = time.time() + 30  # the log line is written just after the response (a poll: ends when it is there)
+    deadline = time.time() + 30
     while len(server.req_lines()) <= n0 and time.time() < deadline:
         time.sleep(0.01)
     m = server.req_lines()[n0]
