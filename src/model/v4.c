@@ -1038,8 +1038,6 @@ static void *xalloc(size_t n, int *fail)
  * position kst[s]: in one backend call when the backend has the op, else on the host threads. */
 typedef int (*attn_op)(be_backend *be, const be_attn_seq *seqs, int nseq, int ntok, const be_attn_args *a);
 
-/* The backend's attention op (be_ops.attention, or the device graph's) for every segment: <= 0 when it did the
- * work (< 0: o is NaN and the backend keeps the error), > 0 when it declined or there is none. */
 /* Entries a forward's layer computed on the device (comp_dev): per kind (0 entries, 1 indexer keys) the rows
  * [n, width] in (segment, entry) order, and per segment its first entry b0 and count (0: none) and where its
  * rows start in e. */
@@ -1050,6 +1048,9 @@ typedef struct {
     size_t *at[2];
 } dev_ents;
 
+/* The backend's attention op (be_ops.attention, or the device graph's, on backend be) for every segment, with
+ * the entries de the device made (or NULL): <= 0 when it did the work (< 0: o is NaN and the backend keeps the
+ * error), > 0 when it declined or there is none. */
 static int attend_backend(md_model *m, be_backend *be, int l, md_segment *segs, size_t nseg, const rows_t *rw,
                           attn_op op, const float *q, const float *iq, const float *iw, float *const *kbufs,
                           const int64_t *kst, const float *krows, const dev_ents *de, float *o)
@@ -1487,6 +1488,7 @@ typedef struct {
     const int32_t *ids;  /* device [R] */
     const int64_t *pos;  /* device [R] */
     int oom;
+    int state_late, dev_comp; /* DEEPINFER_STATE_LATE, DEEPINFER_DEV_COMP (not "0"), read once per forward */
     /* layers whose state update waits for the end of the forward: their rows (device [R, xw]) */
     int *late_l;
     const float **late_xs;
@@ -1732,8 +1734,6 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
     return rc;
 }
 
-/* The late state updates (attention_dev): each such layer's rows down (the first download waits for the device),
- * then its compressors, which complete no entry, and its ring, in layer order. */
 /* Layer l's state rows (xs, device [R, xw] as state_width lays them out) into hx, host, at the same places: all
  * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment: its
  * last max(window, 2 ratio) rows (comp_finish pushes fewer than 2 ratio, the ring keeps the window) */
@@ -1758,6 +1758,9 @@ static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg)
     return 0;
 }
 
+/* The late state updates (attention_dev), in layer order: each such layer's rows down (the first download waits
+ * for the device), the entries its compressors made on the device into the blocks, the pushes into the partial
+ * blocks and half A, and the ring. */
 static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
 {
     const size_t R = x->rw->R, d = (size_t)x->m->cfg.head_dim;
@@ -1841,21 +1844,21 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
         }
     }
 
-    /* The state, on the host.  When a segment completes a compressed entry here, its rows come down now and the
-     * compressors run before the attention (a block completed by token t is visible to t): the layer waits for
-     * the device.  Otherwise nothing this attention reads changes, and the update (the partial blocks, the ring)
-     * runs after the forward (late_state): no wait.  The rows come down now also when the backend's attention
-     * declines (the window keys are built on the host). */
+    /* The state, on the host.  The entries a segment completes here are visible to the token that completes them
+     * (a block completed by token t is visible to t), so they must exist before this attention: the backend's
+     * comp_pool makes them on the device (comp_dev).  Everything else of the update (the partial blocks, the
+     * ring) nothing in this forward reads: it runs after the forward (late_state), and the layer does not wait.
+     * Without comp_pool (or DEEPINFER_DEV_COMP=0) a layer where an entry completes downloads its rows now and
+     * runs the host compressors first (now): it waits; with DEEPINFER_STATE_LATE=0 every layer does.  The rows
+     * come down now also when the backend's attention declines (the window keys are built on the host). */
     int rc = 0;
-    /* DEEPINFER_STATE_LATE=0: every layer waits (as before the late updates); DEEPINFER_DEV_COMP=0: the
-     * compressors stay on the host where the backend has comp_pool */
-    const int devc = dv->comp_pool && !env_off("DEEPINFER_DEV_COMP"), comp = comp_completes(m, l, segs, nseg);
-    const int now = env_off("DEEPINFER_STATE_LATE") || (comp && !devc);
-    float *hx = malloc(R * xw * sizeof(float));
+    const int devc = dv->comp_pool && x->dev_comp, comp = comp_completes(m, l, segs, nseg);
+    const int now = !x->state_late || (comp && !devc);
+    float *hx = NULL; /* the rows on the host, when this layer needs them now */
     float **kbufs = calloc(nseg ? nseg : 1, sizeof *kbufs);
     int64_t *kst = calloc(nseg ? nseg : 1, sizeof *kst);
     dev_ents de = {0};
-    if (!hx || !kbufs || !kst) rc = RC_ENOMEM;
+    if (!kbufs || !kst || (now && !(hx = malloc(R * xw * sizeof(float))))) rc = RC_ENOMEM;
     else if (now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
     if (!rc && now) {
         rc = state_step(m, l, segs, nseg, x->rw, hx, hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd),
@@ -1879,7 +1882,8 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     if (!rc && attend_backend(m, be, l, segs, nseg, x->rw, dv->attention, q, iq, iw, kbufs, kst, kv,
                               de.n[0] + de.n[1] ? &de : NULL, o) > 0) {
         /* the host attention: the rows down now, and the entries made on the device into the blocks */
-        if (!now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
+        if (!now && !(hx = malloc(R * xw * sizeof(float)))) rc = RC_ENOMEM;
+        else if (!now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
         if (!rc && de.n[0] + de.n[1]) rc = ents_write(x, l, segs, nseg, &de);
         if (!rc) rc = build_kbufs(m, l, segs, nseg, x->rw, hx, kbufs, kst);
         if (!rc) rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
@@ -2030,17 +2034,18 @@ static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, cons
     return 0;
 }
 
-/* md_forward on the device: rw is built, segs are checked; the caller advances the lengths */
 /* the host-dev graph's attention op needs the forward in progress (no-op on another backend) */
 static void hd_bind(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw);
 
+/* md_forward on the device: rw is built, segs are checked; the caller advances the lengths */
 static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw, rc_err *err)
 {
     const md_config *c = &m->cfg;
     const be_dev_ops *dv = be->ops->dev;
     const int n = c->hc_mult, D = c->hidden_size, V = c->vocab_size;
     const size_t R = rw->R;
-    dev_ctx x = {.m = m, .be = be, .dv = dv, .rw = rw};
+    dev_ctx x = {.m = m, .be = be, .dv = dv, .rw = rw, .state_late = !env_off("DEEPINFER_STATE_LATE"),
+                 .dev_comp = !env_off("DEEPINFER_DEV_COMP")};
     int rc = 0;
     x.late_l = malloc((size_t)c->n_layers * sizeof *x.late_l);
     x.late_xs = malloc((size_t)c->n_layers * sizeof *x.late_xs);

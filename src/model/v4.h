@@ -168,10 +168,10 @@ void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
  * attention fallback runs).  0 or RC_ENOMEM. */
 int md_model_set_host_dev_graph(md_model *m, int on);
 
-/* The device graph's state updates, counted per (forward, layer) since load: now, those that ran before the
- * layer's attention because a segment completed a compressed entry there (the forward waits for the device at
- * that layer); late, those that ran after the forward (no wait: the layer has no compressor, or none completes
- * an entry in that forward). */
+/* The device graph's state updates, counted per (forward, layer) since load: now, those that ran on the host
+ * before the layer's attention (the forward waits for the device there: a segment completed a compressed entry
+ * and the backend has no comp_pool, or DEEPINFER_DEV_COMP=0; every layer with DEEPINFER_STATE_LATE=0); late,
+ * those that ran after the forward (no wait). */
 void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late);
 
 #endif
