@@ -747,6 +747,50 @@ static double compare(const float *a, const float *b, size_t n, int V, int *agre
     return worst;
 }
 
+/* NSEQ independent sequences of SEQ_LEN tokens each, in one md_forward call (a batch of NSEQ segments): logits
+ * [NSEQ * SEQ_LEN, V] */
+#define NSEQ 48
+#define SEQ_LEN 8
+static float *run_batch(md_model *m, be_backend *be, const int32_t *ids)
+{
+    const int V = md_model_config(m)->vocab_size;
+    float *lg = malloc((size_t)NSEQ * SEQ_LEN * (size_t)V * sizeof *lg);
+    md_seq *s[NSEQ];
+    md_segment seg[NSEQ];
+    for (int i = 0; i < NSEQ; i++) {
+        s[i] = md_seq_create(m);
+        seg[i] = (md_segment){.seq = s[i], .ids = ids + (size_t)i * SEQ_LEN, .n = SEQ_LEN,
+                              .logits = lg + (size_t)i * SEQ_LEN * V, .all_logits = 1};
+    }
+    rc_err err = {0};
+    if (md_forward(m, seg, NSEQ, &err)) fail_msg("md_forward: %s", err.msg);
+    if (be_cuda_error(be)) fail_msg("%s", be_cuda_error(be));
+    for (int i = 0; i < NSEQ; i++) md_seq_free(s[i]);
+    return lg;
+}
+
+/* Official semantics on an FP8 / FP4 checkpoint quantise every FP8 / FP4 GEMM's input (act_quant): an element
+ * within ~1e-6 of a rounding midpoint goes the way the fp32 sum order says, and the CPU and the GPU order their
+ * sums differently.  Each such flip moves that element by one e4m3 step (up to 1/8) and every later position of
+ * its sequence through the state (tools/make_official_ref.py finds 6 between our CPU and torch over 520
+ * positions; tests/py/test_model_official.py), so one long sequence's agreement says little.  Independent
+ * short sequences bound each flip to its own: a sequence either agrees to accuracy (<= 1e-4 at every position)
+ * or holds a flip; a wrong kernel flips all of them.  Returns the sequences that differ by more than 1e-4 and
+ * the worst error among the rest. */
+static int flipped_sequences(const float *got, const float *ref, int V, double *worst_rest)
+{
+    int flipped = 0;
+    *worst_rest = 0;
+    for (int i = 0; i < NSEQ; i++) {
+        int ag;
+        const size_t o = (size_t)i * SEQ_LEN * V;
+        const double e = compare(got + o, ref + o, SEQ_LEN, V, &ag);
+        if (e > 1e-4) flipped++;
+        else if (e > *worst_rest) *worst_rest = e;
+    }
+    return flipped;
+}
+
 /* graph: "device" (the device-resident graph, the default) or "host" (every op a host round trip) */
 static void model_in_mode(bcu_math mode, const char *graph)
 {
@@ -768,6 +812,8 @@ static void model_in_mode(bcu_math mode, const char *graph)
         for (int s = 0; s < 2; s++) {
             md_model_set_semantics(mc, sems[s]);
             md_model_set_semantics(mg, sems[s]);
+            /* official semantics on the FP8 / FP4 fixture: act_quant flips (flipped_sequences) */
+            const int quantised = sems[s] == MD_SEM_OFFICIAL && !strcmp(fx[f], "tiny-mixed-fp8fp4");
             const int smooth = sems[s] == MD_SEM_TRANSFORMERS;
             float *ref = run_chunked(mc, cpu, ids, N_TOK, 0), *got = run_chunked(mg, gpu, ids, N_TOK, 0);
             int agree;
@@ -797,9 +843,27 @@ static void model_in_mode(bcu_math mode, const char *graph)
                 if (!same) fail_msg("%s %s: greedy continuation differs from CPU", fx[f], bcu_math_name(mode));
                 if (!(ec <= 1e-4)) fail_msg("%s %s: chunked vs one-shot max rel %.3g > 1e-4", fx[f], bcu_math_name(mode), ec);
             }
-            /* a wrong kernel agrees on ~1/V of the positions; bf16 rounding on
-             * these fixtures flips ~10% (docs/CUDA.md) */
-            const int need = accurate ? N_TOK * 9 / 10 : N_TOK * 3 / 4;
+            if (quantised) {
+                int32_t *bids = make_ids((size_t)NSEQ * SEQ_LEN, V, 11 + (uint64_t)f);
+                float *bref = run_batch(mc, cpu, bids), *bgot = run_batch(mg, gpu, bids);
+                double rest;
+                const int fl = flipped_sequences(bgot, bref, V, &rest);
+                printf("  [%s, %s graph] %-18s %-12s %d independent sequences of %d: %d differ by > 1e-4 (act_quant "
+                       "flips), the rest agree to %.2e\n",
+                       bcu_math_name(mode), graph, fx[f], md_semantics_name(sems[s]), NSEQ, SEQ_LEN, fl, rest);
+                fflush(stdout);
+                if (accurate && fl > NSEQ / 4)
+                    fail_msg("%s %s official: %d of %d independent sequences differ by > 1e-4 (act_quant flips "
+                             "touch a few)", fx[f], bcu_math_name(mode), fl, NSEQ);
+                free(bids);
+                free(bref);
+                free(bgot);
+            }
+            /* a wrong kernel agrees on ~1/V of the positions; bf16 rounding on these fixtures flips ~10% (docs/CUDA.md);
+             * official semantics on the FP8 / FP4 fixture: act_quant flips cascade along the 200 positions (measured
+             * 174 / 200 in the accurate maths, 149 / 200 in bf16), so there the independent sequences above are the
+             * accuracy check and this only catches a wrong kernel */
+            const int need = quantised ? N_TOK / 2 : accurate ? N_TOK * 9 / 10 : N_TOK * 3 / 4;
             if (agree < need) fail_msg("%s %s %s: top-1 agreement %d/%d < %d", fx[f], bcu_math_name(mode),
                                        md_semantics_name(sems[s]), agree, N_TOK, need);
             free(ref);

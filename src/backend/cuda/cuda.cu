@@ -110,7 +110,8 @@ typedef struct {
     size_t gemv_T; /* bf16 matrices of <= 64M elements met by at most this many rows take the fp32 row-dot
                     * (DEEPINFER_CUDA_GEMV_T, 8; 0 turns it off) */
     size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
-                        * core() instead of the grouped kernel (DEEPINFER_CUDA_MOE_LOOP_T, 2048) */
+                        * core() instead of the grouped kernel (DEEPINFER_CUDA_MOE_LOOP_T, 2048; 4x that when x and h are
+                        * act_quant'd: dv_moe) */
     size_t moe_mmarows_max; /* MoE batches of at most this many (token, expert) pairs per expert take the mma
                                rows (bf16x3 / bf16 maths; DEEPINFER_CUDA_MOE_MMAROWS_MAX) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
@@ -118,6 +119,9 @@ typedef struct {
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
                 * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
     int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 is plain linear: three planes, bf16 row-dots) */
+    int rowq8; /* DEEPINFER_CUDA_ROWQ8 (default 0): act_quant'd rows of up to 16 through bcu_rowdot_x8 (codes against
+                * codes); off because it is slower than the bf16 decode kernel (H200, ncu, one batch-1 step of the
+                * V4-Flash slice, 2026-11-30: 569 us in 29 calls against ~350 us; docs/CUDA.md) */
     int grouped_one; /* DEEPINFER_CUDA_GROUPED (default 1; 0: the grouped projection as a launch per group) */
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
@@ -496,7 +500,7 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (K != w->cols - c0) return fail(c, "row-dot: K %lld is not cols - c0", (long long)K);
     bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, r0, n, c0, dx, (int64_t)T, dy);
-    if (c->x_fp8 && w->fmt == BE_W_FP8) {
+    if (c->x_fp8 && c->rowq8 && w->fmt == BE_W_FP8) {
         const cudaError_t r = bcu_rowdot_x8(&a, c->st);
         if (r == cudaSuccess) return 0;
         if (r != cudaErrorNotSupported) CU(r);
@@ -1708,8 +1712,13 @@ static int dv_moe(be_backend *be, float *y, const float *x, size_t T, const int3
 {
     int rc = -1;
     /* a prefill-sized batch gives each expert enough rows for cuBLAS: decline, and the graph runs the experts one
-     * by one through dequantise + cuBLAS (core()); the grouped kernel keeps decode */
-    if (T >= get(be)->moe_loop_T && get(be)->math != BCU_MATH_FP32) return 1;
+     * by one through dequantise + cuBLAS (core()); the grouped kernel keeps decode.  With x and h act_quant'd the
+     * grouped kernel takes one bf16 plane (moe_locked) and stays ahead longer: 4x the threshold (the V4-Flash
+     * slice, official semantics, H200: prefill 4096 tokens 119 ms grouped vs 171 ms by the loop; 16384 tokens 560
+     * vs 519 ms; docs/BENCHMARKS.md) */
+    const cuda_be *cb = get(be);
+    const int one_plane = cb->x8_kernel && (flags & BE_MOE_ACT_FP8_X) && (flags & BE_MOE_ACT_FP8_H);
+    if (T >= cb->moe_loop_T * (one_plane ? 4 : 1) && cb->math != BCU_MATH_FP32) return 1;
     DV_ENTER(BCU_PROF_MOE);
     rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, flags, 1) : 0;
     DV_LEAVE;
@@ -1874,6 +1883,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
     c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
     c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
+    c->rowq8 = env_size("DEEPINFER_CUDA_ROWQ8", 0) != 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
