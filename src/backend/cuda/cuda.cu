@@ -1129,8 +1129,14 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         }
     }
     if (!a->ratio) nb = npart = 0;
+    /* a staged block holds only this layer's rows: its entries and, right after them in the block layout (v4.c's
+     * blk_geometry), its indexer keys; the kernels address block + ent_off / key_off, so the block pointer they get
+     * is the staged rows less ent_off (an address the kernels only ever add ent_off or more to) */
+    const size_t ent_rows = (size_t)epb * d, key_rows = a->csa ? (size_t)epb * ID : 0;
+    if (a->ratio && key_rows && a->key_off != a->ent_off + ent_rows) return 1;
+    const size_t pstride = ent_rows + key_rows;
     const int rows_max = c->attn_rows;
-    const size_t o_part = 0, o_win = up256(npart * blk * 4), o_ptr = o_win + up256(nwin * 4),
+    const size_t o_part = 0, o_win = up256(npart * pstride * 4), o_ptr = o_win + up256(nwin * 4),
                  o_seq = o_ptr + up256((nb ? nb : 1) * sizeof(float *)),
                  o_wd = o_seq + up256((size_t)(nseq + ntok / rows_max + 2) * sizeof(bcu_attn_seq)),
                  o_patch = o_wd + up256((size_t)(nring ? nring : 1) * sizeof(win_desc)),
@@ -1154,8 +1160,12 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     const float **hptr = (const float **)(hst + o_ptr);
     float *hpart = (float *)(hst + o_part), *hwin = (float *)(hst + o_win);
     size_t kb = 0, kp = 0, kw = 0, nwd = 0, np = 0;
-    const size_t ent_rows = (size_t)epb * d, key_rows = a->csa ? (size_t)epb * ID : 0;
+    int host_win = 0; /* some sequence brought its window keys from the host */
     ent_patch *hpat = (ent_patch *)(hst + o_patch);
+    /* the kernels' pointer for staged block k */
+    auto staged_block = [&](size_t k) {
+        return (float *)((uintptr_t)(dev + o_part) + (k * pstride - a->ent_off) * sizeof(float));
+    };
     for (int s = 0; s < nseq; s++) {
         for (int k = 0; k < 2 && a->ratio; k++) { /* block i of the sequence is staged at kp + i - nfull */
             const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
@@ -1163,7 +1173,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             for (int64_t j = 0; j < ne; j++) {
                 const int64_t e = e0 + j;
                 const size_t i = (size_t)(e / epb);
-                hpat[np++] = ent_patch{(float *)(dev + o_part) + (kp + i - sq[s].nfull) * blk + off + (size_t)(e % epb) * w,
+                hpat[np++] = ent_patch{staged_block(kp + i - sq[s].nfull) + off + (size_t)(e % epb) * w,
                                        (k ? sq[s].key_dev : sq[s].ent_dev) + (size_t)j * w, (int64_t)w};
             }
         }
@@ -1173,16 +1183,15 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 if (!p) return c->failed ? -1 : 1; /* the mirror is full of this call's blocks: the host does it */
                 hptr[kb] = p;
             } else {
-                float *h = hpart + kp * blk;
-                memcpy(h + a->ent_off, sq[s].blocks[i] + a->ent_off, ent_rows * 4);
-                if (key_rows) memcpy(h + a->key_off, sq[s].blocks[i] + a->key_off, key_rows * 4);
-                hptr[kb] = (const float *)(dev + o_part) + kp * blk;
+                memcpy(hpart + kp * pstride, sq[s].blocks[i] + a->ent_off, pstride * 4);
+                hptr[kb] = staged_block(kp);
                 kp++;
             }
         }
         const size_t w = (size_t)(sq[s].p0 + sq[s].T - sq[s].kstart) * (size_t)d;
         if (sq[s].kwin) {
             memcpy(hwin + kw, sq[s].kwin, w * 4);
+            host_win = 1;
         } else {
             float *slot = win_get(c, sq[s].win_key, a->layer, sq[s].p0, sq[s].ring);
             if (!slot) return c->failed ? -1 : 1;
@@ -1191,7 +1200,11 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         }
         kw += w;
     }
-    CU(cudaMemcpyAsync(dev, hst, o_seq, cudaMemcpyHostToDevice, c->st));
+    /* up: the staged blocks, the window keys only if some came from the host (win_build_kernel writes the ring
+     * sequences' windows there on the device: V4-Flash, 256 KB a sequence a layer), the block pointers */
+    if (kp) CU(cudaMemcpyAsync(dev + o_part, hst + o_part, kp * pstride * 4, cudaMemcpyHostToDevice, c->st));
+    if (host_win) CU(cudaMemcpyAsync(dev + o_win, hst + o_win, kw * 4, cudaMemcpyHostToDevice, c->st));
+    if (kb) CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, kb * sizeof(float *), cudaMemcpyHostToDevice, c->st));
     if (np) { /* the rows the device made, over their staged blocks' host rows */
         CU(cudaMemcpyAsync(dev + o_patch, hst + o_patch, np * sizeof(ent_patch), cudaMemcpyHostToDevice, c->st));
         ent_patch_kernel<<<(unsigned)np, 128, 0, c->st>>>((const ent_patch *)(dev + o_patch));
