@@ -584,9 +584,10 @@ static const variant variants[] = {
     {BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},  {BCU_MOE_TILED, BCU_MOE_FP32, 1e-5, 0, 0},
     {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0}, {BCU_MOE_TILED, BCU_MOE_BF16, 2e-2, 0, 0},
     {BCU_MOE_AUTO, BCU_MOE_FP32, 1e-5, 0, 0},
-    /* mma rows: the same three planes whichever bf16 maths is asked for; every tiling (m16 tiles per pass,
-     * K split over the block's warps or not) */
-    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 0, 0},
+    /* mma rows: three planes for bf16x3, the hi plane alone for bf16 (activations rounded to bf16, like the
+     * tiles); every tiling (m16 tiles per pass, K split over the block's warps or not) */
+    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 2e-2, 0, 0},
+    {BCU_MOE_MMAROWS, BCU_MOE_BF16, 2e-2, 4, 4},
     {BCU_MOE_AUTO, BCU_MOE_BF16X3, 5e-5, 0, 0},    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 1, 1},
     {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 2, 1}, {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 1},
     {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 1, 4}, {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4},
@@ -740,7 +741,11 @@ static void test_gpu_act_fp8_h(void **st)
                           {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_TILED, BCU_MOE_BF16, 5e-5, 0, 0},
                           {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4}};
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4},
+                          /* the hi plane alone: x and h are bf16 values here, so the very bits of three planes
+                           * (checked against the two variants above: vs[v - 2]) */
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 0, 0},
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 4, 4}};
     const int64_t D = X.D, I = X.I;
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         const int64_t T = Ts[ti], P = T * topk;
@@ -781,6 +786,8 @@ static void test_gpu_act_fp8_h(void **st)
         bcu_moe_plan dp; /* the device workspace's layout: where h is */
         assert_int_equal(bcu_moe_plan_layout(ws, T, topk, X.E, D, I, &dp), 0);
         float *y = xmalloc((size_t)(T * D) * sizeof *y), *hd = xmalloc((size_t)(P * I) * sizeof *hd);
+        const size_t nv = sizeof vs / sizeof vs[0];
+        float *ys = xmalloc(nv * (size_t)(T * D) * sizeof *ys); /* every variant's y, for the bit-exact pairs */
         double *yr = xmalloc((size_t)(T * D) * sizeof *yr), *yc = xmalloc((size_t)(T * D) * sizeof *yc);
         for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
             char what[96];
@@ -794,6 +801,17 @@ static void test_gpu_act_fp8_h(void **st)
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(y, dy, (size_t)(T * D) * 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(hd, dp.h, (size_t)(P * I) * 4, cudaMemcpyDeviceToHost));
+            memcpy(ys + v * (size_t)(T * D), y, (size_t)(T * D) * sizeof *y);
+            if (vs[v].path == BCU_MOE_MMAROWS && vs[v].math == BCU_MOE_BF16) {
+                /* one plane of exact bf16 values: the three-plane variant of the same tiling, bit for bit */
+                const float *y3 = ys + (v - 2) * (size_t)(T * D);
+                assert_true(vs[v - 2].math == BCU_MOE_BF16X3 && vs[v - 2].mt == vs[v].mt && vs[v - 2].ks == vs[v].ks);
+                int64_t ndiff = 0;
+                for (int64_t i = 0; i < T * D; i++) ndiff += memcmp(&y[i], &y3[i], sizeof *y) != 0;
+                printf("  [moe] %-44s vs three planes: %lld of %lld outputs differ\n", what, (long long)ndiff,
+                       (long long)(T * D));
+                if (ndiff) fail_msg("%s: %lld outputs differ from the three-plane mma rows", what, (long long)ndiff);
+            }
             /* stage 1: quantised, and the reference's quantisation up to midpoint flips */
             int64_t flips = 0;
             for (int64_t i = 0; i < P * I; i++) {
@@ -831,7 +849,7 @@ static void test_gpu_act_fp8_h(void **st)
         X.ex.act_fp8_h = 0;
         dcall_free(&dc);
         free(hp.buf); free(ids); free(w); free(x); free(hr); free(hq); free(gap); free(row); free(y); free(hd);
-        free(yr); free(yc);
+        free(yr); free(yc); free(ys);
     }
     experts_free(&X);
 }

@@ -762,7 +762,7 @@ run:
     }
     /* bf16x3 / bf16: the tensor-core kernels (three bf16 planes, ~1e-6); fp32: FFMA.  When x and h both went
      * through act_quant (official semantics) one bf16 plane holds them exactly: bf16x3 takes the one-plane
-     * kernels, the same values for a third of the tensor-core work (the mma rows split three planes anyway) */
+     * kernels, the same values for a third of the tensor-core work (the mma rows take the hi plane alone) */
     const int x8 = c->x8_kernel && (flags & BE_MOE_ACT_FP8_X) && (flags & BE_MOE_ACT_FP8_H);
     const bcu_moe_math mm = c->math == BCU_MATH_BF16 || (x8 && c->math == BCU_MATH_BF16X3) ? BCU_MOE_BF16
                             : c->math == BCU_MATH_BF16X3                                  ? BCU_MOE_BF16X3

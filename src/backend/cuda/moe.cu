@@ -797,14 +797,17 @@ __global__ void mr_split_kernel(uint16_t *xq, const float *x, int64_t T, int64_t
     }
 }
 
-/* MT m16 tiles per pass (MT = 1: 5 rows, 2: 10, 4: 21).  KS = 1: grid x = groups of MR_WARPS x 8 (G = 1) or
- * MR_WARPS x 8 MR_WN (G = 2) weight rows, a warp's own rows over all of K.  KS = MR_WARPS: grid x = groups of
- * 8 or 8 MR_WN rows that the block's warps share, each over a fixed quarter of K's chunks; their partial sums
- * meet in shared memory in warp order.  y = active-expert slot. */
-template <int G, int MT, int KS>
+/* MT m16 tiles per pass (NP = 3: 5 rows for MT = 1, 10 for 2, 21 for 4; NP = 1: 16 rows a tile).  KS = 1: grid
+ * x = groups of MR_WARPS x 8 (G = 1) or MR_WARPS x 8 MR_WN (G = 2) weight rows, a warp's own rows over all of K.
+ * KS = MR_WARPS: grid x = groups of 8 or 8 MR_WN rows that the block's warps share, each over a fixed quarter of
+ * K's chunks; their partial sums meet in shared memory in warp order.  y = active-expert slot.  NP: the bf16
+ * planes of an activation row the A rows take (3: hi, mid, lo; 1: hi only, the bf16 maths, exact when every
+ * activation is a bf16 value, as act_quant'd ones are: then planes mid and lo are zero and the hi plane's sums are
+ * the three-plane result bit for bit, the per-row tensor-core sums not depending on the other rows of a tile). */
+template <int G, int MT, int KS, int NP>
 __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
 {
-    constexpr int TOK = 16 * MT / 3;
+    constexpr int TOK = 16 * MT / NP;
     __shared__ float red[MR_WARPS][16 * MT][8 * MR_WN + 1];
     const int e = a.act[blockIdx.y];
     if (e < 0) return;
@@ -844,14 +847,14 @@ __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
 
     for (int64_t t0 = 0; t0 < nrows; t0 += TOK) {
         const int ntk = nrows - t0 < TOK ? (int)(nrows - t0) : TOK;
-        const int mtv = (3 * ntk + 15) / 16; /* m16 tiles holding a row */
+        const int mtv = (NP * ntk + 15) / 16; /* m16 tiles holding a row */
         /* the A rows of this lane: 16 im + g and 16 im + 8 + g, NULL if no row */
         const unsigned char *xr[MT][2];
 #pragma unroll
         for (int im = 0; im < MT; im++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                const int m = 16 * im + 8 * hh + g, tau = m / 3, p = m - 3 * tau;
+                const int m = 16 * im + 8 * hh + g, tau = m / NP, p = m - NP * tau;
                 xr[im][hh] = NULL;
                 if (tau < ntk) {
                     const int64_t row = r0 + t0 + tau;
@@ -922,17 +925,19 @@ __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
         }
         if (KS == 1) __syncwarp();
         else __syncthreads();
-        /* row 3 tau + p, column j: the K ranges in warp order, then hi + (mid + lo) */
+        /* row NP tau + p, column j: the K ranges in warp order, then hi + (mid + lo) */
         auto sum = [&](int tau, int j) {
-            float v[3];
+            float v[NP];
 #pragma unroll
-            for (int p = 0; p < 3; p++) {
-                float s = red[KS == 1 ? warp : 0][3 * tau + p][j];
+            for (int p = 0; p < NP; p++) {
+                float s = red[KS == 1 ? warp : 0][NP * tau + p][j];
 #pragma unroll
-                for (int w = 1; w < KS; w++) s = s + red[w][3 * tau + p][j];
+                for (int w = 1; w < KS; w++) s = s + red[w][NP * tau + p][j];
                 v[p] = s;
             }
-            return v[0] + (v[1] + v[2]);
+            float r = v[0];
+            if (NP == 3) r = v[0] + (v[1 % NP] + v[2 % NP]);
+            return r;
         };
         const int ti0 = KS == 1 ? lane : (int)threadIdx.x, tstep = KS == 1 ? 32 : 32 * MR_WARPS;
         if (G == 1) {
@@ -1003,23 +1008,29 @@ __global__ void combine_kernel(float *y, const float *yp, const int32_t *comb, c
 static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
 /* stage g of the mma rows: 1 (gate / up -> h) or 2 (W2 h) */
-template <int MT, int KS>
+template <int MT, int KS, int NP>
 static void mr_launch_v(const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
 {
     const int64_t r1 = 8 * (MR_WARPS / KS), r2 = 8 * MR_WN * (MR_WARPS / KS); /* weight rows per block */
-    if (g == 1) mr_kernel<1, MT, KS><<<dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st>>>(a);
-    else mr_kernel<2, MT, KS><<<dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st>>>(a);
+    if (g == 1) mr_kernel<1, MT, KS, NP><<<dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st>>>(a);
+    else mr_kernel<2, MT, KS, NP><<<dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st>>>(a);
 }
 
-static cudaError_t mr_launch(int mt, int ks, const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
+template <int NP>
+static cudaError_t mr_launch_np(int mt, int ks, const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
 {
-    if (ks == 1 && mt == 1) mr_launch_v<1, 1>(a, ny, g, st);
-    else if (ks == 1 && mt == 2) mr_launch_v<2, 1>(a, ny, g, st);
-    else if (ks == 1 && mt == 4) mr_launch_v<4, 1>(a, ny, g, st);
-    else if (ks == MR_WARPS && mt == 1) mr_launch_v<1, MR_WARPS>(a, ny, g, st);
-    else if (ks == MR_WARPS && mt == 4) mr_launch_v<4, MR_WARPS>(a, ny, g, st);
+    if (ks == 1 && mt == 1) mr_launch_v<1, 1, NP>(a, ny, g, st);
+    else if (ks == 1 && mt == 2) mr_launch_v<2, 1, NP>(a, ny, g, st);
+    else if (ks == 1 && mt == 4) mr_launch_v<4, 1, NP>(a, ny, g, st);
+    else if (ks == MR_WARPS && mt == 1) mr_launch_v<1, MR_WARPS, NP>(a, ny, g, st);
+    else if (ks == MR_WARPS && mt == 4) mr_launch_v<4, MR_WARPS, NP>(a, ny, g, st);
     else return cudaErrorInvalidValue;
     return cudaSuccess;
+}
+
+static cudaError_t mr_launch(int np, int mt, int ks, const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
+{
+    return np == 1 ? mr_launch_np<1>(mt, ks, a, ny, g, st) : mr_launch_np<3>(mt, ks, a, ny, g, st);
 }
 
 extern "C" int bcu_moe_plan_layout(void *base, int64_t T, int topk, int n_experts, int64_t dim, int64_t inter,
@@ -1267,12 +1278,15 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         const int64_t ng = T * (Dp / 8);
         mr_split_kernel<<<(unsigned)(ng < 4096 * 256 ? (ng + 255) / 256 : 4096), 256, 0, st>>>(p.xq, x, T, a.D, Dp);
         const unsigned ny = (unsigned)p.n_slots;
-        /* MT by the average rows per expert (H200, bench_gpu_moe: 1 tile up to 2 rows, else 2 tiles: 2 beat 4
-         * even at 24 rows per expert, by occupancy), unless bcu_moe_set_tiling forced a variant */
+        /* planes: three for bf16x3, the hi plane alone for the bf16 maths (exact for act_quant'd x and h, which
+         * the backend sends here as bf16).  MT by the average rows per expert (H200, bench_gpu_moe, three planes:
+         * 1 tile up to 2 rows, else 2 tiles: 2 beat 4 even at 24 rows per expert, by occupancy; one plane: a tile
+         * holds 16 rows), unless bcu_moe_set_tiling forced a variant */
+        const int np = math == BCU_MOE_BF16 ? 1 : 3;
         const int64_t avg = (p.P + ex->n_experts - 1) / ex->n_experts;
         const int forced = mr_forced.load(std::memory_order_relaxed);
-        const int mt = forced ? forced >> 4 : avg <= 2 ? 1 : 2, ks = forced ? forced & 15 : 1;
-        cudaError_t e = mr_launch(mt, ks, a, ny, 1, st);
+        const int mt = forced ? forced >> 4 : avg <= (np == 1 ? 16 : 2) ? 1 : 2, ks = forced ? forced & 15 : 1;
+        cudaError_t e = mr_launch(np, mt, ks, a, ny, 1, st);
         if (e == cudaSuccess && a.act_fp8_h) { /* h in fp32 from stage 1: quantise, then the planes stage 2 reads */
             e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
             const int64_t nh = p.P * (Ip / 8);
@@ -1280,7 +1294,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
                 mr_split_kernel<<<(unsigned)(nh < 4096 * 256 ? (nh + 255) / 256 : 4096), 256, 0, st>>>(p.hq, p.h, p.P,
                                                                                                     a.I, Ip);
         }
-        if (e == cudaSuccess) e = mr_launch(mt, ks, a, ny, 2, st);
+        if (e == cudaSuccess) e = mr_launch(np, mt, ks, a, ny, 2, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_ROWS) {
         const unsigned ny = (unsigned)p.n_slots;
