@@ -12,6 +12,7 @@ S=/tmp/slice
 .carry/bin/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
 IFS=';' read -r -a variants <<< "${PROBE_VARIANTS:-DEEPINFER_CUDA_MOE_LOOP_T=2048;DEEPINFER_CUDA_MOE_LOOP_T=1000000000}"
 i=0
+[ "${PROBE_VARIANTS:-}" = none ] && variants=()
 for v in "${variants[@]}"; do
   i=$((i + 1))
   echo "== ${v:-defaults}"
@@ -20,12 +21,13 @@ for v in "${variants[@]}"; do
 done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ -z "${PROBE_NO_NCU:-}" ]; then
+  for nb in ${PROBE_NCU_B:-1}; do
   t=$(date +%s)
-  BENCH_NCU_B=1 timeout 200 $NCU --profile-from-start off --clock-control none --cache-control none \
-    --metrics gpu__time_duration.sum --csv .carry/bin/bench_gpu_layers $S --batches 1 --contexts 4096 --prefill 4096 \
-    --reps 2 --budget-s 60 > "$OUT/ncu_b1.csv" 2> "$OUT/ncu_b1.err"
-  echo "ncu B=1 rc=$? $(( $(date +%s)-t )) s, $(grep -c '"gpu__time_duration.sum"' "$OUT/ncu_b1.csv") kernels"
-  python3 - "$OUT/ncu_b1.csv" <<'PY'
+  BENCH_NCU_B=$nb timeout 200 $NCU --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv .carry/bin/bench_gpu_layers $S --batches $nb --contexts 4096 --prefill 4096 \
+    --reps 2 --budget-s 60 ${PROBE_NCU_ARGS:-} > "$OUT/ncu_b$nb.csv" 2> "$OUT/ncu_b$nb.err"
+  echo "ncu B=$nb rc=$? $(( $(date +%s)-t )) s, $(grep -c '"gpu__time_duration.sum"' "$OUT/ncu_b$nb.csv") kernels"
+  python3 - "$OUT/ncu_b$nb.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
@@ -37,5 +39,6 @@ for r in rows[1:]:
 print(f"GPU time of the profiled step: {sum(tot.values()):.0f} us in {sum(cnt.values())} kernels")
 for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:25]: print(f"  {v:8.1f} us {cnt[k]:4d}x  {k}")
 PY
+  done
 fi
 rm -rf $S
