@@ -1311,9 +1311,11 @@ extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
  * two e4m3 values are exact in fp32; each k32 step's sum P, from zero, goes
  * into S = fmaf(P, sx * sw, S), the steps in column order; with the K split
  * (4 warps on the same rows) the quarters meet in warp order.  A token's
- * result does not depend on T (the split is chosen by n alone).  Not yet run
- * on a GPU (2026-11-30): test_cuda's test_rowdot_x8 checks it against a
- * double reference and for batch invariance. */
+ * result does not depend on T (the split is chosen by n alone).  On the
+ * H200 (2026-11-30, fifth session) test_rowdot_x8 holds it within 4.7e-7 of
+ * the CPU and batch-invariant, but it is slower than the bf16 decode kernel
+ * (sm_90 unpacks e4m3 to f16 per element for this mma): the backend takes it
+ * only with DEEPINFER_CUDA_ROWQ8=1. */
 #define RQ_TW 2 /* n8 tiles per warp */
 #define RQ_PD 4 /* chunks of weights in flight per lane */
 

@@ -733,8 +733,9 @@ __global__ void __launch_bounds__(256, 2) mma_kernel(MoeArgs a)
  * weight row g of each of its n8 tiles per 128-column chunk, several chunks
  * ahead, and decodes them to exact bf16 (byte-table lookup, then the ue8m0
  * scale by one exact bf16x2 multiply).  The activations are the A operand:
- * row m of the pass's m16 tiles is bf16 plane m % 3 of the expert's row
- * m / 3 (a tile need not hold whole tokens), read from planes split once per
+ * row m of the pass's m16 tiles is bf16 plane m % NP of the expert's row
+ * m / NP (NP = 3 for bf16x3, 1 for bf16: the hi plane alone; a tile need not
+ * hold whole tokens), read from planes split once per
  * call (mr_split_kernel for x, the gate/up epilogue for h) in the chunk
  * layout the fragments want, so a lane's A operand for a step pair is one
  * 16-byte load that stays in L1 across the block's warps.  No barrier in the
