@@ -36,6 +36,7 @@
 #include "base/greedy.h"
 #include "base/le.h"
 #include "base/scratch.h"
+#include "backend/part_slots.h"
 #include "model/v4_internal.h"
 
 /* ------------------------------------------------------------------ setup */
@@ -2170,6 +2171,12 @@ struct md_host_dev {
     void **blk;
     size_t nblk, cap;
     int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback) */
+    /* copies of partial blocks' layer rows kept as a device would (part_slots.h): ps_n slots of ps_sz floats
+     * (64; md_model_set_host_dev_graph(m, 3): one, so slots are taken from other blocks and calls go without) */
+    bps_slot *ps;
+    float *ps_mem;
+    size_t ps_n, ps_sz;
+    uint64_t ps_call, ps_hits, ps_rows;
     /* the forward in progress (hd_bind), for the attention op, which runs the host path's attention */
     md_model *m;
     md_segment *segs;
@@ -2372,6 +2379,81 @@ static void hd_comp_pool(be_backend *be, float *out, size_t n, int ns, int hd, c
  * pre-forward ring and the segment's keys (krows), the entries the forward made on the device (ent_dev, key_dev)
  * in place of the blocks' rows for the call (they are written for good by late_state: the old rows come back
  * after), then the host path's attention. */
+/* The rows [0, n) of region k (0: entries, 1: indexer keys) of layer l's part of block i of segment s, which
+ * ent_row reaches (w floats a row) */
+static float *hd_block_rows(const md_host_dev *h, int s, int l, int k, size_t i, int epb)
+{
+    return ent_row(h->segs[s].seq, l, k, i * (size_t)epb);
+}
+
+/* Before the attention: for every partial block of the call, its slot brought up to the rows the host holds
+ * (counted in ps_rows), the device-made rows (already over the block's rows) put in, and then the slot's rows
+ * written over the block's, their previous contents kept in *view for hd_slots_out.  A block without a slot is
+ * read as it is (the device would stage it whole). */
+static int hd_slots_in(md_host_dev *h, const be_attn_seq *sq, int nseq, const be_attn_args *a, float **view)
+{
+    const int l = a->layer, epb = MD_BLOCK_TOKENS / a->ratio;
+    const size_t w[2] = {(size_t)a->head_dim, (size_t)a->index_dim}, ent_rows = (size_t)epb * w[0],
+                 sz = ent_rows + (a->csa ? (size_t)epb * w[1] : 0);
+    if (sz > h->ps_sz) { /* larger rows than the pool's: start it again (as the CUDA pool does) */
+        float *nm = malloc(h->ps_n * sz * sizeof(float));
+        if (!nm) return RC_ENOMEM;
+        free(h->ps_mem);
+        h->ps_mem = nm;
+        h->ps_sz = sz;
+        memset(h->ps, 0, h->ps_n * sizeof *h->ps);
+    }
+    size_t nv = 0;
+    for (int s = 0; s < nseq; s++) nv += (sq[s].nblk - sq[s].nfull) * sz;
+    float *v = *view = malloc((nv ? nv : 1) * sizeof(float));
+    if (!v) return RC_ENOMEM;
+    h->ps_call++;
+    for (int s = 0; s < nseq; s++)
+        for (size_t i = sq[s].nfull; i < sq[s].nblk; i++, v += sz) {
+            const long si = bps_get(h->ps, h->ps_n, sq[s].block_ids[i], l, h->ps_call);
+            if (si < 0) continue;
+            bps_slot *p = &h->ps[si];
+            float *slot = h->ps_mem + (size_t)si * h->ps_sz;
+            int32_t host[2], after[2];
+            bps_host_rows(&sq[s], i, epb, a->ratio, a->csa, host);
+            bps_begin(p, host);
+            bps_after(&sq[s], i, epb, host, after);
+            if (p->have[0] == host[0] && p->have[1] == host[1]) h->ps_hits++;
+            for (int k = 0; k < 2; k++) {
+                float *rows = hd_block_rows(h, s, l, k, i, epb), *srows = slot + (k ? ent_rows : 0);
+                /* from the host: rows [have, host); from this call's device rows (now over the block): [host, after) */
+                memcpy(srows + (size_t)p->have[k] * w[k], rows + (size_t)p->have[k] * w[k],
+                       (size_t)(after[k] - p->have[k]) * w[k] * sizeof(float));
+                h->ps_rows += (size_t)(host[k] - p->have[k]);
+                /* the device reads the slot: keep the block's rows, put the slot's in */
+                memcpy(v + (k ? ent_rows : 0), rows, (size_t)after[k] * w[k] * sizeof(float));
+                memcpy(rows, srows, (size_t)after[k] * w[k] * sizeof(float));
+                p->have[k] = after[k];
+            }
+        }
+    return 0;
+}
+
+/* after the attention: the blocks' own rows back */
+static void hd_slots_out(md_host_dev *h, const be_attn_seq *sq, int nseq, const be_attn_args *a, float *view)
+{
+    const int l = a->layer, epb = MD_BLOCK_TOKENS / a->ratio;
+    const size_t w[2] = {(size_t)a->head_dim, (size_t)a->index_dim}, ent_rows = (size_t)epb * w[0],
+                 sz = ent_rows + (a->csa ? (size_t)epb * w[1] : 0);
+    float *v = view;
+    for (int s = 0; s < nseq; s++)
+        for (size_t i = sq[s].nfull; i < sq[s].nblk; i++, v += sz) {
+            long si = -1;
+            for (size_t k = 0; k < h->ps_n && si < 0; k++)
+                if (h->ps[k].id == sq[s].block_ids[i] && h->ps[k].layer == l && h->ps[k].call == h->ps_call) si = (long)k;
+            if (si < 0) continue;
+            for (int k = 0; k < 2; k++)
+                memcpy(hd_block_rows(h, s, l, k, i, epb), v + (k ? ent_rows : 0),
+                       (size_t)h->ps[si].have[k] * w[k] * sizeof(float));
+        }
+    free(view);
+}
+
 static int hd_attention(be_backend *be, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a)
 {
     (void)ntok;
@@ -2406,7 +2488,11 @@ static int hd_attention(be_backend *be, const be_attn_seq *sq, int nseq, int nto
                 memcpy(row, (k ? sq[s].key_dev : sq[s].ent_dev) + (size_t)j * w, w * sizeof(float));
             }
         }
+    /* the partial blocks as a device keeping copies would read them: each slot's rows over the block's */
+    float *view = NULL;
+    if (!rc && a->ratio) rc = hd_slots_in(h, sq, nseq, a, &view);
     if (!rc) rc = attend_host(m, l, h->segs, h->nseg, h->rw, a->q, a->iq, a->iw, kb, kst, a->out);
+    if (view) hd_slots_out(h, sq, nseq, a, view);
     o = 0;
     for (int s = 0; s < nseq && save; s++)
         for (int k = 0; k < 2; k++) {
@@ -2438,6 +2524,8 @@ static void hd_destroy(be_backend *be)
     md_host_dev *h = hd_of(be);
     hd_reset(be);
     free(h->blk);
+    free(h->ps);
+    free(h->ps_mem);
     free(h);
 }
 
@@ -2447,6 +2535,13 @@ void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late)
 {
     if (now) *now = m->st_state_now;
     if (late) *late = m->st_state_late;
+}
+
+void md_model_host_dev_slot_stats(const md_model *m, uint64_t *hits, uint64_t *rows)
+{
+    const md_host_dev *h = m->hostdev;
+    if (hits) *hits = h ? h->ps_hits : 0;
+    if (rows) *rows = h ? h->ps_rows : 0;
 }
 
 int md_model_set_host_dev_graph(md_model *m, int on)
@@ -2461,6 +2556,11 @@ int md_model_set_host_dev_graph(md_model *m, int on)
     h->base.threads = m->be->threads;
     h->base.impl = m->be->impl;
     h->decline_attn = on == 2;
+    h->ps_n = on == 3 ? 1 : 64;
+    if (!(h->ps = calloc(h->ps_n, sizeof *h->ps))) {
+        free(h);
+        return RC_ENOMEM;
+    }
     m->hostdev = h;
     return 0;
 }

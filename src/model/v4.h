@@ -165,7 +165,9 @@ void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
  * host comp_pool and attention op) on any backend: a check
  * of its plumbing without a GPU, bit-identical to the host graph (unit_model).
  * on = 2: the same, with its attention op declining (the graph's host
- * attention fallback runs).  0 or RC_ENOMEM. */
+ * attention fallback runs).  Its attention op reads partial KV blocks through
+ * copies kept as a device would (backend/part_slots.h): 64 of them, or with
+ * on = 3 only one (evictions, and blocks read without a copy).  0 or RC_ENOMEM. */
 int md_model_set_host_dev_graph(md_model *m, int on);
 
 /* The device graph's state updates, counted per (forward, layer) since load: now, those that ran on the host
@@ -173,5 +175,10 @@ int md_model_set_host_dev_graph(md_model *m, int on);
  * and the backend has no comp_pool, or DEEPINFER_DEV_COMP=0; every layer with DEEPINFER_STATE_LATE=0); late,
  * those that ran after the forward (no wait). */
 void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late);
+
+/* The host-dev graph's copies of partial KV blocks (backend/part_slots.h), since md_model_set_host_dev_graph:
+ * hits, the block reads that found their copy complete; rows, the rows copied in from the host blocks (none in a
+ * steady decode whose compressors run on the device).  0 without the host-dev graph. */
+void md_model_host_dev_slot_stats(const md_model *m, uint64_t *hits, uint64_t *rows);
 
 #endif

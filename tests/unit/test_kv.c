@@ -292,7 +292,8 @@ static uint8_t *snapshot(const md_seq *s, size_t *len)
 }
 
 /* dev: the device graph run on the host (md_model_set_host_dev_graph), whose state updates come after each
- * forward and whose compressors are its comp_pool op: the state must come out the same */
+ * forward, whose compressors are its comp_pool op and whose attention reads partial blocks through copies kept
+ * by block id (dev 3: one copy, changing hands): the state must come out the same */
 static void snapshot_is_exact(md_semantics sem, int dev)
 {
     be_backend *be = be_cpu_create(2);
@@ -381,7 +382,13 @@ static void snapshot_is_exact(md_semantics sem, int dev)
 
 static void test_snapshot_exact_official(void **st) { (void)st; snapshot_is_exact(MD_SEM_OFFICIAL, 0); }
 static void test_snapshot_exact_transformers(void **st) { (void)st; snapshot_is_exact(MD_SEM_TRANSFORMERS, 0); }
-static void test_snapshot_exact_dev_graph(void **st) { (void)st; snapshot_is_exact(MD_SEM_OFFICIAL, 1); }
+/* dev 3: one partial-block copy for the whole model (part_slots.h: copies change hands between blocks and layers) */
+static void test_snapshot_exact_dev_graph(void **st)
+{
+    (void)st;
+    snapshot_is_exact(MD_SEM_OFFICIAL, 1);
+    snapshot_is_exact(MD_SEM_OFFICIAL, 3);
+}
 
 /* An independent, bitwise CRC32C (the format's checksum), for crafting
  * snapshots whose checksum is right but whose contents are not. */
@@ -654,7 +661,12 @@ static void attach_is_exact(md_semantics sem, int dev)
 
 static void test_attach_official(void **st) { (void)st; attach_is_exact(MD_SEM_OFFICIAL, 0); }
 static void test_attach_transformers(void **st) { (void)st; attach_is_exact(MD_SEM_TRANSFORMERS, 0); }
-static void test_attach_dev_graph(void **st) { (void)st; attach_is_exact(MD_SEM_OFFICIAL, 1); }
+static void test_attach_dev_graph(void **st)
+{
+    (void)st;
+    attach_is_exact(MD_SEM_OFFICIAL, 1);
+    attach_is_exact(MD_SEM_OFFICIAL, 3);
+}
 
 int main(void)
 {

@@ -264,7 +264,7 @@ static void test_batching_is_invisible(void **st)
 }
 
 /* forward_dev, the device-resident graph, run on the host with the host ops (md_model_set_host_dev_graph: with
- * its attention op and compressor op, and again with the attention op declining)
+ * its attention op and compressor op, again with the attention op declining, and with one partial-block copy)
  * gives the host graph's logits bit for bit: one-shot, in chunks, token by token, and three sequences in one
  * batch, on every fixture (bf16 / FP8+FP4 / hash routing / HCA-only / the e2e vocabulary), both semantics.
  * That pins down its buffers, its per-layer state exchange and its fallbacks before any GPU runs it. */
@@ -302,8 +302,10 @@ static void test_host_dev_graph_is_the_host_graph(void **st)
                 assert_int_equal(md_forward(m, sg, 3, &err), 0);
                 for (int k = 0; k < 3; k++) md_seq_free(q[k]);
             }
-            /* the device graph with its attention op (dev 1), and with the op declining (dev 2: the host fallback) */
-            for (int dev = 1; dev <= 2; dev++) {
+            /* the device graph with its attention op (dev 1), with the op declining (dev 2: the host fallback), and
+             * with one partial-block copy for the whole model (dev 3: copies taken from other blocks, calls
+             * without) */
+            for (int dev = 1; dev <= 3; dev++) {
                 assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
                 const size_t chunks[] = {0, 7, 1};
                 for (size_t c = 0; c < 3; c++) {
@@ -353,9 +355,24 @@ static void test_state_waits_only_for_entries(void **st)
                         else want_late++;
                     }
                 }
+                /* the attention op's partial-block copies (part_slots.h): with the compressors on the device every
+                 * entry reaches its copy from the device, so no row is copied from the host; with them on the host
+                 * every entry (and indexer key) is copied once, at the call that completes it */
+                uint64_t want_rows = 0, hits0, rows0, hits1, rows1;
+                for (int l = 0; host_comp && l < c->n_layers; l++)
+                    if (c->ratio[l]) want_rows += (c->ratio[l] == c->csa_ratio ? 2 : 1) * (n / (size_t)c->ratio[l]);
                 md_model_state_stats(m, &now0, &late0);
+                md_model_host_dev_slot_stats(m, &hits0, &rows0);
                 float *lg = run_chunked(m, ids, n, chunks[ci]);
                 md_model_state_stats(m, &now1, &late1);
+                md_model_host_dev_slot_stats(m, &hits1, &rows1);
+                if (rows1 - rows0 != want_rows)
+                    fail_msg("%s %s compressors, chunk %zu: %llu rows copied into the partial-block copies, want %llu",
+                             fx[f], host_comp ? "host" : "device", chunks[ci], (unsigned long long)(rows1 - rows0),
+                             (unsigned long long)want_rows);
+                if (chunks[ci] == 1 && !host_comp && hits1 - hits0 < n / 2)
+                    fail_msg("%s: decode found its copies complete %llu times in %zu steps", fx[f],
+                             (unsigned long long)(hits1 - hits0), n);
                 if (now1 - now0 != want_now || late1 - late0 != want_late)
                     fail_msg("%s %s compressors, chunk %zu: %llu waits and %llu late updates, want %llu and %llu",
                              fx[f], host_comp ? "host" : "device", chunks[ci], (unsigned long long)(now1 - now0),
