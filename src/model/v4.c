@@ -2388,9 +2388,9 @@ static float *hd_block_rows(const md_host_dev *h, int s, int l, int k, size_t i,
 
 /* Before the attention: for every partial block of the call, its slot brought up to the rows the host holds
  * (counted in ps_rows), the device-made rows (already over the block's rows) put in, and then the slot's rows
- * written over the block's, their previous contents kept in *view for hd_slots_out.  A block without a slot is
- * read as it is (the device would stage it whole). */
-static int hd_slots_in(md_host_dev *h, const be_attn_seq *sq, int nseq, const be_attn_args *a, float **view)
+ * written over the block's.  *view keeps, per partial block in call order, its slot (-1: none; such a block is
+ * read as it is, as the device would stage it whole) and then the block rows it covered, for hd_slots_out. */
+static int hd_slots_in(md_host_dev *h, const be_attn_seq *sq, int nseq, const be_attn_args *a, long **view)
 {
     const int l = a->layer, epb = MD_BLOCK_TOKENS / a->ratio;
     const size_t w[2] = {(size_t)a->head_dim, (size_t)a->index_dim}, ent_rows = (size_t)epb * w[0],
@@ -2403,14 +2403,15 @@ static int hd_slots_in(md_host_dev *h, const be_attn_seq *sq, int nseq, const be
         h->ps_sz = sz;
         memset(h->ps, 0, h->ps_n * sizeof *h->ps);
     }
-    size_t nv = 0;
-    for (int s = 0; s < nseq; s++) nv += (sq[s].nblk - sq[s].nfull) * sz;
-    float *v = *view = malloc((nv ? nv : 1) * sizeof(float));
-    if (!v) return RC_ENOMEM;
+    size_t np = 0;
+    for (int s = 0; s < nseq; s++) np += sq[s].nblk - sq[s].nfull;
+    long *held = *view = malloc(np * (sizeof(long) + sz * sizeof(float)) + 1);
+    if (!held) return RC_ENOMEM;
+    float *v = (float *)(held + np);
     h->ps_call++;
     for (int s = 0; s < nseq; s++)
         for (size_t i = sq[s].nfull; i < sq[s].nblk; i++, v += sz) {
-            const long si = bps_get(h->ps, h->ps_n, sq[s].block_ids[i], l, h->ps_call);
+            const long si = *held++ = bps_get(h->ps, h->ps_n, sq[s].block_ids[i], l, h->ps_call);
             if (si < 0) continue;
             bps_slot *p = &h->ps[si];
             float *slot = h->ps_mem + (size_t)si * h->ps_sz;
@@ -2435,17 +2436,18 @@ static int hd_slots_in(md_host_dev *h, const be_attn_seq *sq, int nseq, const be
 }
 
 /* after the attention: the blocks' own rows back */
-static void hd_slots_out(md_host_dev *h, const be_attn_seq *sq, int nseq, const be_attn_args *a, float *view)
+static void hd_slots_out(md_host_dev *h, const be_attn_seq *sq, int nseq, const be_attn_args *a, long *view)
 {
     const int l = a->layer, epb = MD_BLOCK_TOKENS / a->ratio;
     const size_t w[2] = {(size_t)a->head_dim, (size_t)a->index_dim}, ent_rows = (size_t)epb * w[0],
                  sz = ent_rows + (a->csa ? (size_t)epb * w[1] : 0);
-    float *v = view;
+    size_t np = 0;
+    for (int s = 0; s < nseq; s++) np += sq[s].nblk - sq[s].nfull;
+    const long *held = view;
+    float *v = (float *)(view + np);
     for (int s = 0; s < nseq; s++)
         for (size_t i = sq[s].nfull; i < sq[s].nblk; i++, v += sz) {
-            long si = -1;
-            for (size_t k = 0; k < h->ps_n && si < 0; k++)
-                if (h->ps[k].id == sq[s].block_ids[i] && h->ps[k].layer == l && h->ps[k].call == h->ps_call) si = (long)k;
+            const long si = *held++;
             if (si < 0) continue;
             for (int k = 0; k < 2; k++)
                 memcpy(hd_block_rows(h, s, l, k, i, epb), v + (k ? ent_rows : 0),
@@ -2489,7 +2491,7 @@ static int hd_attention(be_backend *be, const be_attn_seq *sq, int nseq, int nto
             }
         }
     /* the partial blocks as a device keeping copies would read them: each slot's rows over the block's */
-    float *view = NULL;
+    long *view = NULL;
     if (!rc && a->ratio) rc = hd_slots_in(h, sq, nseq, a, &view);
     if (!rc) rc = attend_host(m, l, h->segs, h->nseg, h->rw, a->q, a->iq, a->iw, kb, kst, a->out);
     if (view) hd_slots_out(h, sq, nseq, a, view);

@@ -44,6 +44,7 @@
 #include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/profile.h"
+#include "backend/part_slots.h"
 
 typedef struct {
     const void *key; /* host pointer: be_weight.data, or an rmsnorm weight; NULL = free slot */
@@ -801,13 +802,6 @@ static int cu_moe(be_backend *be, float *y, const float *x, size_t T, const int3
  * segment is cut into pieces that each see the right window), which bounds
  * the workspace. */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* the size of a device pool: env (MB) when set, else 1/div of the free device memory */
 static int pool_bytes(cuda_be *c, const char *env, size_t div, size_t *bytes)
 {
@@ -869,7 +863,7 @@ static int kv_init(cuda_be *c, size_t blk)
  * by this call (the caller declines) or on a CUDA error (c->failed) */
 static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
 {
-    const size_t b = mix64(id) & (c->kv_nbucket - 1);
+    const size_t b = bps_mix(id) & (c->kv_nbucket - 1);
     for (int32_t i = c->kv_head[b]; i >= 0; i = c->kv[i].next)
         if (c->kv[i].id == id) {
             c->kv[i].call = c->kv_call;
@@ -888,7 +882,7 @@ static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
     if (v == c->kv_nslot) return NULL;
     c->kv_hand = (v + 1) % c->kv_nslot;
     if (c->kv[v].id) { /* unlink the old block */
-        int32_t *pp = &c->kv_head[mix64(c->kv[v].id) & (c->kv_nbucket - 1)];
+        int32_t *pp = &c->kv_head[bps_mix(c->kv[v].id) & (c->kv_nbucket - 1)];
         while (*pp != (int32_t)v) pp = &c->kv[*pp].next;
         *pp = c->kv[v].next;
     }
@@ -1034,7 +1028,7 @@ static int win_init(cuda_be *c, int W, int d)
  * in use by this call, or a CUDA error */
 static float *win_get(cuda_be *c, uint64_t key, int layer, int64_t p0, const float *ring)
 {
-    const size_t h = (size_t)mix64(key * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->win_n;
+    const size_t h = (size_t)bps_mix(key * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->win_n;
     size_t v = c->win_n;
     for (size_t k = 0; k < 8 && k < c->win_n; k++) {
         const size_t i = (h + k) % c->win_n;
@@ -1065,7 +1059,7 @@ static float *win_get(cuda_be *c, uint64_t key, int layer, int64_t p0, const flo
 /* after the kernels: the slot of (key, layer) holds the ring at position len */
 static void win_mark(cuda_be *c, uint64_t key, int layer, int64_t len)
 {
-    const size_t h = (size_t)mix64(key * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->win_n;
+    const size_t h = (size_t)bps_mix(key * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->win_n;
     for (size_t k = 0; k < 8 && k < c->win_n; k++) {
         const size_t i = (h + k) % c->win_n;
         if (c->win[i].key == key && c->win[i].layer == layer) {
