@@ -129,6 +129,13 @@ typedef struct {
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
     size_t win_n, win_W, win_d;
     size_t win_hits, win_loads;
+    /* device copies of partial KV blocks, by (md_block id, layer): this layer's rows of the block (entries, then
+     * indexer keys) in slots of ps_sz floats; have_e / have_k rows of each are valid (see ps_get) */
+    float *ps_dev;
+    struct pslot { uint64_t id; int layer; int32_t have_e, have_k; uint64_t call; } *ps;
+    size_t ps_n, ps_sz, ps_hits, ps_rows;
+    int ps_off; /* no slots: every partial block staged whole every call (the default until the slots have run on
+                 * a GPU; DEEPINFER_CUDA_PART_MB=N > 0 turns them on with N MB) */
     /* the device graph (be_dev_ops): an arena of chunks for one forward's activations, a pinned upload ring */
     struct { char *p; size_t cap, used; } ar[32];
     int nar;
@@ -1069,6 +1076,77 @@ static void win_mark(cuda_be *c, uint64_t key, int layer, int64_t len)
     }
 }
 
+/* ---- partial KV blocks on the device
+ *
+ * A partial block changes only by appending: a compressed entry (and its indexer key) is written once, when the
+ * tokens that complete it arrive, and block ids are never reused (md_block_new), so rows [0, have) of a slot stay
+ * equal to the host block's.  A call uploads only the rows the host has that the slot lacks (none in a steady
+ * decode: the rows the device compressors made last step went into the slot by their patches), and a slot whose
+ * have exceeds what the host holds (a state rebuilt under the same block, which nothing does today) starts over.
+ * Slots are found by hashing (id, layer) over 8 probes; a victim is the oldest the current call does not use; a
+ * block that finds no slot is staged whole, as before.
+ * Opt-in (DEEPINFER_CUDA_PART_MB=N, N MB of slots): written 2026-11-30 after the session's GPU time was spent, so
+ * not yet run on a GPU; tools/gpu_check.sh runs the model tests with it (64 MB, and 1 MB for evictions).  What it
+ * should save: the slice at B = 256 stages ~20 MB of partial CSA blocks a step (80 KB a sequence). */
+static void ps_reset(cuda_be *c)
+{
+    if (c->ps_dev) cudaFree(c->ps_dev);
+    free(c->ps);
+    c->ps_dev = NULL;
+    c->ps = NULL;
+    c->ps_n = c->ps_sz = 0;
+}
+
+/* slots of at least sz floats in DEEPINFER_CUDA_PART_MB MB; no pool (every block staged) when that holds fewer
+ * than 8 or the allocation fails */
+static int ps_init(cuda_be *c, size_t sz)
+{
+    if (c->ps_off || (c->ps_dev && c->ps_sz >= sz)) return 0;
+    CU(cudaStreamSynchronize(c->st));
+    ps_reset(c);
+    size_t bytes;
+    if (pool_bytes(c, "DEEPINFER_CUDA_PART_MB", 16, &bytes)) return -1;
+    const size_t n = bytes / (sz * 4);
+    if (n < 8) {
+        c->ps_off = 1;
+        return 0;
+    }
+    c->ps = (struct cuda_be::pslot *)calloc(n, sizeof *c->ps);
+    if (!c->ps || cudaMalloc((void **)&c->ps_dev, n * sz * 4) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(c->ps);
+        c->ps = NULL;
+        c->ps_dev = NULL;
+        c->ps_off = 1; /* staging still works */
+        return 0;
+    }
+    c->ps_n = n;
+    c->ps_sz = sz;
+    return 0;
+}
+
+/* the slot of (id, layer), kept or newly taken (then have_e = have_k = 0); NULL: every probed slot is in use by
+ * this call, or no pool */
+static struct cuda_be::pslot *ps_get(cuda_be *c, uint64_t id, int layer)
+{
+    if (!c->ps_n) return NULL;
+    const size_t h = (size_t)mix64(id * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->ps_n;
+    size_t v = c->ps_n;
+    for (size_t k = 0; k < 8 && k < c->ps_n; k++) {
+        const size_t i = (h + k) % c->ps_n;
+        if (c->ps[i].id == id && c->ps[i].layer == layer) {
+            v = i;
+            break;
+        }
+        if (c->ps[i].call != c->kv_call && (v == c->ps_n || !c->ps[i].id || c->ps[i].call < c->ps[v].call)) v = i;
+    }
+    if (v == c->ps_n) return NULL;
+    struct cuda_be::pslot *p = &c->ps[v];
+    if (p->id != id || p->layer != layer) *p = (struct cuda_be::pslot){id, layer, 0, 0, 0};
+    p->call = c->kv_call;
+    return p;
+}
+
 /* one row the device graph's compressors made (be_attn_seq.ent_dev / key_dev) into the staged copy of its block */
 struct ent_patch {
     float *dst;
@@ -1134,7 +1212,13 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                  o_seq = o_ptr + up256((nb ? nb : 1) * sizeof(float *)),
                  o_wd = o_seq + up256((size_t)(nseq + ntok / rows_max + 2) * sizeof(bcu_attn_seq)),
                  o_patch = o_wd + up256((size_t)(nring ? nring : 1) * sizeof(win_desc)),
-                 staged = o_patch + up256((npatch ? npatch : 1) * sizeof(ent_patch));
+                 staged = o_patch + up256((npatch + 2 * npart + 1) * sizeof(ent_patch));
+    if (npart && ps_init(c, pstride)) return -1;
+    /* per block: the slot it has and the rows the slot will hold after this call (applied once the call's copies
+     * are queued), or none */
+    struct pend_t { struct cuda_be::pslot *p; int32_t e, k; };
+    pend_t *pend = NULL;
+    if (npart && !(pend = (pend_t *)malloc(nb * sizeof *pend))) return fail(c, "out of host memory");
     /* device: the staged part, then per launch q, out, iq, iw, sel, nsel */
     const size_t qb = devio ? 0 : up256((size_t)rows_max * H * d * 4),
                  iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
@@ -1143,43 +1227,88 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     if (scratch(c, staged + 2 * qb + iqb + iwb + selb + nselb + 256)) return -1;
     int sk;
     char *dev = c->scratch, *hst = stage_take(c, staged, &sk);
-    if (!hst) return -1;
+    if (!hst) {
+        free(pend);
+        return -1;
+    }
     float *dq = (float *)(dev + staged), *dout = (float *)((char *)dq + qb), *diq = (float *)((char *)dout + qb);
     float *diw = (float *)((char *)diq + iqb);
     int32_t *dsel = (int32_t *)((char *)diw + iwb), *dnsel = (int32_t *)((char *)dsel + selb);
     const float *dsink = norm_weight(c, a->sink, (size_t)H);
     const float *dfreq = norm_weight(c, a->inv_freq, (size_t)(a->rope_dim / 2));
-    if (!dsink || !dfreq) return -1;
-    /* block pointers: the mirror for full blocks, the staged area for the others */
+    if (!dsink || !dfreq) {
+        free(pend);
+        return -1;
+    }
+    /* block pointers: the mirror for full blocks; for the others a slot (ps_get) when one is free, brought up to
+     * the rows the host has, else the staged area */
     const float **hptr = (const float **)(hst + o_ptr);
     float *hpart = (float *)(hst + o_part), *hwin = (float *)(hst + o_win);
-    size_t kb = 0, kp = 0, kw = 0, nwd = 0, np = 0;
+    size_t kb = 0, kpf = 0, kw = 0, nwd = 0, np = 0;
     int host_win = 0; /* some sequence brought its window keys from the host */
     ent_patch *hpat = (ent_patch *)(hst + o_patch);
-    /* the kernels' pointer for staged block k */
-    auto staged_block = [&](size_t k) {
-        return (float *)((uintptr_t)(dev + o_part) + (k * pstride - a->ent_off) * sizeof(float));
-    };
-    for (int s = 0; s < nseq; s++) {
-        for (int k = 0; k < 2 && a->ratio; k++) { /* block i of the sequence is staged at kp + i - nfull */
+    /* the kernels' pointer for a block whose layer rows start at rows (an address they only add ent_off or more to) */
+    auto kbase = [&](const float *rows) { return (const float *)((uintptr_t)rows - a->ent_off * sizeof(float)); };
+    int rc = 0;
+    for (int s = 0; s < nseq && !rc; s++) {
+        const size_t kb0 = kb;
+        for (size_t i = 0; a->ratio && i < sq[s].nblk; i++, kb++) {
+            if (i < sq[s].nfull) {
+                const float *p = kv_get(c, sq[s].block_ids[i], sq[s].blocks[i]);
+                if (!p) { /* the mirror is full of this call's blocks: the host does it */
+                    rc = c->failed ? -1 : 1;
+                    break;
+                }
+                hptr[kb] = p;
+                if (pend) pend[kb].p = NULL;
+                continue;
+            }
+            struct cuda_be::pslot *ps = ps_get(c, sq[s].block_ids[i], a->layer);
+            pend[kb].p = ps;
+            if (!ps) {
+                memcpy(hpart + kpf, sq[s].blocks[i] + a->ent_off, pstride * 4);
+                hptr[kb] = kbase((const float *)(dev + o_part) + kpf);
+                kpf += pstride;
+                continue;
+            }
+            /* the rows the host holds now: those before the device-made ones, or all the call reads */
+            const int64_t eb = (int64_t)i * epb;
+            int32_t have[2];
+            for (int k = 0; k < 2; k++) {
+                const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
+                int64_t n = (ne > 0 ? e0 : (sq[s].p0 + sq[s].T) / a->ratio) - eb;
+                have[k] = (int32_t)(k && !key_rows ? 0 : n < 0 ? 0 : n > epb ? epb : n);
+            }
+            if (ps->have_e > have[0] || ps->have_k > have[1]) ps->have_e = ps->have_k = 0;
+            float *rows = c->ps_dev + (size_t)(ps - c->ps) * c->ps_sz;
+            for (int k = 0; k < 2; k++) { /* rows [slot's, host's) up through the staged area */
+                const int32_t from = k ? ps->have_k : ps->have_e, to = have[k];
+                if (to <= from) continue;
+                const size_t w = k ? (size_t)ID : (size_t)d, n = (size_t)(to - from) * w;
+                memcpy(hpart + kpf, sq[s].blocks[i] + (k ? a->key_off : a->ent_off) + (size_t)from * w, n * 4);
+                hpat[np++] = ent_patch{rows + (k ? ent_rows : 0) + (size_t)from * w, (const float *)(dev + o_part) + kpf,
+                                       (int64_t)n};
+                kpf += n;
+                c->ps_rows += (size_t)(to - from);
+            }
+            if (ps->have_e == have[0] && ps->have_k == have[1]) c->ps_hits++;
+            pend[kb].e = have[0];
+            pend[kb].k = have[1];
+            hptr[kb] = kbase(rows);
+        }
+        if (rc) break;
+        for (int k = 0; k < 2 && a->ratio; k++) { /* the rows the device made, into their blocks */
             const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
             const size_t w = k ? (size_t)ID : (size_t)d, off = k ? a->key_off : a->ent_off;
             for (int64_t j = 0; j < ne; j++) {
                 const int64_t e = e0 + j;
-                const size_t i = (size_t)(e / epb);
-                hpat[np++] = ent_patch{staged_block(kp + i - sq[s].nfull) + off + (size_t)(e % epb) * w,
+                const size_t bk = kb0 + (size_t)(e / epb);
+                hpat[np++] = ent_patch{(float *)hptr[bk] + off + (size_t)(e % epb) * w,
                                        (k ? sq[s].key_dev : sq[s].ent_dev) + (size_t)j * w, (int64_t)w};
-            }
-        }
-        for (size_t i = 0; a->ratio && i < sq[s].nblk; i++, kb++) {
-            if (i < sq[s].nfull) {
-                const float *p = kv_get(c, sq[s].block_ids[i], sq[s].blocks[i]);
-                if (!p) return c->failed ? -1 : 1; /* the mirror is full of this call's blocks: the host does it */
-                hptr[kb] = p;
-            } else {
-                memcpy(hpart + kp * pstride, sq[s].blocks[i] + a->ent_off, pstride * 4);
-                hptr[kb] = staged_block(kp);
-                kp++;
+                if (pend[bk].p) {
+                    int32_t *h = k ? &pend[bk].k : &pend[bk].e;
+                    if (*h < (int32_t)(e % epb) + 1) *h = (int32_t)(e % epb) + 1;
+                }
             }
         }
         const size_t w = (size_t)(sq[s].p0 + sq[s].T - sq[s].kstart) * (size_t)d;
@@ -1188,18 +1317,29 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             host_win = 1;
         } else {
             float *slot = win_get(c, sq[s].win_key, a->layer, sq[s].p0, sq[s].ring);
-            if (!slot) return c->failed ? -1 : 1;
+            if (!slot) {
+                rc = c->failed ? -1 : 1;
+                break;
+            }
             win_desc *wd = (win_desc *)(hst + o_wd) + nwd++;
             *wd = (win_desc){sq[s].krows, slot, (float *)(dev + o_win) + kw, sq[s].kstart, sq[s].p0, sq[s].T};
         }
         kw += w;
     }
-    /* up: the staged blocks, the window keys only if some came from the host (win_build_kernel writes the ring
+    if (!rc) /* the slots hold what this call's copies and patches put there (in stream order) */
+        for (size_t i = 0; npart && i < kb; i++)
+            if (pend[i].p) {
+                pend[i].p->have_e = pend[i].e;
+                pend[i].p->have_k = pend[i].k;
+            }
+    free(pend);
+    if (rc) return rc;
+    /* up: the staged rows, the window keys only if some came from the host (win_build_kernel writes the ring
      * sequences' windows there on the device: V4-Flash, 256 KB a sequence a layer), the block pointers */
-    if (kp) CU(cudaMemcpyAsync(dev + o_part, hst + o_part, kp * pstride * 4, cudaMemcpyHostToDevice, c->st));
+    if (kpf) CU(cudaMemcpyAsync(dev + o_part, hst + o_part, kpf * 4, cudaMemcpyHostToDevice, c->st));
     if (host_win) CU(cudaMemcpyAsync(dev + o_win, hst + o_win, kw * 4, cudaMemcpyHostToDevice, c->st));
     if (kb) CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, kb * sizeof(float *), cudaMemcpyHostToDevice, c->st));
-    if (np) { /* the rows the device made, over their staged blocks' host rows */
+    if (np) { /* the rows the slots lacked, and the rows the device made, into their blocks */
         CU(cudaMemcpyAsync(dev + o_patch, hst + o_patch, np * sizeof(ent_patch), cudaMemcpyHostToDevice, c->st));
         ent_patch_kernel<<<(unsigned)np, 128, 0, c->st>>>((const ent_patch *)(dev + o_patch));
         CU(cudaGetLastError());
@@ -1836,6 +1976,7 @@ static void teardown(cuda_be *c)
     c->nmt = 0;
     kv_reset(c);
     win_reset(c);
+    ps_reset(c);
     ar_free(c);
     if (c->up) cudaFreeHost(c->up);
     if (c->down) cudaFreeHost(c->down);
@@ -1891,6 +2032,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
     c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
     c->rowq8 = env_size("DEEPINFER_CUDA_ROWQ8", 0) != 0;
+    c->ps_off = env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
