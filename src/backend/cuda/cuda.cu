@@ -130,9 +130,9 @@ typedef struct {
     size_t win_n, win_W, win_d;
     size_t win_hits, win_loads;
     /* device copies of partial KV blocks, by (md_block id, layer): this layer's rows of the block (entries, then
-     * indexer keys) in slots of ps_sz floats; have_e / have_k rows of each are valid (see ps_get) */
+     * indexer keys) in slots of ps_sz floats; backend/part_slots.h keeps what each holds */
     float *ps_dev;
-    struct pslot { uint64_t id; int layer; int32_t have_e, have_k; uint64_t call; } *ps;
+    bps_slot *ps;
     size_t ps_n, ps_sz, ps_hits, ps_rows;
     int ps_off; /* no slots: every partial block staged whole every call (the default until the slots have run on
                  * a GPU; DEEPINFER_CUDA_PART_MB=N > 0 turns them on with N MB) */
@@ -1078,13 +1078,9 @@ static void win_mark(cuda_be *c, uint64_t key, int layer, int64_t len)
 
 /* ---- partial KV blocks on the device
  *
- * A partial block changes only by appending: a compressed entry (and its indexer key) is written once, when the
- * tokens that complete it arrive, and block ids are never reused (md_block_new), so rows [0, have) of a slot stay
- * equal to the host block's.  A call uploads only the rows the host has that the slot lacks (none in a steady
- * decode: the rows the device compressors made last step went into the slot by their patches), and a slot whose
- * have exceeds what the host holds (a state rebuilt under the same block, which nothing does today) starts over.
- * Slots are found by hashing (id, layer) over 8 probes; a victim is the oldest the current call does not use; a
- * block that finds no slot is staged whole, as before.
+ * backend/part_slots.h has the rules (what a slot holds, what a call brings over: nothing in a steady decode,
+ * where last step's device-made rows went into the slot by their patches); the host-dev graph's tests check them
+ * (test_model, test_kv).  A block that finds no slot is staged whole, as before.
  * Opt-in (DEEPINFER_CUDA_PART_MB=N, N MB of slots): written 2026-11-30 after the session's GPU time was spent, so
  * not yet run on a GPU; tools/gpu_check.sh runs the model tests with it (64 MB, and 1 MB for evictions).  What it
  * should save: the slice at B = 256 stages ~20 MB of partial CSA blocks a step (80 KB a sequence). */
@@ -1111,7 +1107,7 @@ static int ps_init(cuda_be *c, size_t sz)
         c->ps_off = 1;
         return 0;
     }
-    c->ps = (struct cuda_be::pslot *)calloc(n, sizeof *c->ps);
+    c->ps = (bps_slot *)calloc(n, sizeof *c->ps);
     if (!c->ps || cudaMalloc((void **)&c->ps_dev, n * sz * 4) != cudaSuccess) {
         (void)cudaGetLastError();
         free(c->ps);
@@ -1123,28 +1119,6 @@ static int ps_init(cuda_be *c, size_t sz)
     c->ps_n = n;
     c->ps_sz = sz;
     return 0;
-}
-
-/* the slot of (id, layer), kept or newly taken (then have_e = have_k = 0); NULL: every probed slot is in use by
- * this call, or no pool */
-static struct cuda_be::pslot *ps_get(cuda_be *c, uint64_t id, int layer)
-{
-    if (!c->ps_n) return NULL;
-    const size_t h = (size_t)mix64(id * 0x9E3779B97F4A7C15ull + (uint64_t)layer) % c->ps_n;
-    size_t v = c->ps_n;
-    for (size_t k = 0; k < 8 && k < c->ps_n; k++) {
-        const size_t i = (h + k) % c->ps_n;
-        if (c->ps[i].id == id && c->ps[i].layer == layer) {
-            v = i;
-            break;
-        }
-        if (c->ps[i].call != c->kv_call && (v == c->ps_n || !c->ps[i].id || c->ps[i].call < c->ps[v].call)) v = i;
-    }
-    if (v == c->ps_n) return NULL;
-    struct cuda_be::pslot *p = &c->ps[v];
-    if (p->id != id || p->layer != layer) *p = (struct cuda_be::pslot){id, layer, 0, 0, 0};
-    p->call = c->kv_call;
-    return p;
 }
 
 /* one row the device graph's compressors made (be_attn_seq.ent_dev / key_dev) into the staged copy of its block */
@@ -1216,7 +1190,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     if (npart && ps_init(c, pstride)) return -1;
     /* per block: the slot it has and the rows the slot will hold after this call (applied once the call's copies
      * are queued), or none */
-    struct pend_t { struct cuda_be::pslot *p; int32_t e, k; };
+    struct pend_t { bps_slot *p; int32_t after[2]; };
     pend_t *pend = NULL;
     if (npart && !(pend = (pend_t *)malloc(nb * sizeof *pend))) return fail(c, "out of host memory");
     /* device: the staged part, then per launch q, out, iq, iw, sel, nsel */
@@ -1263,7 +1237,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 if (pend) pend[kb].p = NULL;
                 continue;
             }
-            struct cuda_be::pslot *ps = ps_get(c, sq[s].block_ids[i], a->layer);
+            const long si = c->ps_off ? -1 : bps_get(c->ps, c->ps_n, sq[s].block_ids[i], a->layer, c->kv_call);
+            bps_slot *ps = si < 0 ? NULL : &c->ps[si];
             pend[kb].p = ps;
             if (!ps) {
                 memcpy(hpart + kpf, sq[s].blocks[i] + a->ent_off, pstride * 4);
@@ -1271,18 +1246,14 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 kpf += pstride;
                 continue;
             }
-            /* the rows the host holds now: those before the device-made ones, or all the call reads */
-            const int64_t eb = (int64_t)i * epb;
-            int32_t have[2];
-            for (int k = 0; k < 2; k++) {
-                const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
-                int64_t n = (ne > 0 ? e0 : (sq[s].p0 + sq[s].T) / a->ratio) - eb;
-                have[k] = (int32_t)(k && !key_rows ? 0 : n < 0 ? 0 : n > epb ? epb : n);
-            }
-            if (ps->have_e > have[0] || ps->have_k > have[1]) ps->have_e = ps->have_k = 0;
-            float *rows = c->ps_dev + (size_t)(ps - c->ps) * c->ps_sz;
+            int32_t host[2];
+            bps_host_rows(&sq[s], i, epb, a->ratio, key_rows != 0, host);
+            bps_begin(ps, host);
+            bps_after(&sq[s], i, epb, host, pend[kb].after);
+            float *rows = c->ps_dev + (size_t)si * c->ps_sz;
+            if (ps->have[0] == host[0] && ps->have[1] == host[1]) c->ps_hits++;
             for (int k = 0; k < 2; k++) { /* rows [slot's, host's) up through the staged area */
-                const int32_t from = k ? ps->have_k : ps->have_e, to = have[k];
+                const int32_t from = ps->have[k], to = host[k];
                 if (to <= from) continue;
                 const size_t w = k ? (size_t)ID : (size_t)d, n = (size_t)(to - from) * w;
                 memcpy(hpart + kpf, sq[s].blocks[i] + (k ? a->key_off : a->ent_off) + (size_t)from * w, n * 4);
@@ -1291,9 +1262,6 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 kpf += n;
                 c->ps_rows += (size_t)(to - from);
             }
-            if (ps->have_e == have[0] && ps->have_k == have[1]) c->ps_hits++;
-            pend[kb].e = have[0];
-            pend[kb].k = have[1];
             hptr[kb] = kbase(rows);
         }
         if (rc) break;
@@ -1305,10 +1273,6 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 const size_t bk = kb0 + (size_t)(e / epb);
                 hpat[np++] = ent_patch{(float *)hptr[bk] + off + (size_t)(e % epb) * w,
                                        (k ? sq[s].key_dev : sq[s].ent_dev) + (size_t)j * w, (int64_t)w};
-                if (pend[bk].p) {
-                    int32_t *h = k ? &pend[bk].k : &pend[bk].e;
-                    if (*h < (int32_t)(e % epb) + 1) *h = (int32_t)(e % epb) + 1;
-                }
             }
         }
         const size_t w = (size_t)(sq[s].p0 + sq[s].T - sq[s].kstart) * (size_t)d;
@@ -1329,8 +1293,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     if (!rc) /* the slots hold what this call's copies and patches put there (in stream order) */
         for (size_t i = 0; npart && i < kb; i++)
             if (pend[i].p) {
-                pend[i].p->have_e = pend[i].e;
-                pend[i].p->have_k = pend[i].k;
+                pend[i].p->have[0] = pend[i].after[0];
+                pend[i].p->have[1] = pend[i].after[1];
             }
     free(pend);
     if (rc) return rc;
