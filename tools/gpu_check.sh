@@ -173,8 +173,8 @@ DEEPINFER_DEV_COMP=0 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/tes
 rc=$?
 grep -E "PASSED|FAILED|Failure|ERROR|max rel|differs|agreement" "$OUTDIR/unit_cuda_hostcomp.txt" | tee -a "$SUM"
 say "test_cuda (host compressors) exit status: $rc"
-for mb in 64 1; do
-section "unit_cuda model tests again with $mb MB of partial-block slots (DEEPINFER_CUDA_PART_MB=$mb; 1: evictions, blocks staged whole)"
+for mb in 0 1; do
+section "unit_cuda model tests again with $mb MB of partial-block slots (DEEPINFER_CUDA_PART_MB=$mb; 0: off, every partial block staged; 1: evictions)"
 DEEPINFER_CUDA_PART_MB=$mb TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_part$mb.txt" 2>&1
 rc=$?
 DEEPINFER_CUDA_PART_MB=$mb TEST_CUDA_FILTER='test_device_ring*' timeout 300 "$BIN/test_cuda" >> "$OUTDIR/unit_cuda_part$mb.txt" 2>&1

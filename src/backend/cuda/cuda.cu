@@ -134,8 +134,7 @@ typedef struct {
     float *ps_dev;
     bps_slot *ps;
     size_t ps_n, ps_sz, ps_hits, ps_rows;
-    int ps_off; /* no slots: every partial block staged whole every call (the default until the slots have run on
-                 * a GPU; DEEPINFER_CUDA_PART_MB=N > 0 turns them on with N MB) */
+    int ps_off; /* no slots: every partial block staged whole every call (DEEPINFER_CUDA_PART_MB=0) */
     /* the device graph (be_dev_ops): an arena of chunks for one forward's activations, a pinned upload ring */
     struct { char *p; size_t cap, used; } ar[32];
     int nar;
@@ -1081,9 +1080,11 @@ static void win_mark(cuda_be *c, uint64_t key, int layer, int64_t len)
  * backend/part_slots.h has the rules (what a slot holds, what a call brings over: nothing in a steady decode,
  * where last step's device-made rows went into the slot by their patches); the host-dev graph's tests check them
  * (test_model, test_kv).  A block that finds no slot is staged whole, as before.
- * Opt-in (DEEPINFER_CUDA_PART_MB=N, N MB of slots): written 2026-11-30 after the session's GPU time was spent, so
- * not yet run on a GPU; tools/gpu_check.sh runs the model tests with it (64 MB, and 1 MB for evictions).  What it
- * should save: the slice at B = 256 stages ~20 MB of partial CSA blocks a step (80 KB a sequence). */
+ * On by default (DEEPINFER_CUDA_PART_MB=N: N MB of slots, 0: off; unset: 1/16 of the free device memory).
+ * First run on the H200 2026-11-30 (sixth session): test_cuda's model tests pass with 64 MB and with 1 MB
+ * (evictions); bench_gpu_layers at B = 256: the attention op's own time in the profiled step 5.6 -> 2.8 ms (it
+ * staged ~20 MB of partial CSA blocks a step), the timed step unchanged (19.3 ms: that staging overlapped the
+ * GPU's work, which bounds the step). */
 static void ps_reset(cuda_be *c)
 {
     if (c->ps_dev) cudaFree(c->ps_dev);
@@ -1996,7 +1997,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
     c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
     c->rowq8 = env_size("DEEPINFER_CUDA_ROWQ8", 0) != 0;
-    c->ps_off = env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
+    c->ps_off = getenv("DEEPINFER_CUDA_PART_MB") && *getenv("DEEPINFER_CUDA_PART_MB") &&
+                env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
