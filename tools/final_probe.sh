@@ -1,7 +1,7 @@
 #!/bin/bash
 # one short device call: the kernel and unit tests, the slice at 4K, and the batch-1 kernel profile
 cd "$(dirname "$0")/.."
-[ -d .carry/bin ] || tar xzf .carry/bin.tgz -C .carry
+[ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64 MODEL_FIXTURE_DIR=$PWD/tests/fixtures/model
 B=.carry/bin; O=$OUT
 ( .carry/bin/deepinfer make-tiny-model /tmp/slice --preset v4-flash --layers 4 > $O/slice.txt 2>&1 ) &

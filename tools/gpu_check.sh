@@ -63,8 +63,8 @@ pack() {
     grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
     ls -l .carry/bin .carry/lib
     # the device tool carries at most 64 MiB with the tree; each binary holds the whole device code, which packs
-    # about 12:1, so the binaries travel as one archive that the device side unpacks
-    tar czf .carry/bin.tgz -C .carry bin && rm -rf .carry/bin
+    # about 12:1 (xz: better than gzip), so the binaries travel as one archive that the device side unpacks
+    XZ_OPT=-6T0 tar cJf .carry/bin.txz -C .carry bin && rm -rf .carry/bin
     du -sh .carry
 }
 
@@ -99,7 +99,7 @@ say "# libcublas.so.13 from: ${CUBLAS_DIR:-NOT FOUND}"
 export LD_LIBRARY_PATH="$ROOT/.carry/lib${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MODEL_FIXTURE_DIR=$ROOT/tests/fixtures/model
 BIN=$ROOT/.carry/bin
-[ -f "$ROOT/.carry/bin.tgz" ] && [ ! -d "$BIN" ] && tar xzf "$ROOT/.carry/bin.tgz" -C "$ROOT/.carry"
+[ -f "$ROOT/.carry/bin.txz" ] && [ ! -d "$BIN" ] && tar xf "$ROOT/.carry/bin.txz" -C "$ROOT/.carry"
 # compute-sanitizer ships in the toolkit's bin/, which is not always on PATH
 for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/compute-sanitizer" ] && PATH=$PATH:$d && break; done
 

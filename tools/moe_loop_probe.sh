@@ -5,7 +5,7 @@
 # machine with .carry/ carried (tools/gpu_check.sh pack):
 #   run(command="bash tools/moe_loop_probe.sh", carry=[".carry"])
 cd "$(dirname "$0")/.." || exit 1
-[ -d .carry/bin ] || tar xzf .carry/bin.tgz -C .carry
+[ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
 OUT=${OUT:-/tmp/probe_out}; mkdir -p "$OUT"
 S=/tmp/slice

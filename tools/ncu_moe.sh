@@ -1,7 +1,7 @@
 #!/bin/bash
 # device probe: ncu sections for the mma-rows MoE kernels at T = 1 and 256 (bench_gpu_moe)
 cd "$(dirname "$0")/.."
-[ -d .carry/bin ] || tar xzf .carry/bin.tgz -C .carry
+[ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
 N="--clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis"
 BENCH_GPU_MOE_T=1,256 timeout 200 ncu $N --kernel-name regex:mr_kernel --launch-count 2 .carry/bin/bench_gpu_moe > $OUT/ncu_moe_t1.txt 2>&1

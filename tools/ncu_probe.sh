@@ -1,7 +1,7 @@
 #!/bin/bash
 # device probe: where a decode step's GPU time goes (ncu kernel durations) + baseline table
 cd "$(dirname "$0")/.." 2>/dev/null || true
-tar xzf .carry/bin.tgz -C .carry
+tar xf .carry/bin.txz -C .carry
 CUB=$(ls -d /usr/local/cuda/lib64 2>/dev/null)
 export LD_LIBRARY_PATH=$PWD/.carry/lib:$CUB
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

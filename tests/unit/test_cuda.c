@@ -435,13 +435,15 @@ static void test_rowdot_batch_invariance(void **st)
 }
 
 /* The grouped projection (wo_a) in one launch of the decode kernel (bcu_rowdot_args.groups): each group's
- * outputs equal, bit for bit, those of its own launch on the strided x and y, T = 1 .. 5, FP8 and FP4, with
- * the K split forced on and off; T = 6 (not the decode kernel) is refused with nothing launched. */
+ * outputs equal, bit for bit, those of its own launch on the strided x and y (the automatic tile: rowmma above
+ * T = 5), T = 1 .. 5, 8, 16, BCU_ROWDOT_GROUPED_T, FP8 and FP4, with the K split forced on and off; one row more
+ * is refused with nothing launched. */
 static void test_rowdot_grouped(void **st)
 {
     (void)st;
     rweight ws[2] = {make_fp8(8 * 96, 640, 128, MD_F8_E8M0), make_fp4(8 * 80, 512, 32)};
     const int G = 8;
+    const size_t TX = BCU_ROWDOT_GROUPED_T + 1, Ts[] = {1, 2, 3, 4, 5, 8, 16, BCU_ROWDOT_GROUPED_T};
     for (int k = 0; k < 2; k++) {
         const be_weight *w = &ws[k].w;
         const int64_t n = w->rows / G, K = w->cols;
@@ -450,17 +452,18 @@ static void test_rowdot_grouped(void **st)
         float *dx, *dy;
         ck(cudaMalloc(&dw, wbytes), "cudaMalloc");
         ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
-        ck(cudaMalloc((void **)&dx, 6 * (size_t)(G * K) * sizeof(float)), "cudaMalloc");
-        ck(cudaMalloc((void **)&dy, 6 * (size_t)w->rows * sizeof(float)), "cudaMalloc");
-        float *x = rand_rows(6 * (size_t)(G * K));
+        ck(cudaMalloc((void **)&dx, TX * (size_t)(G * K) * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dy, TX * (size_t)w->rows * sizeof(float)), "cudaMalloc");
+        float *x = rand_rows(TX * (size_t)(G * K));
         ck(cudaMemcpy(dw, w->data, wbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
         ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
-        ck(cudaMemcpy(dx, x, 6 * (size_t)(G * K) * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-        const size_t ybytes = 6 * (size_t)w->rows * sizeof(float);
+        ck(cudaMemcpy(dx, x, TX * (size_t)(G * K) * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        const size_t ybytes = TX * (size_t)w->rows * sizeof(float);
         float *yg = malloc(ybytes), *yl = malloc(ybytes);
         size_t bad = 0;
-        for (size_t T = 1; T <= 5; T++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
             for (int sp = 1; sp <= 2; sp++) {
+                const size_t T = Ts[ti];
                 bcu_rowdot_args a = q_args(w, dw, ds, 0, n, 0, dx, T, dy);
                 a.ldx = G * K;
                 a.ldy = w->rows;
@@ -488,13 +491,13 @@ static void test_rowdot_grouped(void **st)
                     bad += memcmp(&yg[i], &yl[i], 4) != 0;
                 }
             }
-        bcu_rowdot_args a6 = q_args(w, dw, ds, 0, n, 0, dx, 6, dy);
+        bcu_rowdot_args a6 = q_args(w, dw, ds, 0, n, 0, dx, TX, dy);
         a6.ldx = G * K;
         a6.ldy = w->rows;
         a6.groups = G;
         a6.xg = K;
         a6.yg = n;
-        if (bcu_rowdot(&a6, 0) != cudaErrorNotSupported) fail_msg("a grouped call at T = 6 was not refused");
+        if (bcu_rowdot(&a6, 0) != cudaErrorNotSupported) fail_msg("a grouped call at T = %zu was not refused", TX);
         bcu_rowdot_args ax = a6; /* x + g xg not 16-byte aligned: refused, not a misaligned cp.async */
         ax.T = 1;
         ax.xg = K + 2;
@@ -506,6 +509,192 @@ static void test_rowdot_grouped(void **st)
         cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
         rw_free(&ws[k]);
     }
+}
+
+/* ------------------------------------------------------------------ the small bf16 GEMVs */
+
+/* bf16 weights on the simple kernel (what the backend runs for the router, the compressors and the indexer at
+ * T <= 8), at shapes where it cuts K over several warps (rowdot_ks_kernel) and where it does not: against a double
+ * reference within 1e-5 at T = 1 .. 8 and 20, and a slice of the rows (r0 = 1); a token alone equals the same token
+ * inside T = 20 bit for bit. */
+static void test_rowdot_bf16_small(void **st)
+{
+    (void)st;
+    const int64_t shapes[][2] = {{256, 4096}, {64, 4096}, {2048, 1024}, {1000, 2048}, {3, 8192}, {512, 520}};
+    const size_t TM = 20;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int64_t n = shapes[k][0], K = shapes[k][1];
+        uint16_t *wb = malloc((size_t)(n * K) * 2);
+        for (size_t i = 0; i < (size_t)(n * K); i++) {
+            const float f = unif();
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            wb[i] = (uint16_t)(u >> 16);
+        }
+        float *x = rand_rows(TM * (size_t)K);
+        double *ref = malloc(TM * (size_t)n * sizeof *ref);
+        for (size_t t = 0; t < TM; t++)
+            for (int64_t o = 0; o < n; o++) {
+                double acc = 0;
+                for (int64_t c = 0; c < K; c++) {
+                    const uint32_t u = (uint32_t)wb[o * K + c] << 16;
+                    float wf;
+                    memcpy(&wf, &u, 4);
+                    acc += (double)wf * x[t * K + c];
+                }
+                ref[t * n + o] = acc;
+            }
+        void *dw;
+        float *dx, *dy;
+        ck(cudaMalloc(&dw, (size_t)(n * K) * 2), "cudaMalloc");
+        ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
+        ck(cudaMemcpy(dw, wb, (size_t)(n * K) * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        bcu_rowdot_args a;
+        memset(&a, 0, sizeof a);
+        a.fmt = BCU_RW_BF16;
+        a.w = dw;
+        a.wrows = n;
+        a.wcols = K;
+        a.n = n;
+        a.K = K;
+        a.block = 1;
+        double worst = 0;
+        float *y20 = NULL;
+        const size_t Ts[] = {1, 2, 3, 5, 8, 20};
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const size_t T = Ts[ti];
+            float *y = q_run(a, dx, T, dy, 0, 0, 0);
+            double md = 0, mb = 0;
+            for (size_t i = 0; i < T * (size_t)n; i++) {
+                md = fmax(md, fabs(y[i] - ref[i]));
+                mb = fmax(mb, fabs(ref[i]));
+            }
+            const double e = md / mb;
+            worst = e > worst ? e : worst;
+            if (!(e <= 1e-5)) fail_msg("bf16 %lldx%lld T=%zu: max rel error %.3g > 1e-5", (long long)n, (long long)K, T, e);
+            if (T == TM) y20 = y;
+            else free(y);
+        }
+        size_t bad = 0;
+        const size_t js[] = {0, 9, 19};
+        for (size_t i = 0; i < 3; i++) {
+            float *y1 = q_run(a, dx + js[i] * (size_t)K, 1, dy, 0, 0, 0);
+            bad += q_diff(y20, js[i], y1, 0, 1, (size_t)n);
+            free(y1);
+        }
+        if (n > 2) { /* a slice of the rows */
+            bcu_rowdot_args b = a;
+            b.r0 = 1;
+            b.n = n - 2;
+            float *ys = q_run(b, dx, TM, dy, 0, 0, 0);
+            double md = 0, mb = 0;
+            for (size_t t = 0; t < TM; t++)
+                for (int64_t o = 0; o < n - 2; o++) {
+                    md = fmax(md, fabs(ys[t * (n - 2) + o] - ref[t * n + o + 1]));
+                    mb = fmax(mb, fabs(ref[t * n + o + 1]));
+                }
+            if (!(md <= 1e-5 * mb)) fail_msg("bf16 %lldx%lld rows 1 ..: max rel error %.3g > 1e-5", (long long)n, (long long)K, md / mb);
+            free(ys);
+        }
+        if (bad) fail_msg("bf16 %lldx%lld: %zu outputs depend on T", (long long)n, (long long)K, bad);
+        printf("  rowdot bf16 %5lldx%-5lld worst vs double %.2e, batch-invariant\n", (long long)n, (long long)K, worst);
+        free(y20); free(wb); free(x); free(ref);
+        cudaFree(dw); cudaFree(dx); cudaFree(dy);
+    }
+}
+
+/* ------------------------------------------------------------------ bcu_rowdot_args.xq */
+
+/* The decode kernel on f16 codes (xq: x act_quant'd, as official semantics give every FP8 GEMM): against the CPU
+ * backend's linear of the same x within 1e-5, T = 1 .. 16; against the bf16-plane decode kernel on the same x
+ * (the outputs that differ are counted and printed; within 1e-6); a token alone equals the same token inside
+ * T = 16 bit for bit, with and without the K split, and the split changes no bit.  The x rows span 2^-40 .. 2^40
+ * in magnitude (the power of two per chunk), with zero chunks and a zero row. */
+static void test_rowdot_xq(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4);
+    struct {
+        const char *name;
+        int64_t rows, cols;
+        md_dtype sdt;
+    } cs[] = {{"fp8/e8m0 1000x512", 1000, 512, MD_F8_E8M0},
+              {"fp8/f32 72x4096", 72, 4096, MD_F32},
+              {"fp8/e8m0 2048x4096", 2048, 4096, MD_F8_E8M0},
+              {"fp8/bf16 520x8192", 520, 8192, MD_BF16}};
+    const size_t Ts[] = {1, 2, 5, 8, 13, 16}, TM = 16;
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        rweight r = make_fp8(cs[k].rows, cs[k].cols, 128, cs[k].sdt);
+        const be_weight *w = &r.w;
+        const int64_t n = w->rows, K = w->cols;
+        void *dw, *ds;
+        float *dx, *dy;
+        ck(cudaMalloc(&dw, (size_t)(n * K)), "cudaMalloc");
+        ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
+        float *x = rand_rows(TM * (size_t)K);
+        for (size_t t = 0; t < TM; t++) {
+            float *row = x + t * (size_t)K;
+            const float f = ldexpf(1.0f, (int)(t * 80 / (TM - 1)) - 40); /* 2^-40 .. 2^40 */
+            for (int64_t i = 0; i < K; i++) row[i] *= f;
+            if (t == 3) memset(row + 64, 0, 64 * sizeof(float)); /* one zero chunk */
+            if (t == 11) memset(row, 0, (size_t)K * sizeof(float));
+            aq_ref_row(row, K, NULL);
+        }
+        ck(cudaMemcpy(dw, w->data, (size_t)(n * K), cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        float *ref = nan_rows(TM * (size_t)n);
+        cpu->ops->linear(cpu, ref, x, TM, w);
+        bcu_rowdot_args a = q_args(w, dw, ds, 0, n, 0, dx, TM, dy);
+        a.xq = 1;
+        double worst = 0, wp = 0;
+        size_t nd = 0, bad = 0;
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const size_t T = Ts[ti];
+            /* per token: a token's scale differs by up to 2^80 from the next, so each row is its own reference */
+            float *y = q_run(a, dx, T, dy, BCU_ROWDOT_MMA, 0, 0);
+            for (size_t t = 0; t < T; t++) {
+                const double e = rel_err(y + t * n, (size_t)n, ref + t * n, (size_t)n, 1, (size_t)n);
+                worst = e > worst ? e : worst;
+                if (!(e <= 1e-5)) fail_msg("%s T=%zu token %zu: max rel error %.3g vs the CPU > 1e-5", cs[k].name, T, t, e);
+            }
+            bcu_rowdot_args b = a;
+            b.xq = 0;
+            float *yb = q_run(b, dx, T, dy, BCU_ROWDOT_MMA, BCU_ROWDOT_TILE_DEC, 0);
+            for (size_t t = 0; t < T; t++) {
+                const double e = rel_err(y + t * n, (size_t)n, yb + t * n, (size_t)n, 1, (size_t)n);
+                wp = e > wp ? e : wp;
+                if (!(e <= 1e-6)) fail_msg("%s T=%zu token %zu: %.3g from the bf16 planes > 1e-6", cs[k].name, T, t, e);
+            }
+            nd += q_diff(y, 0, yb, 0, T, (size_t)n);
+            if (T == TM) { /* batch invariance and the split */
+                for (int sp = 1; sp <= 2; sp++) {
+                    float *ys = q_run(a, dx, TM, dy, BCU_ROWDOT_MMA, 0, sp);
+                    bad += q_diff(y, 0, ys, 0, TM, (size_t)n);
+                    const size_t js[] = {0, 3, 11, 15};
+                    for (size_t i = 0; i < 4; i++) {
+                        float *y1 = q_run(a, dx + js[i] * (size_t)K, 1, dy, BCU_ROWDOT_MMA, 0, sp);
+                        bad += q_diff(y, js[i], y1, 0, 1, (size_t)n);
+                        free(y1);
+                    }
+                    free(ys);
+                }
+            }
+            free(y);
+            free(yb);
+        }
+        if (bad) fail_msg("%s: %zu outputs depend on T or on the K split", cs[k].name, bad);
+        printf("  rowdot xq %-22s worst vs CPU %.2e, vs the bf16 planes %.2e (%zu outputs of %zu differ), "
+               "batch- and split-invariant\n", cs[k].name, worst, wp, nd, (size_t)(n * 45));
+        free(x); free(ref);
+        cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
+        rw_free(&r);
+    }
+    be_destroy(cpu);
 }
 
 /* ------------------------------------------------------------------ bcu_rowdot_x8 */
@@ -1001,6 +1190,8 @@ int main(void)
         cmocka_unit_test(test_rowdot_batch_invariance),
         cmocka_unit_test(test_rowdot_grouped),
         cmocka_unit_test(test_rowdot_x8),
+        cmocka_unit_test(test_rowdot_xq),
+        cmocka_unit_test(test_rowdot_bf16_small),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_cache_notices_new_contents),
         cmocka_unit_test(test_errors_are_sticky_and_readable),

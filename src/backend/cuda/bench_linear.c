@@ -25,6 +25,14 @@
  * m16 tile, at every V4-Flash FP8 decode shape, and the grouped wo_a as
  * cuda.cu runs it (8 strided calls) beside the same bytes in one call.
  *
+ * An act_quant table (T = 1 .. 16, x holding e4m3 values times powers of two,
+ * as official semantics give the FP8 GEMMs): what bcu_rowdot ran before on
+ * such x (three bf16 planes: the decode kernel to T = 5, rowmma above)
+ * against the decode kernel on f16 codes (bcu_rowdot_args.xq), with the
+ * largest difference between the two (0: the same bits).
+ *
+ * BENCH_LINEAR_ONLY=decode runs the decode and act_quant tables alone.
+ *
  * A third table is prefill on FP8 weights (T = 512 .. 16384), device
  * pointers: bcu_rowdot as be_linear runs it today, against expanding the
  * weight to a transient bf16 copy (bcu_dequant_bf16, timed alone too, with
@@ -346,6 +354,61 @@ static void run_ab(const shape *s, size_t T, double bw)
     run_free(dw, ds, ncopy, dx, dy, x, d0, s0);
 }
 
+/* the act_quant table: bf16 planes (xq = 0, automatic tile) vs f16 codes (xq = 1) on x of e4m3 values times 2^-6 */
+static void run_xq(const shape *s, double bw)
+{
+    be_weight w0;
+    void *d0, *s0;
+    make_weight(s, &w0, &d0, &s0);
+    void *dw[64], *ds[64];
+    const int ncopy = device_copies(s, &w0, d0, s0, dw, ds);
+    const size_t wb = wbytes(&w0), cols = (size_t)s->cols, rows = (size_t)s->rows, TM = 16;
+    float *x = malloc(TM * cols * sizeof *x), *dx, *dy;
+    for (size_t i = 0; i < TM * cols; i++) x[i] = (float)((int)(rnd() % 31) - 15) * 0.015625f; /* e4m3 x 2^-6 */
+    CK(cudaMalloc((void **)&dx, TM * cols * 4));
+    CK(cudaMalloc((void **)&dy, TM * rows * 4));
+    CK(cudaMemcpy(dx, x, TM * cols * 4, cudaMemcpyHostToDevice));
+    float *y0 = malloc(TM * rows * 4), *y1 = malloc(TM * rows * 4);
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = BCU_RW_FP8;
+    a.sc_dtype = BCU_SC_E8M0;
+    a.wrows = s->rows;
+    a.wcols = s->cols;
+    a.block = w0.block;
+    a.n = s->rows;
+    a.K = s->cols;
+    a.x = dx;
+    a.y = dy;
+    a.w = dw[0];
+    a.scale = ds[0];
+    a.path = BCU_ROWDOT_MMA;
+    const size_t Ts[] = {1, 2, 5, 8, 16};
+    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+        a.T = (int64_t)Ts[t];
+        const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + cols);
+        double tm[2];
+        for (int v = 0; v < 2; v++) {
+            a.xq = v;
+            grouped_ctx c = {a, 1, dw, ds};
+            tm[v] = time_calls(rd_grouped_call, &c, ncopy, INNER);
+            CK(bcu_rowdot(&a, 0));
+            CK(cudaMemcpy(v ? y1 : y0, dy, Ts[t] * rows * 4, cudaMemcpyDeviceToHost));
+        }
+        double md = 0, mx = 0;
+        for (size_t i = 0; i < Ts[t] * rows; i++) {
+            md = fmax(md, fabs((double)y1[i] - (double)y0[i]));
+            mx = fmax(mx, fabs((double)y0[i]));
+        }
+        printf("| %-16s | %5lldx%-5lld | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %5.2fx | %7.1e |\n", s->label,
+               (long long)s->rows, (long long)s->cols, Ts[t], tm[0] * 1e6, 100.0 * bytes / tm[0] / bw, tm[1] * 1e6,
+               100.0 * bytes / tm[1] / bw, tm[0] / tm[1], mx > 0 ? md / mx : md);
+        fflush(stdout);
+    }
+    free(y0); free(y1);
+    run_free(dw, ds, ncopy, dx, dy, x, d0, s0);
+}
+
 /* decode, T = 1, 2, 5 on device pointers: the decode kernel (what bcu_rowdot runs at T <= 5) against rowmma with one
  * m16 tile (BCU_ROWDOT_TILE_DEC vs tile 1: the same bits).  groups > 1: the weight's rows in that many groups of
  * rows / groups, each its own call on strided x [T, groups * cols] and y [T, rows] (the grouped wo_a); then the
@@ -360,11 +423,11 @@ static void run_decode(const shape *s, int groups, double bw)
     const int ncopy = device_copies(s, &w0, d0, s0, dw, ds);
     const size_t wb = wbytes(&w0), cols = (size_t)s->cols, rows = (size_t)s->rows;
     const size_t xcols = cols * (size_t)groups;
-    float *x = malloc(5 * xcols * sizeof *x), *dx, *dy;
-    for (size_t i = 0; i < 5 * xcols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
-    CK(cudaMalloc((void **)&dx, 5 * xcols * 4));
-    CK(cudaMalloc((void **)&dy, 5 * rows * 4));
-    CK(cudaMemcpy(dx, x, 5 * xcols * 4, cudaMemcpyHostToDevice));
+    float *x = malloc(32 * xcols * sizeof *x), *dx, *dy;
+    for (size_t i = 0; i < 32 * xcols; i++) x[i] = (float)(rnd() >> 8) / 8388608.0f - 1.0f;
+    CK(cudaMalloc((void **)&dx, 32 * xcols * 4));
+    CK(cudaMalloc((void **)&dy, 32 * rows * 4));
+    CK(cudaMemcpy(dx, x, 32 * xcols * 4, cudaMemcpyHostToDevice));
     bcu_rowdot_args a;
     memset(&a, 0, sizeof a);
     a.fmt = s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
@@ -383,7 +446,7 @@ static void run_decode(const shape *s, int groups, double bw)
         a.ldx = (int64_t)xcols;
         a.ldy = s->rows;
     }
-    const size_t Ts[] = {1, 2, 5};
+    const size_t Ts[] = {1, 2, 5, 8, 16, 32}, nT = groups > 1 ? 6 : 3; /* grouped: to BCU_ROWDOT_GROUPED_T */
     for (int var = 0; var < (groups > 1 ? 3 : 1); var++) {
         char label[64];
         const int one = var == 2, grouped = var == 1;
@@ -399,12 +462,12 @@ static void run_decode(const shape *s, int groups, double bw)
             snprintf(label, sizeof label, "%s, 1 grouped", s->label);
         } else if (groups > 1) snprintf(label, sizeof label, "%s, %d calls", s->label, groups);
         else snprintf(label, sizeof label, "%s", s->label);
-        for (size_t t = 0; t < 3; t++) {
+        for (size_t t = 0; t < nT; t++) {
             a.T = (int64_t)Ts[t];
             const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + (one ? cols : xcols));
             double tm[2];
             for (int v = grouped ? 1 : 0; v < 2; v++) {
-                a.tile = v ? BCU_ROWDOT_TILE_DEC : 1;
+                a.tile = v ? (grouped ? 0 : BCU_ROWDOT_TILE_DEC) : Ts[t] > 5 ? 0 : 1; /* T > 5: what auto runs */
                 grouped_ctx c = {a, one || grouped || groups == 1 ? 1 : groups, dw, ds};
                 tm[v] = time_calls(rd_grouped_call, &c, ncopy, INNER);
             }
@@ -562,6 +625,30 @@ static void run_prefill(const shape *s, size_t T, double bw, double peak, cublas
     free(s0);
 }
 
+static void decode_tables(double bw)
+{
+    /* decode: the decode kernel vs rowmma tile 1 at the V4-Flash decode shapes */
+    printf("\ndecode on device pointers: bcu_rowdot's decode kernel (what it runs at T <= 5) vs rowmma tile 1 (what it "
+           "ran before; the same bits; the grouped wo_a to T = 32, where the first column is the automatic tile per group), "
+           "%% copy as above\n\n");
+    printf("| case                         | rows x cols | fmt  |    T | tile 1 us | %% copy | decode us | %% copy | "
+           "speedup |\n");
+    printf("|------------------------------|-------------|------|------|-----------|---------|-----------|---------|"
+           "---------|\n");
+    const shape dshapes[] = {{"v4 fp8 wq_b", 32768, 1024, BE_W_FP8},   {"v4 fp8 wo_b", 4096, 8192, BE_W_FP8},
+                             {"v4 fp8 1024x4096", 1024, 4096, BE_W_FP8}, {"v4 fp8 512x4096", 512, 4096, BE_W_FP8},
+                             {"v4 fp8 2048x4096", 2048, 4096, BE_W_FP8}, {"v4 fp8 4096x2048", 4096, 2048, BE_W_FP8},
+                             {"v4 fp4 2048x4096", 2048, 4096, BE_W_FP4}};
+    for (size_t i = 0; i < sizeof dshapes / sizeof dshapes[0]; i++) run_decode(&dshapes[i], 1, bw);
+    const shape wo_a = {"v4 fp8 wo_a", 8192, 4096, BE_W_FP8}; /* 8 groups of 1024 rows */
+    run_decode(&wo_a, 8, bw);
+    printf("\nact_quant'd x (official semantics' FP8 GEMMs), device pointers: bf16 planes (xq = 0: the decode kernel to "
+           "T = 5, rowmma above) vs the decode kernel on f16 codes (xq = 1); diff = max |y1 - y0| / max |y0|\n\n");
+    printf("| case             | rows x cols |    T | planes us | %% copy |  codes us | %% copy | speedup |    diff |\n");
+    printf("|------------------|-------------|------|-----------|--------|-----------|--------|---------|---------|\n");
+    for (size_t i = 0; i < 6; i++) run_xq(&dshapes[i], bw);
+}
+
 int main(void)
 {
     char err[256];
@@ -574,6 +661,11 @@ int main(void)
     be_cuda_destroy(probe);
     const double bw = copy_bandwidth();
     printf("device-to-device copy: %.0f GB/s (read + write, 1 GiB, median of %d)\n\n", bw / 1e9, REPS);
+    const char *only = getenv("BENCH_LINEAR_ONLY"); /* "decode": the decode and act_quant tables alone */
+    if (only && !strcmp(only, "decode")) {
+        decode_tables(bw);
+        return 0;
+    }
     printf("| case             | rows x cols | fmt  | math   |    T |     op us |    dev us |    GB/s | %% copy | TFLOP/s |\n");
     printf("|------------------|-------------|------|--------|------|-----------|-----------|---------|--------|---------|\n");
     const shape tiny[] = {{"tiny wq_a", 64, 128, BE_W_DENSE}, {"tiny head", 512, 128, BE_W_DENSE},
@@ -614,20 +706,7 @@ int main(void)
     printf("|------------------|-------------|------|------|-----------|---------|-----------|--------|---------|--------|\n");
     for (size_t i = 0; i < sizeof v4q / sizeof v4q[0]; i++)
         for (size_t t = 0; t < sizeof Tq / sizeof Tq[0]; t++) run_ab(&v4q[i], Tq[t], bw);
-    /* decode: the decode kernel vs rowmma tile 1 at the V4-Flash decode shapes */
-    printf("\ndecode on device pointers: bcu_rowdot's decode kernel (what it runs at T <= 5) vs rowmma tile 1 (what it "
-           "ran before; the same bits), %% copy as above\n\n");
-    printf("| case                         | rows x cols | fmt  |    T | tile 1 us | %% copy | decode us | %% copy | "
-           "speedup |\n");
-    printf("|------------------------------|-------------|------|------|-----------|---------|-----------|---------|"
-           "---------|\n");
-    const shape dshapes[] = {{"v4 fp8 wq_b", 32768, 1024, BE_W_FP8},   {"v4 fp8 wo_b", 4096, 8192, BE_W_FP8},
-                             {"v4 fp8 1024x4096", 1024, 4096, BE_W_FP8}, {"v4 fp8 512x4096", 512, 4096, BE_W_FP8},
-                             {"v4 fp8 2048x4096", 2048, 4096, BE_W_FP8}, {"v4 fp8 4096x2048", 4096, 2048, BE_W_FP8},
-                             {"v4 fp4 2048x4096", 2048, 4096, BE_W_FP4}};
-    for (size_t i = 0; i < sizeof dshapes / sizeof dshapes[0]; i++) run_decode(&dshapes[i], 1, bw);
-    const shape wo_a = {"v4 fp8 wo_a", 8192, 4096, BE_W_FP8}; /* 8 groups of 1024 rows */
-    run_decode(&wo_a, 8, bw);
+    decode_tables(bw);
     /* prefill: the row-dot vs a transient bf16 copy and cuBLAS */
     const double peak = gemm_peak(1, 8192);
     printf("\nprefill on FP8 weights, device pointers: bcu_rowdot vs bcu_dequant_bf16 + cuBLAS bf16 GEMM "

@@ -120,6 +120,8 @@ typedef struct {
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
                 * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
     int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 is plain linear: three planes, bf16 row-dots) */
+    int xq_dec; /* DEEPINFER_CUDA_XQ (default 1): act_quant'd rows of up to 16 on FP8 weights through the decode
+                 * kernel's f16 form (bcu_rowdot_args.xq; 0: its bf16 planes, 5 rows a block) */
     int rowq8; /* DEEPINFER_CUDA_ROWQ8 (default 0): act_quant'd rows of up to 16 through bcu_rowdot_x8 (codes against
                 * codes); off because it is slower than the bf16 decode kernel (H200, ncu, one batch-1 step of the
                 * V4-Flash slice, 2026-11-30: 569 us in 29 calls against ~350 us; docs/CUDA.md) */
@@ -507,6 +509,7 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (K != w->cols - c0) return fail(c, "row-dot: K %lld is not cols - c0", (long long)K);
     bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, r0, n, c0, dx, (int64_t)T, dy);
+    a.xq = c->x_fp8 && c->xq_dec && w->fmt == BE_W_FP8; /* the decode kernel on f16 codes, up to 16 rows */
     if (c->x_fp8 && c->rowq8 && w->fmt == BE_W_FP8) {
         const cudaError_t r = bcu_rowdot_x8(&a, c->st);
         if (r == cudaSuccess) return 0;
@@ -1997,6 +2000,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
     c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
     c->rowq8 = env_size("DEEPINFER_CUDA_ROWQ8", 0) != 0;
+    c->xq_dec = env_size("DEEPINFER_CUDA_XQ", 1) != 0;
     c->ps_off = getenv("DEEPINFER_CUDA_PART_MB") && *getenv("DEEPINFER_CUDA_PART_MB") &&
                 env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);

@@ -63,6 +63,9 @@ enum { BCU_RW_BF16 = 0, BCU_RW_F16 = 1, BCU_RW_F32 = 2, BCU_RW_FP8 = 3, BCU_RW_F
  * makes automatic mean simple. */
 enum { BCU_ROWDOT_AUTO = 0, BCU_ROWDOT_SIMPLE = 1, BCU_ROWDOT_MMA = 2 };
 enum { BCU_ROWDOT_TILE_DEC = -1 }; /* bcu_rowdot_args.tile of the decode kernel */
+/* grouped calls (bcu_rowdot_args.groups) of at most this many rows run as one launch of the decode kernel (5 rows a
+ * block, the weights read once per 5 rows, mostly from L2): the wo_a of a decode batch of 8 was 8 launches of rowmma */
+#define BCU_ROWDOT_GROUPED_T 32
 typedef struct {
     int fmt;
     const void *w;
@@ -81,10 +84,14 @@ typedef struct {
                   small); 0: by T (BCU_ROWDOT_TILE_DEC at T <= 5).  All give the same bits. */
     int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */
     int groups;      /* > 1: a grouped projection in one launch: for g < groups, rows [r0 + g n, +n) of W on
-                        x + g xg into y + g yg (ldx, ldy as usual).  Only the decode kernel takes it (the tile it
-                        would run is BCU_ROWDOT_TILE_DEC and its shared memory fits): else cudaErrorNotSupported
-                        with nothing launched.  Each group's bits are those of its own call. */
+                        x + g xg into y + g yg (ldx, ldy as usual).  Only the decode kernel takes it (tile
+                        BCU_ROWDOT_TILE_DEC, or 0 with T <= BCU_ROWDOT_GROUPED_T, and its shared memory fits): else
+                        cudaErrorNotSupported with nothing launched.  Each group's bits are those of its own call. */
     int64_t xg, yg;  /* floats between groups in x (a multiple of 4) and in y */
+    int xq;          /* FP8 only: x holds act_quant'd rows (every 64 columns of a row inside one block of act_quant:
+                        e4m3 values times one power of two).  The decode kernel then takes up to 16 tokens a block
+                        (tile BCU_ROWDOT_TILE_DEC at T <= 16) and multiplies f16 codes on the tensor cores: the
+                        bf16 decode kernel's sums (test_rowdot_xq).  Other x gives wrong results. */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
 /* the arguments for rows [r0, r0+n), columns [c0, cols) of an FP8 / FP4 / f16 weight w whose device copies are

@@ -380,9 +380,85 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
     }
 }
 
+/* The simple kernel with each output's K cut into KS contiguous parts, a warp each (bf16 / f16, the vector path):
+ * KS warps of a block share an output, 8 / KS outputs a block.  Each warp sums its part in the order of
+ * rowdot_kernel's lane loop and reduces across lanes the same way; the parts are then added in order,
+ * ((0 + p_0) + p_1) + ...  For the small decode GEMVs (the router, the compressors, the indexer: n of 64 to
+ * 2048 rows): with a warp per output their grid is 16 to 512 blocks of 4 warps, each lane a chain of K / 256
+ * dependent loads; KS is a function of (n, K) only, so a token's result does not depend on T. */
+#define BCU_KS_WARPS 8
+template <int FMT, int KS>
+__global__ void __launch_bounds__(32 * BCU_KS_WARPS) rowdot_ks_kernel(RowArgs a)
+{
+    __shared__ float part[BCU_KS_WARPS][BCU_TT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
+    const int64_t o = (int64_t)blockIdx.x * (BCU_KS_WARPS / KS) + warp / KS;
+    const int64_t t0 = (int64_t)blockIdx.y * BCU_TT;
+    const int64_t nt = a.T - t0 < BCU_TT ? a.T - t0 : BCU_TT;
+    const int64_t r = a.r0 + (o < a.n ? o : 0);
+    const int64_t kp = (a.K / 8 + KS - 1) / KS * 8; /* columns per part, a multiple of 8 */
+    const int64_t k0 = ks * kp, k1 = k0 + kp < a.K ? k0 + kp : a.K;
+    float acc[BCU_TT];
+#pragma unroll
+    for (int i = 0; i < BCU_TT; i++) acc[i] = 0.0f;
+#pragma unroll 4
+    for (int64_t j = k0 + (int64_t)lane * 8; j < k1; j += 32 * 8) {
+        float wv[8];
+        wget8<FMT>(a, r, a.c0 + j, wv);
+#pragma unroll
+        for (int i = 0; i < BCU_TT; i++) {
+            if (i < nt) {
+                const float4 *xp = (const float4 *)(a.x + (t0 + i) * a.ldx + j);
+                float4 x0 = xp[0], x1 = xp[1];
+                float s = acc[i];
+                s = fmaf(wv[0], x0.x, s); s = fmaf(wv[1], x0.y, s);
+                s = fmaf(wv[2], x0.z, s); s = fmaf(wv[3], x0.w, s);
+                s = fmaf(wv[4], x1.x, s); s = fmaf(wv[5], x1.y, s);
+                s = fmaf(wv[6], x1.z, s); s = fmaf(wv[7], x1.w, s);
+                acc[i] = s;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < BCU_TT; i++) {
+        float v = acc[i];
+#pragma unroll
+        for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) part[warp][i] = v;
+    }
+    __syncthreads();
+    if (ks == 0 && lane < nt && o < a.n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int p = 0; p < KS; p++) v = v + part[warp + p][lane];
+        a.y[(t0 + lane) * a.ldy + o] = v;
+    }
+}
+
+/* the K split of the vector path for bf16 / f16: 1 (rowdot_kernel) unless the grid of a warp per output would be
+ * under ~4 warps an SM's worth on a 132-SM part (n < 512... a function of n and K alone) and K has room */
+static int simple_ks(int fmt, int64_t n, int64_t K)
+{
+    if (fmt != BCU_RW_BF16 && fmt != BCU_RW_F16) return 1;
+    int ks = 1;
+    while (ks < BCU_KS_WARPS && n * ks < 4096 && K / (2 * ks) >= 512) ks *= 2;
+    return ks;
+}
+
 template <int FMT>
 static cudaError_t launch_rowdot(const RowArgs &a, bool vec, cudaStream_t st)
 {
+    const int ks = vec ? simple_ks(FMT, a.n, a.K) : 1;
+    if constexpr (FMT == BCU_RW_BF16 || FMT == BCU_RW_F16) {
+        if (ks > 1) {
+            const int rpb = BCU_KS_WARPS / ks;
+            dim3 g((unsigned)((a.n + rpb - 1) / rpb), (unsigned)((a.T + BCU_TT - 1) / BCU_TT));
+            void (*kern)(RowArgs) = ks == 2   ? rowdot_ks_kernel<FMT, 2>
+                                    : ks == 4 ? rowdot_ks_kernel<FMT, 4>
+                                              : rowdot_ks_kernel<FMT, 8>;
+            return rd_launch(kern, g, dim3(32 * BCU_KS_WARPS), 0, 1, st, a);
+        }
+    }
     dim3 grid((unsigned)((a.n + BCU_WARPS - 1) / BCU_WARPS), (unsigned)((a.T + BCU_TT - 1) / BCU_TT));
     if (vec) return rd_launch(rowdot_kernel<FMT, true>, grid, dim3(32 * BCU_WARPS), 0, 1, st, a);
     return rd_launch(rowdot_kernel<FMT, false>, grid, dim3(32 * BCU_WARPS), 0, 1, st, a);
@@ -457,6 +533,7 @@ struct MmCfg {
     static constexpr int XPT = (16 * TB + NT - 1) / NT;    /* staging items (4 EPB columns) per thread */
     static constexpr int PD = MTW * WGM == 1 ? 8 : MTW * WGM == 3 ? 4 : 2; /* chunks of weights in flight */
     static constexpr int MINB = NT == 128 ? 3 : 1;
+    static constexpr int NPL = 3;                          /* planes (A rows) per token */
     static constexpr size_t SMEM = (size_t)MROWS * RBP * 4 + 2 * (size_t)MROWS * RS;
 };
 
@@ -474,8 +551,8 @@ __device__ __forceinline__ int xoff(int q, int h)
 }
 
 /* y = A_hi + (A_mid + A_lo), A = ((0 + S_0) + S_1) + ... over the slices, from the per-plane sums in Sx
- * [rows 3 tau + p][RBP]; in a split (ns > 1) the blocks of the cluster share the outputs.  rowmma_kernel and
- * rowdec_kernel end with it. */
+ * [rows 3 tau + p][RBP] (C::NPL = 1, the decode kernel on act_quant'd x: y = A of row tau); in a split (ns > 1)
+ * the blocks of the cluster share the outputs.  rowmma_kernel and rowdec_kernel end with it. */
 template <class C>
 __device__ __forceinline__ void rd_store_y(const MmArgs &a, float *y, float *Sx, int ns, int tid, int tbv, int64_t ob,
                                            int64_t t0)
@@ -489,12 +566,14 @@ __device__ __forceinline__ void rd_store_y(const MmArgs &a, float *y, float *Sx,
         if (o >= a.n) continue;
         float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
         for (int j = 0; j < ns; j++) {
-            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + 3 * tau * C::RBP + ol;
+            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + C::NPL * tau * C::RBP + ol;
             A0 = A0 + src[0];
-            A1 = A1 + src[C::RBP];
-            A2 = A2 + src[2 * C::RBP];
+            if (C::NPL == 3) {
+                A1 = A1 + src[C::RBP];
+                A2 = A2 + src[2 * C::RBP];
+            }
         }
-        y[(t0 + tau) * a.ldy + o] = A0 + (A1 + A2);
+        y[(t0 + tau) * a.ldy + o] = C::NPL == 3 ? A0 + (A1 + A2) : A0;
     }
     if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
 }
@@ -740,10 +819,11 @@ __global__ void __launch_bounds__(MmCfg<FMT, MTW, WN, WGM, WGN>::NT, MmCfg<FMT, 
  * the chunk loop has none.  Each lane streams 16 bytes per chunk of WN weight rows, PD chunks ahead in
  * registers (PD WN = 8: 128 bytes in flight per lane, FP4 scale bytes with them); 4 warps, 32 WN outputs per
  * block. */
-template <int FMT, int WN>
+template <int FMT, int WN, bool XQ>
 struct DecCfg {
     static constexpr int NT = 128;                         /* 4 warps */
-    static constexpr int TB = 5;                           /* tokens per block (grid z) */
+    static constexpr int NPL = XQ ? 1 : 3;                 /* A rows per token: the bf16 planes, or the f16 codes */
+    static constexpr int TB = 16 / NPL;                    /* tokens per block (grid z): 5, or 16 */
     static constexpr int RB = 32 * WN;                     /* outputs (weight rows) per block */
     static constexpr int RBP = RB + 8;                     /* Sx row stride, floats (RBP % 32 == 8) */
     static constexpr int EPB = FMT == BCU_RW_FP4 ? 2 : 1;  /* elements per byte */
@@ -753,29 +833,37 @@ struct DecCfg {
     static constexpr int MINB = FMT == BCU_RW_FP8 && WN == 1 ? 5 : 4;
 };
 
-/* The shared memory of a decode block, for tbl = min(T, 5) tokens and room for ncm chunks:
+/* The shared memory of a decode block, for tbl = min(T, TB) tokens and room for ncm chunks:
  * Sx [16][RBP] f32 (rowmma's), the planes as A fragments [ncm][STEPS][32 lanes][16 bytes], the fp32 copy of x
  * [ncm][tbl][16 items of 16 EPB bytes], the FP8 scales [2][ncm] f32 (a block's RB <= 64 <= block rows span at
- * most two row blocks). */
+ * most two row blocks); XQ: the powers of two of the A rows [ncm][16] f32. */
 struct DecSmem {
-    size_t xp, xr, ss, total;
+    size_t xp, xr, ss, xs, total;
 };
-template <int FMT, int WN>
+template <int FMT, int WN, bool XQ>
 __host__ __device__ __forceinline__ DecSmem dec_smem(int tbl, int ncm)
 {
-    typedef DecCfg<FMT, WN> C;
+    typedef DecCfg<FMT, WN, XQ> C;
     DecSmem m;
     m.xp = (size_t)16 * C::RBP * 4;
     m.xr = m.xp + (size_t)ncm * C::STEPS * 512;
-    m.ss = m.xr + (size_t)ncm * tbl * 256 * C::EPB;
-    m.total = m.ss + (FMT == BCU_RW_FP8 ? (size_t)2 * ncm * 4 : 0);
+    m.ss = m.xr + (XQ ? 0 : (size_t)ncm * tbl * 256 * C::EPB); /* XQ reads x from global memory */
+    m.xs = m.ss + (FMT == BCU_RW_FP8 ? (size_t)2 * ncm * 4 : 0);
+    m.total = m.xs + (XQ ? (size_t)16 * ncm * 4 : 0);
     return m;
 }
 
-template <int FMT, int WN>
-__global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) rowdec_kernel(MmArgs a)
+/* XQ (FP8 weights, x act_quant'd: bcu_rowdot_args.xq): each token's 64 columns of a chunk are e4m3 values times
+ * one power of two, so x / 2^k with k = floor(log2 amax) - 8 (amax over the token's chunk) is exact in f16
+ * (below 512, every set bit at or above 2^-9); the A rows are those f16 values, one row per token (16 tokens a
+ * block), the weights go to f16 by one cvt per two codes (the bf16 decode takes four instructions), the tensor
+ * cores take f16 x f16 -> fp32, and the chunk's sum P goes into S = fmaf(P, scale * 2^k, S).  P is the bf16
+ * planes' P divided by 2^k exactly where the tensor core's sum is (scaling every product by a power of two),
+ * so the sums are those of the bf16 kernel (test_rowdot_xq counts the outputs that differ). */
+template <int FMT, int WN, bool XQ>
+__global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::MINB) rowdec_kernel(MmArgs a)
 {
-    typedef DecCfg<FMT, WN> C;
+    typedef DecCfg<FMT, WN, XQ> C;
     extern __shared__ __align__(16) unsigned char rd_smem[];
     const int tid = (int)threadIdx.x, lane = tid & 31, wn = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -792,11 +880,12 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
     const int cs = ns == 1 ? 0 : (int)blockIdx.x * a.cps;
     const int ce = ns == 1 ? a.nch : min(a.nch, cs + a.cps);
     const int nc = ce - cs;
-    const DecSmem L = dec_smem<FMT, WN>(tbl, ns == 1 ? a.nch : a.cps);
+    const DecSmem L = dec_smem<FMT, WN, XQ>(tbl, ns == 1 ? a.nch : a.cps);
     float *Sx = (float *)rd_smem;          /* [16][RBP]: per-lane accumulators, then the block's partial result */
     unsigned char *Xp = rd_smem + L.xp;    /* [nc][STEPS][32 lanes][16]: the planes as A fragments */
     unsigned char *Xr = rd_smem + L.xr;    /* x as fp32, each item read back by the thread that copied it */
     float *Ss = (float *)(rd_smem + L.ss); /* FP8: [2][ncb] the block's scales */
+    float *Xs = (float *)(rd_smem + L.xs); /* XQ: [chunk][A row] 2^k */
     constexpr int CH = C::STEPS * 512;     /* bytes per chunk of Xp */
 
     /* The lane's 16 bytes of chunk c in each of its rows (row g of each n8 tile) are wq[nt] + 64 c; they are
@@ -840,7 +929,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
 
     /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
     const int ipc = 16 * tbv; /* items per chunk */
-    for (int it = tid; it < nc * ipc; it += C::NT) {
+    for (int it = tid; !XQ && it < nc * ipc; it += C::NT) {
         const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
         const int64_t xc = 64 * (a.cb + cs + i) * C::EPB - a.c0 + 4 * C::EPB * j;
         unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
@@ -882,6 +971,8 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
         *(float2 *)&Sx[(g + 8) * C::RBP + nl] = make_float2(0.0f, 0.0f);
     }
     for (int i = tid; i < nc * CH / 16; i += C::NT) *(uint4 *)(Xp + 16 * i) = make_uint4(0u, 0u, 0u, 0u);
+    if (XQ)
+        for (int i = tid; i < 16 * nc; i += C::NT) Xs[i] = 0.0f; /* rows of no token: P = 0 */
     __syncthreads(); /* the zeros are in before the planes */
     /* the copies of this thread land; split them into the planes, as the A fragments of rowmma_kernel's
      * registers: for the step pair h, lane 4g + q holds {a0, a1, a2, a3} of the even step at
@@ -894,22 +985,47 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
         float v[4 * C::EPB];
 #pragma unroll
         for (int e = 0; e < C::EPB; e++) {
-            const float4 f = src[e];
+            float4 f;
+            if (XQ) { /* straight from global memory (FP8: EPB = 1), zero outside [c0, c0+K) */
+                const int64_t xc = 64 * (a.cb + cs + i) - a.c0 + 4 * j;
+                f = xc >= 0 && xc < a.K ? rd_ldg_f4(ax + (t0 + tau) * a.ldx + xc) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            } else {
+                f = src[e];
+            }
             v[4 * e] = f.x;
             v[4 * e + 1] = f.y;
             v[4 * e + 2] = f.z;
             v[4 * e + 3] = f.w;
         }
         uint32_t s[4 * C::EPB][3];
+        if (XQ) {
+            /* the 16 items of (chunk i, token tau) are 16 lanes of one half-warp (it = tid + 128 r, ipc % 16 = 0),
+             * which all run this iteration */
+            float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+            const unsigned hm = 0xffffu << (lane & 16);
 #pragma unroll
-        for (int e = 0; e < 4 * C::EPB; e++) rd_split3(v[e], s[e]);
+            for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(hm, m, o));
+            int k = 0;
+            if (m > 0.0f && m <= 3.4e38f) {
+                int ex;
+                (void)frexpf(m, &ex); /* m in [2^(ex-1), 2^ex) */
+                k = ex - 9 < -126 ? -126 : ex - 9;
+            }
+            const float inv = ldexpf(1.0f, -k);
+#pragma unroll
+            for (int e = 0; e < 4 * C::EPB; e++) s[e][0] = __half_as_ushort(__float2half_rn(v[e] * inv));
+            if (j == 0) Xs[16 * i + tau] = ldexpf(1.0f, k);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4 * C::EPB; e++) rd_split3(v[e], s[e]);
+        }
         /* rowmma's va (row g) at xoff(q, h): FP8 columns 16q + 8h .. +7 = items j = 4q + 2h (.x .y: the even
          * step's a0, a2) and 4q + 2h + 1 (.z .w: the odd step's); FP4 item j = 4q + h, the pairs (x0, x4) (x1,
          * x5) | (x2, x6) (x3, x7) */
         unsigned char *xc = Xp + (size_t)i * CH;
 #pragma unroll
-        for (int p = 0; p < 3; p++) {
-            const int m = 3 * tau + p, hf = m >> 3, ln = 4 * (m & 7);
+        for (int p = 0; p < C::NPL; p++) {
+            const int m = C::NPL * tau + p, hf = m >> 3, ln = 4 * (m & 7);
             if (FMT == BCU_RW_FP4) {
                 const int qq = j >> 2, h = j & 3;
                 uint32_t *ev = (uint32_t *)(xc + (2 * h * 32 + ln + qq) * 16);
@@ -939,7 +1055,21 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
     /* the B operand of one chunk for the k16 steps 2h (b[nt][h][0..1]) and 2h+1 (b[nt][h][2..3]) */
     auto decode = [&](const uint4(&wv)[WN], const uint32_t(&s2)[WN], int h, uint32_t(&b)[WN][4]) {
 #pragma unroll
-        for (int nt = 0; nt < WN; nt++) rd_bfrag<FMT == BCU_RW_FP4>(wv[nt], h, s2[nt], b[nt]);
+        for (int nt = 0; nt < WN; nt++) {
+            if (XQ) {
+                const uint32_t w0 = word_of(wv[nt], 2 * h), w1 = word_of(wv[nt], 2 * h + 1);
+                b[nt][0] = rd_e4m3x2_h(w0);
+                b[nt][1] = rd_e4m3x2_h(w0 >> 16);
+                b[nt][2] = rd_e4m3x2_h(w1);
+                b[nt][3] = rd_e4m3x2_h(w1 >> 16);
+            } else {
+                rd_bfrag<FMT == BCU_RW_FP4>(wv[nt], h, s2[nt], b[nt]);
+            }
+        }
+    };
+    auto mma = [&](float(&d)[4], const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+        if (XQ) rd_mma_h(d, af, b0, b1);
+        else rd_mma(d, af, b0, b1);
     };
     /* S += P * scale for chunk cc, and the slice's flush into Sx: ((0 + S_0) + S_1) + ... */
     auto update = [&](int cc, const float(&P)[WN][4]) {
@@ -949,10 +1079,19 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
                 sc[nt][hh] = FMT == BCU_RW_FP4 ? 1.0f : Ss[sb[nt][hh] + ((cb32 + cc) >> cbs)];
+        if (XQ) { /* the powers of two of A rows g and g + 8 (outputs e = 0, 1 and 2, 3) */
+            const float xg = Xs[16 * (cc - cs) + g], xg8 = Xs[16 * (cc - cs) + g + 8];
 #pragma unroll
-        for (int nt = 0; nt < WN; nt++)
+            for (int nt = 0; nt < WN; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) S[nt][e] = fmaf(P[nt][e], sc[nt][e & 1], S[nt][e]);
+                for (int e = 0; e < 4; e++)
+                    S[nt][e] = fmaf(P[nt][e], __fmul_rn(sc[nt][e & 1], e < 2 ? xg : xg8), S[nt][e]);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < WN; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) S[nt][e] = fmaf(P[nt][e], sc[nt][e & 1], S[nt][e]);
+        }
         if (++sp == a.cps || cc + 1 == a.nch) { /* block-uniform */
             sp = 0;
 #pragma unroll
@@ -1010,13 +1149,13 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN>::NT, DecCfg<FMT, WN>::MINB) ro
                 const uint32_t be[4] = {fbe.x, fbe.y, fbe.z, fbe.w}, bo[4] = {fbo.x, fbo.y, fbo.z, fbo.w};
 #pragma unroll
                 for (int nt = 0; nt < WN; nt++) {
-                    rd_mma(Pa[nt], ae, ba[nt][0], ba[nt][1]);
-                    rd_mma(Pb[nt], be, bb[nt][0], bb[nt][1]);
+                    mma(Pa[nt], ae, ba[nt][0], ba[nt][1]);
+                    mma(Pb[nt], be, bb[nt][0], bb[nt][1]);
                 }
 #pragma unroll
                 for (int nt = 0; nt < WN; nt++) {
-                    rd_mma(Pa[nt], ao, ba[nt][2], ba[nt][3]);
-                    rd_mma(Pb[nt], bo, bb[nt][2], bb[nt][3]);
+                    mma(Pa[nt], ao, ba[nt][2], ba[nt][3]);
+                    mma(Pb[nt], bo, bb[nt][2], bb[nt][3]);
                 }
             }
             update(ca, Pa);
@@ -1105,21 +1244,21 @@ static cudaError_t mm_launch_cfg(const MmArgs &a, int64_t n, int64_t T, int nsl,
 #define DEC_SMEM_MAX (96 * 1024) /* the decode kernel's shared memory: at most this (two blocks per SM) */
 
 /* the decode kernel of WN n8 tiles per warp may take DEC_SMEM_MAX of shared memory (set once per device) */
-template <int FMT, int WN>
+template <int FMT, int WN, bool XQ>
 static cudaError_t dec_prepare(void)
 {
     static std::atomic<unsigned long long> attr_set(0);
     const int dev = rd_device();
     const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
     if (attr_set.load(std::memory_order_relaxed) & bit) return cudaSuccess;
-    cudaError_t e = rd_smem_attr(rowdec_kernel<FMT, WN>, DEC_SMEM_MAX);
+    cudaError_t e = rd_smem_attr(rowdec_kernel<FMT, WN, XQ>, DEC_SMEM_MAX);
     if (e == cudaSuccess) attr_set.fetch_or(bit, std::memory_order_relaxed);
     return e;
 }
 
 /* how many clusters of ns blocks of it with smem bytes each fit the device at once (cached per device, ns and
  * smem in KB; after dec_prepare) */
-template <int FMT, int WN>
+template <int FMT, int WN, bool XQ>
 static int dec_capacity(int ns, size_t smem)
 {
     static std::atomic<unsigned long long> cache[64]; /* (key << 16) | (capacity + 1), 0: empty */
@@ -1131,7 +1270,7 @@ static int dec_capacity(int ns, size_t smem)
         if (!v) break;
         if (v >> 16 == key) return (int)(v & 0xffff) - 1;
     }
-    int cap = rd_max_clusters(rowdec_kernel<FMT, WN>, ns, DecCfg<FMT, WN>::NT, ((smem + 1023) / 1024) * 1024);
+    int cap = rd_max_clusters(rowdec_kernel<FMT, WN, XQ>, ns, DecCfg<FMT, WN, XQ>::NT, ((smem + 1023) / 1024) * 1024);
     if (cap > 65534) cap = 65534;
     for (int i = 0; i < 64; i++) {
         unsigned long long e = 0;
@@ -1147,30 +1286,31 @@ static int dec_capacity(int ns, size_t smem)
  * waves of smaller ones unless the grid is small; a model of waves x bytes per block chose worse.)  *took false
  * (nothing launched) where the shape does not fit DEC_SMEM_MAX as asked (split 1, or split 2 with too long
  * slices). */
-template <int FMT>
+template <int FMT, bool XQ>
 static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, int split, cudaStream_t st, bool *took)
 {
     *took = false;
-    const int tbl = T < 5 ? (int)T : 5;
-    const int64_t gz = (T + 4) / 5, sms = rd_sm_count(), ng = a.groups > 1 ? a.groups : 1;
+    constexpr int TB = DecCfg<FMT, 1, XQ>::TB;
+    const int tbl = T < TB ? (int)T : TB;
+    const int64_t gz = (T + TB - 1) / TB, sms = rd_sm_count(), ng = a.groups > 1 ? a.groups : 1;
     const int wn = (n * ng + 63) / 64 * nsl * gz >= 2 * sms ? 2 : 1;
     const int64_t gyg = (n + 32 * wn - 1) / (32 * wn), gy = gyg * ng; /* row tiles per group, in all */
     if (gy > 65535 || gz > 65535) return cudaErrorInvalidConfiguration;
     MmArgs b = a;
     b.gtiles = (int)gyg;
-    cudaError_t e = wn == 2 ? dec_prepare<FMT, 2>() : dec_prepare<FMT, 1>();
+    cudaError_t e = wn == 2 ? dec_prepare<FMT, 2, XQ>() : dec_prepare<FMT, 1, XQ>();
     if (e != cudaSuccess) return e;
-    const size_t s1 = wn == 2 ? dec_smem<FMT, 2>(tbl, a.nch).total : dec_smem<FMT, 1>(tbl, a.nch).total;
-    const size_t sk = wn == 2 ? dec_smem<FMT, 2>(tbl, a.cps).total : dec_smem<FMT, 1>(tbl, a.cps).total;
+    const size_t s1 = wn == 2 ? dec_smem<FMT, 2, XQ>(tbl, a.nch).total : dec_smem<FMT, 1, XQ>(tbl, a.nch).total;
+    const size_t sk = wn == 2 ? dec_smem<FMT, 2, XQ>(tbl, a.cps).total : dec_smem<FMT, 1, XQ>(tbl, a.cps).total;
     int ns = 1;
     if (nsl > 1 && (split == 2 || (split == 0 && (gy * gz < 2 * sms || s1 > DEC_SMEM_MAX)))) ns = nsl;
     if (ns > 1 && split != 2 &&
-        (sk > DEC_SMEM_MAX || (wn == 2 ? dec_capacity<FMT, 2>(ns, sk) : dec_capacity<FMT, 1>(ns, sk)) <= 0))
+        (sk > DEC_SMEM_MAX || (wn == 2 ? dec_capacity<FMT, 2, XQ>(ns, sk) : dec_capacity<FMT, 1, XQ>(ns, sk)) <= 0))
         ns = 1; /* the same sums without the split */
     const size_t sm = ns > 1 ? sk : s1;
     if (sm > DEC_SMEM_MAX) return cudaSuccess;
     *took = true;
-    void (*kern)(MmArgs) = wn == 2 ? rowdec_kernel<FMT, 2> : rowdec_kernel<FMT, 1>;
+    void (*kern)(MmArgs) = wn == 2 ? rowdec_kernel<FMT, 2, XQ> : rowdec_kernel<FMT, 1, XQ>;
     e = rd_launch(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(128), sm, ns, st, b);
     if (e != cudaSuccess && ns > 1 && split != 2) {
         (void)cudaGetLastError(); /* a cluster launch refused: the same sums without the split, if they fit */
@@ -1183,25 +1323,36 @@ static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, in
     return e;
 }
 
+/* the decode kernel on f16 codes: FP8 weights and x act_quant'd (bcu_rowdot_args.xq) */
+static bool dec_xq(const bcu_rowdot_args *p) { return p->xq && p->fmt == BCU_RW_FP8; }
+
+template <int FMT>
+static cudaError_t dec_launch_p(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st, bool *took)
+{
+    if constexpr (FMT == BCU_RW_FP8)
+        if (dec_xq(p)) return dec_launch<FMT, true>(a, p->n, p->T, nsl, p->split, st, took);
+    return dec_launch<FMT, false>(a, p->n, p->T, nsl, p->split, st, took);
+}
+
 static int mm_tile(const bcu_rowdot_args *p)
 {
     if (p->tile == 1 || p->tile == 3 || p->tile == 6 || p->tile == BCU_ROWDOT_TILE_DEC) return p->tile;
-    return p->T <= 5 ? BCU_ROWDOT_TILE_DEC : p->T <= 16 ? 3 : 6;
+    return p->T <= (dec_xq(p) ? 16 : 5) ? BCU_ROWDOT_TILE_DEC : p->T <= 16 ? 3 : 6;
 }
 
 template <int FMT>
 static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st)
 {
     const int tile = mm_tile(p);
-    if (a.groups > 1) { /* grouped: the decode kernel or nothing */
+    if (a.groups > 1) { /* grouped: the decode kernel (automatic tile: up to BCU_ROWDOT_GROUPED_T rows) or nothing */
         bool took = false;
-        if (tile != BCU_ROWDOT_TILE_DEC) return cudaErrorNotSupported;
-        cudaError_t e = dec_launch<FMT>(a, p->n, p->T, nsl, p->split, st, &took);
+        if (tile != BCU_ROWDOT_TILE_DEC && !(p->tile == 0 && p->T <= BCU_ROWDOT_GROUPED_T)) return cudaErrorNotSupported;
+        cudaError_t e = dec_launch_p<FMT>(a, p, nsl, st, &took);
         return e != cudaSuccess || took ? e : cudaErrorNotSupported;
     }
     if (tile == BCU_ROWDOT_TILE_DEC) {
         bool took = false;
-        cudaError_t e = dec_launch<FMT>(a, p->n, p->T, nsl, p->split, st, &took);
+        cudaError_t e = dec_launch_p<FMT>(a, p, nsl, st, &took);
         if (took || e != cudaSuccess) return e;
         /* its chunk range does not fit its shared memory: tile 1, the same sums */
     }

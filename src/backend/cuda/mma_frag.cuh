@@ -25,6 +25,23 @@ __device__ __forceinline__ void rd_mma(float d[4], const uint32_t a[4], uint32_t
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* the same product with f16 inputs (the decode row-dot on act_quant'd x: codes against codes) */
+__device__ __forceinline__ void rd_mma_h(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two e4m3 codes (bits 0-7, 8-15) -> two f16 (low half, high half), exact for every code: one instruction */
+__device__ __forceinline__ uint32_t rd_e4m3x2_h(uint32_t v)
+{
+    uint32_t h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)(v & 0xffffu)));
+    return h;
+}
+
 /* two e4m3 codes (bits 0-7, 8-15) -> two bf16 (low half, high half).  Exact:
  * e4m3 -> f16 is exact for every code (NaN stays NaN), f16 -> f32 is exact,
  * and the f32 has at most 4 significant bits, so its top half is the bf16. */
