@@ -1202,7 +1202,8 @@ static void route_case(const rtcase *c, size_t R, int *flips)
 }
 
 /* bcu_argmax: the engine's greedy token per row (first maximum, NaN as -inf, 0 when nothing beats -inf), on
- * vocabulary-sized rows with ties, NaN, +-inf, all -inf, all NaN, the maximum in the last column */
+ * vocabulary-sized rows with ties, NaN, +-inf, all -inf, all NaN, the maximum in the last column; again with
+ * rows of V - 1 over the same memory (the kernel's 4-byte path) */
 static void test_argmax(void **st)
 {
     (void)st;
@@ -1227,6 +1228,13 @@ static void test_argmax(void **st)
     down(got, di, R * sizeof(int32_t));
     for (size_t r = 0; r < R; r++)
         if (got[r] != want[r]) fail_msg("argmax row %zu: %d, want %d", r, got[r], want[r]);
+    /* rows of V - 1 (not a multiple of 4: the kernel's scalar loads) over the same memory */
+    for (size_t r = 0; r < R; r++) want[r] = (int32_t)rc_greedy(x + r * (V - 1), V - 1);
+    RUN(bcu_argmax(di, dx, R, V - 1, 0));
+    down(got, di, R * sizeof(int32_t));
+    for (size_t r = 0; r < R; r++)
+        if (got[r] != want[r]) fail_msg("argmax (V - 1) row %zu: %d, want %d", r, got[r], want[r]);
+    for (size_t r = 0; r < R; r++) want[r] = (int32_t)rc_greedy(x + r * V, V);
     assert_int_equal(want[0], 5);
     assert_int_equal(want[3], 0);
     assert_int_equal(want[4], 0);

@@ -145,20 +145,55 @@ static void rd_cluster_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, in
     cfg->numAttrs = 1;
 }
 
-/* launch kern<<<grid, block, smem, st>>>(args), as a cluster of cluster_x
- * blocks along x when cluster_x > 1 */
+/* Programmatic dependent launch (sm_90): a kernel launched with rd_launch_ex(pdl = true) may start while the kernel before
+ * it in the stream is still running (once all of that one's blocks have called rd_pdl_trigger or finished); it
+ * must call rd_pdl_wait, which returns when the kernel before has finished and its writes are visible, before
+ * it reads anything an earlier kernel writes or writes anything at all.  What it does before (the decode
+ * row-dot: its first weight loads, which no kernel writes) overlaps the previous kernel's tail and the launch.
+ * DEEPINFER_CUDA_PDL=0 (read once) launches them as ordinary kernels (the wait then returns at once). */
+__device__ __forceinline__ void rd_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void rd_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+static bool rd_pdl_on(void)
+{
+    static std::atomic<int> on(-1);
+    int v = on.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_PDL");
+        v = !(e && *e && atoi(e) == 0);
+        on.store(v, std::memory_order_relaxed);
+    }
+    return v != 0;
+}
+
+/* launch kern<<<grid, block, smem, st>>>(args), as a cluster of cluster_x blocks along x when cluster_x > 1, with
+ * programmatic dependent launch when pdl (and DEEPINFER_CUDA_PDL is not 0) */
 template <typename... P, typename... A>
-cudaError_t rd_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, int cluster_x, cudaStream_t st,
-                      A... args)
+cudaError_t rd_launch_ex(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, int cluster_x, bool pdl,
+                         cudaStream_t st, A... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    cudaLaunchAttribute at[1] = {};
+    cudaLaunchAttribute at[2] = {};
     if (cluster_x > 1) rd_cluster_attr(&cfg, at, cluster_x);
+    if (pdl && rd_pdl_on()) {
+        cudaLaunchAttribute *p = &at[cfg.numAttrs];
+        p->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        p->val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs++;
+    }
     return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
+template <typename... P, typename... A>
+cudaError_t rd_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, int cluster_x, cudaStream_t st,
+                      A... args)
+{
+    return rd_launch_ex(kern, grid, block, smem, cluster_x, false, st, args...);
 }
 
 /* how many clusters of cluster_x blocks of kern (cluster_x = 1: blocks), threads and smem bytes each, the
@@ -865,6 +900,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
 {
     typedef DecCfg<FMT, WN, XQ> C;
     extern __shared__ __align__(16) unsigned char rd_smem[];
+    rd_pdl_trigger(); /* a decode row-dot after this one may start its weight loads */
     const int tid = (int)threadIdx.x, lane = tid & 31, wn = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int ns = (int)gridDim.x; /* blocks of the K split (a cluster), 1 = none */
@@ -926,6 +962,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
 #pragma unroll
     for (int i = 0; i < C::PD; i++)
         if (i < nc) wload(cs + i, wr[i], sr[i]);
+    rd_pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
 
     /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
     const int ipc = 16 * tbv; /* items per chunk */
@@ -1311,14 +1348,14 @@ static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, in
     if (sm > DEC_SMEM_MAX) return cudaSuccess;
     *took = true;
     void (*kern)(MmArgs) = wn == 2 ? rowdec_kernel<FMT, 2, XQ> : rowdec_kernel<FMT, 1, XQ>;
-    e = rd_launch(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(128), sm, ns, st, b);
+    e = rd_launch_ex(kern, dim3((unsigned)ns, (unsigned)gy, (unsigned)gz), dim3(128), sm, ns, true, st, b);
     if (e != cudaSuccess && ns > 1 && split != 2) {
         (void)cudaGetLastError(); /* a cluster launch refused: the same sums without the split, if they fit */
         if (s1 > DEC_SMEM_MAX) {
             *took = false;
             return cudaSuccess;
         }
-        e = rd_launch(kern, dim3(1u, (unsigned)gy, (unsigned)gz), dim3(128), s1, 1, st, b);
+        e = rd_launch_ex(kern, dim3(1u, (unsigned)gy, (unsigned)gz), dim3(128), s1, 1, true, st, b);
     }
     return e;
 }
@@ -1699,6 +1736,7 @@ extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
 template <int NT>
 __global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, size_t dim, const float *w, float eps)
 {
+    rd_pdl_trigger(); /* the decode row-dot that reads y may start its weight loads (it waits for y) */
     __shared__ double part[NT / 32];
     const float *xr = x + blockIdx.x * dim;
     float *yr = y + blockIdx.x * dim;
