@@ -697,6 +697,48 @@ static void test_rowdot_xq(void **st)
     be_destroy(cpu);
 }
 
+/* ------------------------------------------------------------------ be_ops.linear_grouped */
+
+/* The grouped projection through the backend (host pointers), FP8 and FP4, 8 groups: at T = 3 (the decode
+ * kernel, one launch), T = 40 (rowmma per group) and T = 100 and 300 (the dequantised weight and one strided-batched
+ * cuBLAS GEMM over the groups) against the CPU backend's linear_rows per group within 1e-5, in bf16x3; and against
+ * the same backend with DEEPINFER_CUDA_GROUPED=0 (a launch or a GEMM per group) within 1e-6. */
+static void test_linear_grouped(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4), *gpu = cuda(BCU_MATH_BF16X3);
+    setenv("DEEPINFER_CUDA_GROUPED", "0", 1);
+    be_backend *per = cuda(BCU_MATH_BF16X3);
+    unsetenv("DEEPINFER_CUDA_GROUPED");
+    rweight ws[2] = {make_fp8(8 * 96, 256, 128, MD_F8_E8M0), make_fp4(8 * 64, 512, 32)};
+    const int G = 8;
+    const size_t Ts[] = {3, 40, 100, 300};
+    for (int k = 0; k < 2; k++) {
+        const be_weight *w = &ws[k].w;
+        const size_t n = (size_t)w->rows / G, K = (size_t)w->cols, TM = 300;
+        float *x = rand_rows(TM * K * G);
+        float *ref = nan_rows(TM * (size_t)w->rows), *y = nan_rows(TM * (size_t)w->rows), *yp = nan_rows(TM * (size_t)w->rows);
+        for (int g = 0; g < G; g++)
+            cpu->ops->linear_rows(cpu, ref + g * n, (size_t)w->rows, x + g * K, K * G, TM, w, (int64_t)(g * n), (int64_t)n, 0);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const size_t T = Ts[ti];
+            gpu->ops->linear_grouped(gpu, y, x, T, w, G);
+            per->ops->linear_grouped(per, yp, x, T, w, G);
+            const double e = rel_err(y, (size_t)w->rows, ref, (size_t)w->rows, T, (size_t)w->rows);
+            const double ep = rel_err(y, (size_t)w->rows, yp, (size_t)w->rows, T, (size_t)w->rows);
+            printf("  linear_grouped %s %lldx%zu in %d groups, T=%zu: %.2e vs the CPU, %.2e vs per group\n",
+                   k ? "fp4" : "fp8", (long long)w->rows, K, G, T, e, ep);
+            if (!(e <= 1e-5)) fail_msg("linear_grouped T=%zu: %.3g vs the CPU > 1e-5", T, e);
+            if (!(ep <= 1e-6)) fail_msg("linear_grouped T=%zu: %.3g vs a launch per group > 1e-6", T, ep);
+        }
+        free(x); free(ref); free(y); free(yp);
+        rw_free(&ws[k]);
+    }
+    be_cuda_destroy(gpu);
+    be_cuda_destroy(per);
+    be_destroy(cpu);
+}
+
 /* ------------------------------------------------------------------ bcu_rowdot_x8 */
 
 /* The FP8-activation row-dot (e4m3 x e4m3, official semantics' act_quant'd x): against the CPU backend's
@@ -1189,6 +1231,7 @@ int main(void)
         cmocka_unit_test(test_rowdot_shapes),
         cmocka_unit_test(test_rowdot_batch_invariance),
         cmocka_unit_test(test_rowdot_grouped),
+        cmocka_unit_test(test_linear_grouped),
         cmocka_unit_test(test_rowdot_x8),
         cmocka_unit_test(test_rowdot_xq),
         cmocka_unit_test(test_rowdot_bf16_small),

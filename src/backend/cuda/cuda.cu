@@ -576,7 +576,17 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
     if (!e) return -1;
     const size_t xall = dev ? 0 : up256(T * (size_t)K * groups * 4), yall = dev ? 0 : up256(T * (size_t)n * groups * 4),
                  xb = up256(T * (size_t)K * 4), yb = up256(T * (size_t)n * 4);
-    if (scratch(c, xall + yall + xb + yb + core_tmp_bytes(c, w, T, n, K))) return -1;
+    /* a batch that takes the dequantised GEMM: the whole weight to bf16 once, x split into its planes once, and one
+     * strided-batched cuBLAS GEMM over the groups (a loop of 8 groups was ~50 launches: copies in and out, a
+     * dequantise, a split, a GEMM and a sum each) */
+    const int batched = groups > 1 && c->grouped_one && w->fmt != BE_W_DENSE && dequant_gemm(c, w, T, 0, K) &&
+                        T <= 0x7fffffff / 3 && K * groups <= 0x7fffffff;
+    const int planes = c->math == BCU_MATH_BF16 ? 1 : 3;
+    const size_t wbb = up256((size_t)w->rows * (size_t)K * 2), xpb = up256((size_t)planes * T * (size_t)K * groups * 2),
+                 ptb = planes == 3 ? up256((size_t)planes * T * (size_t)w->rows * 4) : 0;
+    size_t need = xall + yall + xb + yb + core_tmp_bytes(c, w, T, n, K);
+    if (batched && xall + yall + wbb + xpb + ptb > need) need = xall + yall + wbb + xpb + ptb;
+    if (scratch(c, need)) return -1;
     float *dxa = dev ? (float *)x : (float *)c->scratch, *dya = dev ? y : (float *)(c->scratch + xall);
     float *dx = (float *)(c->scratch + xall + yall), *dy = (float *)(c->scratch + xall + yall + xb);
     if (!dev) CU(cudaMemcpyAsync(dxa, x, T * (size_t)K * groups * 4, cudaMemcpyHostToDevice, c->st));
@@ -584,6 +594,23 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
      * same bits as a launch per group), else each group in its own launch, straight from x and into y */
     const int strided = w->fmt != BE_W_DENSE && !dequant_gemm(c, w, T, 0, K);
     int done = 0;
+    if (batched) {
+        char *t = c->scratch + xall + yall;
+        uint16_t *wb = (uint16_t *)t, *xp = (uint16_t *)(t + wbb);
+        float *part = planes == 3 ? (float *)(t + wbb + xpb) : dya;
+        const int64_t R = w->rows, Kg = K * groups;
+        const float one = 1.0f, zero = 0.0f;
+        CU(bcu_dequant_bf16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols,
+                            w->block, 0, R, c->st));
+        CU(bcu_split_bf16(xp, dxa, T * (size_t)Kg, planes, c->st)); /* [plane][T][Kg] */
+        /* group g: rows [g n, +n) of the weight, columns [g K, +K) of x's plane rows, columns [g n, +n) of y */
+        BL(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * planes, (int)K, &one, wb,
+                                      CUDA_R_16BF, (int)K, (long long)n * K, xp, CUDA_R_16BF, (int)Kg, (long long)K,
+                                      &zero, part, CUDA_R_32F, (int)R, (long long)n, groups, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        if (planes == 3) CU(bcu_sum3(dya, part, T * (size_t)R, c->st));
+        done = 1;
+    }
     if (strided && groups > 1 && c->grouped_one) {
         bcu_rowdot_args ra = bcu_rowdot_for(w, e->d, e->ds, 0, n, 0, dxa, (int64_t)T, dya);
         ra.ldx = K * groups;
@@ -602,7 +629,7 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
         ra.ldy = n * groups;
         CU(bcu_rowdot(&ra, c->st));
     }
-    for (int g = 0; !strided && g < groups; g++) {
+    for (int g = 0; !strided && !done && g < groups; g++) {
         CU(cudaMemcpy2DAsync(dx, (size_t)K * 4, dxa + (size_t)g * K, (size_t)K * groups * 4, (size_t)K * 4, T,
                              cudaMemcpyDeviceToDevice, c->st));
         if (core(c, e, w, dy, dx, T, (int64_t)g * n, n, 0, K, c->scratch + xall + yall + xb + yb)) return -1;
