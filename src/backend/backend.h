@@ -217,6 +217,10 @@ typedef struct be_dev_ops {
      * a copy by address). */
     void (*comp_pool)(be_backend *be, float *out, size_t n, int ns, int hd, const be_comp_slot *slots,
                       const float *ape, size_t ape_n);
+    /* Optional (NULL: the graph makes a quantised copy with fq and calls linear_x8).  linear of v4.c's act_quant
+     * (fq_fp8, blocks of 128 columns) of x, x itself unchanged: for a backend that quantises as it reads x (the
+     * CUDA decode row-dot), without the copy and the fq launch. */
+    void (*linear_aq)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
 } be_dev_ops;
 
 struct be_backend {

@@ -1520,18 +1520,21 @@ static void *dalloc(dev_ctx *x, size_t bytes)
     return p;
 }
 
-/* dv->linear of w on its input in: the quantised copy where act_fp8 (xq, told to the backend through linear_x8),
- * else in itself */
+/* dv->linear of w on its input in: where act_fp8, the quantised copy xq (told to the backend through linear_x8),
+ * or, when there is none (xq NULL: the backend has linear_aq), in itself through linear_aq, which quantises as it
+ * goes; else in itself */
 static void dlinear(dev_ctx *x, float *y, const float *in, const float *xq, size_t R, const be_weight *w)
 {
-    if (act_fp8(x->m, w)) x->dv->linear_x8(x->be, y, xq, R, w);
-    else x->dv->linear(x->be, y, in, R, w);
+    if (!act_fp8(x->m, w)) x->dv->linear(x->be, y, in, R, w);
+    else if (xq) x->dv->linear_x8(x->be, y, xq, R, w);
+    else x->dv->linear_aq(x->be, y, in, R, w);
 }
 
-/* act_quant_copy on the device: a quantised copy of src [R, K] when need, else NULL (x->oom on no memory) */
-static float *dact_quant_copy(dev_ctx *x, const float *src, size_t R, size_t K, int need)
+/* act_quant_copy on the device: a quantised copy of src [R, K] when need, else NULL (x->oom on no memory).  fuse:
+ * every reader of the copy is a dlinear, so a backend with linear_aq needs none (NULL) */
+static float *dact_quant_copy(dev_ctx *x, const float *src, size_t R, size_t K, int need, int fuse)
 {
-    if (!need) return NULL;
+    if (!need || (fuse && x->dv->linear_aq)) return NULL;
     float *q = dalloc(x, R * K * sizeof(float));
     if (!q) return NULL;
     x->dv->copy(x->be, q, src, R * K * sizeof(float));
@@ -1813,13 +1816,14 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     if (x->oom) return RC_ENOMEM;
     float *kv = xs, *ckv = xs + R * d, *cg = ckv + R * cd, *ikv = cg + R * cd, *ig = ikv + R * icd;
     /* official: the FP8 activations of the FP8 / FP4 GEMMs (act_fp8) */
-    const float *xq = dact_quant_copy(x, xin, R, (size_t)c->hidden_size, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv));
+    const float *xq =
+        dact_quant_copy(x, xin, R, (size_t)c->hidden_size, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv), 1);
     if (x->oom) return RC_ENOMEM;
 
     dlinear(x, qr, xin, xq, R, &ly->wq_a);
     dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
     const float *qrq = dact_quant_copy(x, qr, R, (size_t)ql,
-                                       act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)));
+                                       act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)), 1);
     if (x->oom) return RC_ENOMEM;
     dlinear(x, q, qr, qrq, R, &ly->wq_b);
     dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
@@ -1896,8 +1900,8 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
 
     if (ly->wo_a.rows != (int64_t)g * ol || ly->wo_a.cols != (int64_t)H * d / g) return RC_EUNSUP;
     dv->linear_grouped(be, u, o, R, &ly->wo_a, g);
-    if (act_fp8(m, &ly->wo_b)) dv->fq(be, u, R, (size_t)g * ol, (size_t)g * ol, MD_ACT_BLOCK, 0);
-    dlinear(x, out, u, u, R, &ly->wo_b);
+    if (act_fp8(m, &ly->wo_b) && !dv->linear_aq) dv->fq(be, u, R, (size_t)g * ol, (size_t)g * ol, MD_ACT_BLOCK, 0);
+    dlinear(x, out, u, dv->linear_aq ? NULL : u, R, &ly->wo_b);
     return 0;
 }
 
@@ -1920,7 +1924,7 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
     /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8) */
     const moe_aq aq = moe_act(m, ly);
     const int aq_shared = act_fp8(m, &ly->sw1) || act_fp8(m, &ly->sw3);
-    const float *xq = dact_quant_copy(x, xin, R, (size_t)D, aq.any_in || aq_shared);
+    const float *xq = dact_quant_copy(x, xin, R, (size_t)D, aq.any_in || aq_shared, 0); /* the experts read it */
     if (x->oom) return RC_ENOMEM;
 
     dv->linear(be, logit, xin, R, &ly->gate);
@@ -1981,8 +1985,8 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
     dlinear(x, g, xin, xq, R, &ly->sw1);
     dlinear(x, up, xin, xq, R, &ly->sw3);
     dv->swiglu(be, g, up, R, I, c->swiglu_limit, NULL);
-    if (act_fp8(m, &ly->sw2)) dv->fq(be, g, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
-    dlinear(x, dn, g, g, R, &ly->sw2);
+    if (act_fp8(m, &ly->sw2) && !dv->linear_aq) dv->fq(be, g, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
+    dlinear(x, dn, g, dv->linear_aq ? NULL : g, R, &ly->sw2);
     dv->add(be, y, dn, R * (size_t)D);
     return 0;
 }
@@ -2170,7 +2174,9 @@ struct md_host_dev {
     be_backend *inner;
     void **blk;
     size_t nblk, cap;
-    int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback) */
+    int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback), and
+                       * there is no linear_aq (forward_dev quantises copies with fq) */
+    int failed;       /* an op ran out of memory */
     /* copies of partial blocks' layer rows kept as a device would (part_slots.h): ps_n slots of ps_sz floats
      * (64; md_model_set_host_dev_graph(m, 3): one, so slots are taken from other blocks and calls go without) */
     bps_slot *ps;
@@ -2232,7 +2238,7 @@ static const void *hd_view(be_backend *be, const void *src, size_t bytes)
     (void)bytes;
     return src;
 }
-static int hd_failed(be_backend *be) { (void)be; return 0; }
+static int hd_failed(be_backend *be) { return hd_of(be)->failed; }
 static void hd_zero(be_backend *be, void *p, size_t bytes) { (void)be; memset(p, 0, bytes); }
 static void hd_copy(be_backend *be, void *dst, const void *src, size_t bytes)
 {
@@ -2247,6 +2253,21 @@ static void hd_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows,
 static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
     hd_in(be)->ops->linear(hd_in(be), y, x, T, w);
+}
+/* linear_aq: act_quant into a copy, then linear (what the CUDA backend fuses into its decode row-dot) */
+static void hd_linear_aq(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
+{
+    md_host_dev *h = hd_of(be);
+    const size_t K = (size_t)w->cols;
+    float *q = malloc(T * K * sizeof *q);
+    if (!q) {
+        h->failed = 1;
+        return;
+    }
+    memcpy(q, x, T * K * sizeof *q);
+    for (size_t r = 0; r < T; r++) fq_fp8(q + r * K, K, MD_ACT_BLOCK);
+    hd_in(be)->ops->linear(hd_in(be), y, q, T, w);
+    free(q);
 }
 static void hd_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
 {
@@ -2518,6 +2539,17 @@ static const be_dev_ops hd_dev = {
     .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
     .argmax = hd_argmax,
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
+    .attention = hd_attention, .comp_pool = hd_comp_pool, .linear_aq = hd_linear_aq,
+};
+/* on = 2: no linear_aq either */
+static const be_dev_ops hd_dev_noaq = {
+    .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .view = hd_view,
+    .failed = hd_failed,
+    .zero = hd_zero, .copy = hd_copy, .linear = hd_linear, .linear_x8 = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
+    .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
+    .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
+    .argmax = hd_argmax,
+    .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
     .attention = hd_attention, .comp_pool = hd_comp_pool,
 };
 
@@ -2532,6 +2564,7 @@ static void hd_destroy(be_backend *be)
 }
 
 static const be_ops hd_ops = {.name = "host-dev-graph", .destroy = hd_destroy, .dev = &hd_dev};
+static const be_ops hd_ops_noaq = {.name = "host-dev-graph", .destroy = hd_destroy, .dev = &hd_dev_noaq};
 
 void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late)
 {
@@ -2554,7 +2587,7 @@ int md_model_set_host_dev_graph(md_model *m, int on)
     md_host_dev *h = calloc(1, sizeof *h);
     if (!h) return RC_ENOMEM;
     h->inner = m->be;
-    h->base.ops = &hd_ops;
+    h->base.ops = on == 2 ? &hd_ops_noaq : &hd_ops;
     h->base.threads = m->be->threads;
     h->base.impl = m->be->impl;
     h->decline_attn = on == 2;

@@ -611,7 +611,9 @@ static void test_rowdot_bf16_small(void **st)
  * backend's linear of the same x within 1e-5, T = 1 .. 16; against the bf16-plane decode kernel on the same x
  * (the outputs that differ are counted and printed; within 1e-6); a token alone equals the same token inside
  * T = 16 bit for bit, with and without the K split, and the split changes no bit.  The x rows span 2^-40 .. 2^40
- * in magnitude (the power of two per chunk), with zero chunks and a zero row. */
+ * in magnitude (the power of two per chunk), with zero chunks and a zero row.  xq = 2 (the kernel act_quants the
+ * raw rows) gives xq = 1's bits on the reference act_quant of them, every T and split; T = 17 and a column slice
+ * are refused with nothing launched. */
 static void test_rowdot_xq(void **st)
 {
     (void)st;
@@ -635,13 +637,14 @@ static void test_rowdot_xq(void **st)
         ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
         ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
         ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
-        float *x = rand_rows(TM * (size_t)K);
+        float *x = rand_rows(TM * (size_t)K), *xraw = malloc(TM * (size_t)K * sizeof(float));
         for (size_t t = 0; t < TM; t++) {
             float *row = x + t * (size_t)K;
             const float f = ldexpf(1.0f, (int)(t * 80 / (TM - 1)) - 40); /* 2^-40 .. 2^40 */
             for (int64_t i = 0; i < K; i++) row[i] *= f;
             if (t == 3) memset(row + 64, 0, 64 * sizeof(float)); /* one zero chunk */
             if (t == 11) memset(row, 0, (size_t)K * sizeof(float));
+            memcpy(xraw + t * (size_t)K, row, (size_t)K * sizeof(float));
             aq_ref_row(row, K, NULL);
         }
         ck(cudaMemcpy(dw, w->data, (size_t)(n * K), cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -688,9 +691,40 @@ static void test_rowdot_xq(void **st)
             free(yb);
         }
         if (bad) fail_msg("%s: %zu outputs depend on T or on the K split", cs[k].name, bad);
+        /* xq = 2: the raw rows, act_quant'd by the kernel, give xq = 1's bits on the reference's act_quant */
+        float *dxr;
+        ck(cudaMalloc((void **)&dxr, TM * (size_t)K * sizeof(float)), "cudaMalloc");
+        ck(cudaMemcpy(dxr, xraw, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        size_t nq = 0;
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            for (int sp = 0; sp <= 2; sp++) {
+                const size_t T = Ts[ti];
+                if (sp == 1 && K > 512) continue; /* a whole long row does not fit the decode kernel unsplit */
+                bcu_rowdot_args b = a;
+                b.xq = 2;
+                b.x = dxr;
+                b.T = (int64_t)T;
+                if (!bcu_rowdot_aq_ok(&b)) fail_msg("%s T=%zu: xq = 2 not taken", cs[k].name, T);
+                float *y2 = q_run(b, dxr, T, dy, BCU_ROWDOT_MMA, 0, sp);
+                float *y1 = q_run(a, dx, T, dy, BCU_ROWDOT_MMA, 0, sp);
+                nq += q_diff(y2, 0, y1, 0, T, (size_t)n);
+                free(y1);
+                free(y2);
+            }
+        if (nq) fail_msg("%s: the kernel's act_quant differs from the reference's in %zu outputs", cs[k].name, nq);
+        bcu_rowdot_args r17 = a, rc0 = a;
+        r17.xq = rc0.xq = 2;
+        r17.T = 17;
+        rc0.c0 = 128;
+        rc0.K = K - 128;
+        if (bcu_rowdot_aq_ok(&r17) || bcu_rowdot(&r17, 0) != cudaErrorNotSupported || bcu_rowdot_aq_ok(&rc0) ||
+            bcu_rowdot(&rc0, 0) != cudaErrorNotSupported)
+            fail_msg("%s: xq = 2 took T = 17 or a column slice", cs[k].name);
+        cudaFree(dxr);
         printf("  rowdot xq %-22s worst vs CPU %.2e, vs the bf16 planes %.2e (%zu outputs of %zu differ), "
-               "batch- and split-invariant\n", cs[k].name, worst, wp, nd, (size_t)(n * 45));
-        free(x); free(ref);
+               "batch- and split-invariant; xq = 2 (act_quant in the kernel) the same bits\n", cs[k].name, worst, wp,
+               nd, (size_t)(n * 45));
+        free(x); free(xraw); free(ref);
         cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dy);
         rw_free(&r);
     }

@@ -264,7 +264,8 @@ static void test_batching_is_invisible(void **st)
 }
 
 /* forward_dev, the device-resident graph, run on the host with the host ops (md_model_set_host_dev_graph: with
- * its attention op and compressor op, again with the attention op declining, and with one partial-block copy)
+ * its attention op, compressor op and linear_aq, again with the attention op declining and no linear_aq, and with
+ * one partial-block copy)
  * gives the host graph's logits bit for bit: one-shot, in chunks, token by token, and three sequences in one
  * batch, on every fixture (bf16 / FP8+FP4 / hash routing / HCA-only / the e2e vocabulary), both semantics.
  * That pins down its buffers, its per-layer state exchange and its fallbacks before any GPU runs it. */

@@ -120,6 +120,7 @@ typedef struct {
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
                 * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
     int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 is plain linear: three planes, bf16 row-dots) */
+    int aq_fuse; /* DEEPINFER_CUDA_AQ (default 1): be_dev_ops.linear_aq quantises inside the decode row-dot */
     int xq_dec; /* DEEPINFER_CUDA_XQ (default 1): act_quant'd rows of up to 16 on FP8 weights through the decode
                  * kernel's f16 form (bcu_rowdot_args.xq; 0: its bf16 planes, 5 rows a block) */
     int rowq8; /* DEEPINFER_CUDA_ROWQ8 (default 0): act_quant'd rows of up to 16 through bcu_rowdot_x8 (codes against
@@ -1661,6 +1662,38 @@ static void dv_linear_x8(be_backend *be, float *y, const float *x, size_t T, con
     DV_LEAVE;
 }
 
+/* linear of act_quant(x): on FP8 weights at decode sizes the decode row-dot quantises x as it stages it
+ * (bcu_rowdot_args.xq = 2: no copy, no fq launch; the product of linear_x8 on fq_fp8(x)); else a quantised copy in
+ * the scratch and linear_x8's path.  DEEPINFER_CUDA_AQ=0: always the copy. */
+static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
+{
+    DV_ENTER(w->fmt == BE_W_FP8 ? BCU_PROF_LINEAR_FP8 : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16);
+    const wentry *e = T ? weight(c, w) : NULL;
+    int done = !T;
+    if (e && c->aq_fuse && c->x8_kernel && c->xq_dec && w->fmt == BE_W_FP8 && !dequant_gemm(c, w, T, 0, w->cols)) {
+        bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, 0, w->rows, 0, x, (int64_t)T, y);
+        a.xq = 2;
+        if (bcu_rowdot_aq_ok(&a)) {
+            const cudaError_t r = bcu_rowdot(&a, c->st);
+            if (r == cudaSuccess) done = 1;
+            else if (r == cudaErrorNotSupported) (void)cudaGetLastError();
+            else DV_CU(r);
+        }
+    }
+    if (e && !done && !c->failed) {
+        const size_t K = (size_t)w->cols, qb = up256(T * K * 4);
+        if (!scratch(c, qb + core_tmp_bytes(c, w, T, w->rows, w->cols) + 256)) {
+            float *q = (float *)c->scratch;
+            DV_CU(cudaMemcpyAsync(q, x, T * K * 4, cudaMemcpyDeviceToDevice, c->st));
+            DV_CU(bcu_fq_fp8(q, T, K, K, 128, c->st));
+            c->x_fp8 = c->x8_kernel;
+            core(c, e, w, y, q, T, 0, w->rows, 0, w->cols, c->scratch + qb);
+            c->x_fp8 = 0;
+        }
+    }
+    DV_LEAVE;
+}
+
 static void dv_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
 {
     DV_ENTER(BCU_PROF_ROWS);
@@ -1906,6 +1939,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .moe = */ dv_moe,
     /* .attention = */ dv_attention,
     /* .comp_pool = */ dv_comp_pool,
+    /* .linear_aq = */ dv_linear_aq,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2028,6 +2062,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
     c->rowq8 = env_size("DEEPINFER_CUDA_ROWQ8", 0) != 0;
     c->xq_dec = env_size("DEEPINFER_CUDA_XQ", 1) != 0;
+    c->aq_fuse = env_size("DEEPINFER_CUDA_AQ", 1) != 0;
     c->ps_off = getenv("DEEPINFER_CUDA_PART_MB") && *getenv("DEEPINFER_CUDA_PART_MB") &&
                 env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);

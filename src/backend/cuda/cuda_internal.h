@@ -88,16 +88,22 @@ typedef struct {
                         BCU_ROWDOT_TILE_DEC, or 0 with T <= BCU_ROWDOT_GROUPED_T, and its shared memory fits): else
                         cudaErrorNotSupported with nothing launched.  Each group's bits are those of its own call. */
     int64_t xg, yg;  /* floats between groups in x (a multiple of 4) and in y */
-    int xq;          /* FP8 only: x holds act_quant'd rows (every 64 columns of a row inside one block of act_quant:
+    int xq;          /* FP8 only: 1: x holds act_quant'd rows (every 64 columns of a row inside one block of act_quant:
                         e4m3 values times one power of two).  The decode kernel then takes up to 16 tokens a block
                         (tile BCU_ROWDOT_TILE_DEC at T <= 16) and multiplies f16 codes on the tensor cores: the
-                        bf16 decode kernel's sums (test_rowdot_xq).  Other x gives wrong results. */
+                        bf16 decode kernel's sums (test_rowdot_xq).  Other x gives wrong results.
+                        2: x is raw and the decode kernel act_quants it as it stages it (v4.c fq_fp8, blocks of 128
+                        columns): the product of xq = 1 on fq_fp8(x), without the copy and the fq launch.  Only where
+                        bcu_rowdot_aq_ok says so; else cudaErrorNotSupported with nothing launched. */
 } bcu_rowdot_args;
 cudaError_t bcu_rowdot(const bcu_rowdot_args *a, cudaStream_t st);
 /* the arguments for rows [r0, r0+n), columns [c0, cols) of an FP8 / FP4 / f16 weight w whose device copies are
  * dw (codes) and ds (scales), on x [T, cols - c0] -> y [T, n] (automatic path, tile and split) */
 bcu_rowdot_args bcu_rowdot_for(const be_weight *w, const void *dw, const void *ds, int64_t r0, int64_t n, int64_t c0,
                                const float *dx, int64_t T, float *dy);
+/* whether bcu_rowdot takes xq = 2 for these arguments: FP8, whole rows (c0 = 0, K % 128 = 0), T <= 16, no groups,
+ * the decode kernel (automatic or forced tile) */
+int bcu_rowdot_aq_ok(const bcu_rowdot_args *a);
 /* the kernel bcu_rowdot would run: BCU_ROWDOT_SIMPLE or BCU_ROWDOT_MMA */
 int bcu_rowdot_path(const bcu_rowdot_args *a);
 /* The same product for x whose rows went through act_quant (v4.c, official semantics: every value an e4m3 code

@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/graph.h"
+#include "backend/cuda/act_quant.cuh"
 
 #define GR_NT 256          /* threads per block, every kernel */
 #define GR_GRID_CAP 8192u  /* blocks of a grid-stride kernel */
@@ -81,38 +82,12 @@ __device__ __forceinline__ float gr_dec_f16(uint32_t h)
     return __uint_as_float(o | sign);
 }
 
-__device__ __forceinline__ float gr_dec_e4m3(uint32_t b)
-{
-    const uint32_t sign = (b & 0x80u) << 24;
-    const uint32_t em = b & 0x7fu;
-    uint32_t v = em < 8 ? __float_as_uint(__fmul_rn((float)em, 1.953125e-3f)) /* m/8 * 2^-6 */
-                        : (em << 20) + (120u << 23);
-    if (em == 0x7fu) v = 0x7fc00000u;
-    return __uint_as_float(v | sign);
-}
-
 __device__ __forceinline__ float gr_dec_fp4(uint32_t c)
 {
     const uint32_t sign = (c & 8u) << 28;
     const uint32_t em = c & 7u;
     const uint32_t v = em < 2 ? __float_as_uint(__fmul_rn((float)em, 0.5f)) : (em << 22) + (126u << 23);
     return __uint_as_float(v | sign);
-}
-
-/* md_f32_to_e4m3: nearest even, saturating to +-448 (inf too), NaN -> 0x7f */
-__device__ __forceinline__ uint32_t gr_enc_e4m3(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    const uint32_t sign = (u >> 24) & 0x80u;
-    u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return 0x7fu;
-    if (u >= 0x43e00000u) return sign | 0x7eu;
-    if (u < 0x3c800000u) { /* < 2^-6: the ulp of 2^14 is the subnormal step 2^-9 */
-        const float t = __fadd_rn(__uint_as_float(u), 16384.0f);
-        return sign | ((__float_as_uint(t) - 0x46800000u) & 0xffu);
-    }
-    u += 0x7ffffu + ((u >> 20) & 1u);
-    return sign | (((u - (120u << 23)) >> 20) & 0xffu);
 }
 
 /* md_f32_to_fp4: nearest even, saturating to +-6 (inf too), NaN -> 0 */
@@ -136,13 +111,6 @@ __device__ __forceinline__ uint32_t gr_enc_fp4(float f)
 __device__ __forceinline__ float gr_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float gr_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* v4.c pow2_ceil: 2^ceil(log2 v) through frexpf/ldexpf (exact on the device too) */
-__device__ __forceinline__ float gr_pow2_ceil(float v)
-{
-    int e;
-    const float f = frexpf(v, &e);
-    return ldexpf(1.0f, f == 0.5f ? e - 1 : e);
-}
 
 unsigned gr_grid(size_t n)
 {

@@ -92,6 +92,7 @@
 #include <atomic>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/mma_frag.cuh"
 
 /* ==== rowdot primitives (begin) ==== */
@@ -551,6 +552,7 @@ struct MmArgs {
     int groups;       /* decode kernel only, > 1: group gi = blockIdx.y / gtiles is rows r0 + gi n of W on */
     int gtiles;       /* x + gi xg into y + gi yg (bcu_rowdot_args.groups) */
     int64_t xg, yg;
+    int aq;           /* the decode kernel on f16 codes (XQ): x is raw, act_quant it (bcu_rowdot_args.xq = 2) */
 };
 
 /* A block: WGM x WGN warps; warp (wm, wn) owns x rows [16 MTW wm, 16 MTW (wm+1)) (MTW m16 tiles)
@@ -1017,7 +1019,16 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
      * g + 8 (rowmma's va / vb), so one 16-byte load gives the fragment */
     rd_cp_wait();
     for (int it = tid; it < nc * ipc; it += C::NT) {
-        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
+        const int j = it & 15;
+        int i, tau;
+        if (XQ && a.aq) { /* a warp's 32 items: the two chunks of one block of 128 columns of one token */
+            const int pr = it / (2 * ipc), rem = it - pr * 2 * ipc;
+            tau = rem >> 5;
+            i = 2 * pr + ((rem >> 4) & 1);
+        } else {
+            i = it / ipc;
+            tau = (it - i * ipc) >> 4;
+        }
         const float4 *src = (const float4 *)(Xr + (size_t)it * 16 * C::EPB);
         float v[4 * C::EPB];
 #pragma unroll
@@ -1035,7 +1046,17 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
             v[4 * e + 3] = f.w;
         }
         uint32_t s[4 * C::EPB][3];
-        if (XQ) {
+        if (XQ && a.aq) {
+            /* v4.c act_quant of the token's block (the whole warp): its scale, and the e4m3 codes' values, which
+             * f16 holds exactly; the chunk's power of two is that scale */
+            float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float sc = aq_scale_e4m3(m);
+#pragma unroll
+            for (int e = 0; e < 4 * C::EPB; e++) s[e][0] = __half_as_ushort(__float2half_rn(aq_code_e4m3(v[e], sc)));
+            if (j == 0) Xs[16 * i + tau] = sc;
+        } else if (XQ) {
             /* the 16 items of (chunk i, token tau) are 16 lanes of one half-warp (it = tid + 128 r, ipc % 16 = 0),
              * which all run this iteration */
             float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
@@ -1344,6 +1365,10 @@ static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, in
     if (ns > 1 && split != 2 &&
         (sk > DEC_SMEM_MAX || (wn == 2 ? dec_capacity<FMT, 2, XQ>(ns, sk) : dec_capacity<FMT, 1, XQ>(ns, sk)) <= 0))
         ns = 1; /* the same sums without the split */
+    if (a.aq && ns > 1 && a.cps % 2) { /* act_quant's blocks of 128 columns are two chunks: whole in a slice */
+        if (split == 2) return cudaSuccess;
+        ns = 1;
+    }
     const size_t sm = ns > 1 ? sk : s1;
     if (sm > DEC_SMEM_MAX) return cudaSuccess;
     *took = true;
@@ -1391,6 +1416,7 @@ static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int 
         bool took = false;
         cudaError_t e = dec_launch_p<FMT>(a, p, nsl, st, &took);
         if (took || e != cudaSuccess) return e;
+        if (a.aq) return cudaErrorNotSupported; /* only the decode kernel quantises */
         /* its chunk range does not fit its shared memory: tile 1, the same sums */
     }
     switch (tile == BCU_ROWDOT_TILE_DEC ? 1 : tile) {
@@ -1428,6 +1454,7 @@ static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     a.groups = p->groups > 1 ? p->groups : 1;
     a.xg = p->xg;
     a.yg = p->yg;
+    a.aq = p->xq == 2;
     if (p->fmt == BCU_RW_FP4) return mm_launch_fmt<BCU_RW_FP4>(a, p, gm.nsl, st);
     return mm_launch_fmt<BCU_RW_FP8>(a, p, gm.nsl, st);
 }
@@ -1443,6 +1470,14 @@ static int rowdot_env(void)
         mode.store(m, std::memory_order_relaxed);
     }
     return m;
+}
+
+extern "C" int bcu_rowdot_aq_ok(const bcu_rowdot_args *p)
+{
+    const int path = p->path ? p->path : rowdot_env();
+    const int tile = p->tile ? p->tile : BCU_ROWDOT_TILE_DEC;
+    return p->fmt == BCU_RW_FP8 && path != BCU_ROWDOT_SIMPLE && mm_supported(p) && p->c0 == 0 && p->K % 128 == 0 &&
+           p->groups <= 1 && p->T >= 1 && p->T <= 16 && tile == BCU_ROWDOT_TILE_DEC;
 }
 
 extern "C" int bcu_rowdot_path(const bcu_rowdot_args *p)
@@ -1477,6 +1512,7 @@ extern "C" cudaError_t bcu_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
 {
     if (p->n <= 0 || p->T <= 0) return cudaSuccess;
     const int path = p->path ? p->path : rowdot_env();
+    if (p->xq == 2 && !bcu_rowdot_aq_ok(p)) return cudaErrorNotSupported;
     if (path != BCU_ROWDOT_SIMPLE && mm_supported(p)) return mm_rowdot(p, st);
     if (p->groups > 1) return cudaErrorNotSupported;         /* grouped: the decode kernel only */
     if (path == BCU_ROWDOT_MMA) return cudaErrorInvalidValue; /* forced, but this weight cannot take it */

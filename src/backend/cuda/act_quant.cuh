@@ -1,0 +1,54 @@
+/* act_quant.cuh - v4.c's FP8 act_quant on the device, bit for bit: the e4m3 codec of src/model/dtype.c and
+ * pow2_ceil.  graph.cu's fq kernel and the decode row-dot's fused act_quant (kernels.cu, bcu_rowdot_args.xq = 2)
+ * both use these, so the two quantise alike.  Internal to each file that includes it. */
+#ifndef DEEPINFER_CUDA_ACT_QUANT_CUH
+#define DEEPINFER_CUDA_ACT_QUANT_CUH
+
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ float gr_dec_e4m3(uint32_t b)
+{
+    const uint32_t sign = (b & 0x80u) << 24;
+    const uint32_t em = b & 0x7fu;
+    uint32_t v = em < 8 ? __float_as_uint(__fmul_rn((float)em, 1.953125e-3f)) /* m/8 * 2^-6 */
+                        : (em << 20) + (120u << 23);
+    if (em == 0x7fu) v = 0x7fc00000u;
+    return __uint_as_float(v | sign);
+}
+
+/* md_f32_to_e4m3: nearest even, saturating to +-448 (inf too), NaN -> 0x7f */
+__device__ __forceinline__ uint32_t gr_enc_e4m3(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    const uint32_t sign = (u >> 24) & 0x80u;
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return 0x7fu;
+    if (u >= 0x43e00000u) return sign | 0x7eu;
+    if (u < 0x3c800000u) { /* < 2^-6: the ulp of 2^14 is the subnormal step 2^-9 */
+        const float t = __fadd_rn(__uint_as_float(u), 16384.0f);
+        return sign | ((__float_as_uint(t) - 0x46800000u) & 0xffu);
+    }
+    u += 0x7ffffu + ((u >> 20) & 1u);
+    return sign | (((u - (120u << 23)) >> 20) & 0xffu);
+}
+
+/* v4.c pow2_ceil: 2^ceil(log2 v) through frexpf/ldexpf (exact on the device too) */
+__device__ __forceinline__ float gr_pow2_ceil(float v)
+{
+    int e;
+    const float f = frexpf(v, &e);
+    return ldexpf(1.0f, f == 0.5f ? e - 1 : e);
+}
+
+/* the act_quant scale of a block whose largest |x| is amax (v4.c fq_fp8: amax starts at 1e-4, the kernels
+ * multiply by 1/448) */
+__device__ __forceinline__ float aq_scale_e4m3(float amax) { return gr_pow2_ceil(__fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f)); }
+
+/* round(x / sc) to e4m3, decoded: the code's value (|v| <= 448, or NaN) */
+__device__ __forceinline__ float aq_code_e4m3(float x, float sc) { return gr_dec_e4m3(gr_enc_e4m3(__fdiv_rn(x, sc))); }
+
+} /* namespace */
+
+#endif
