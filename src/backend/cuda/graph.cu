@@ -66,6 +66,10 @@ static_assert(HC_PASS % GR_NT == 0 && HC_RB <= 32 && HC_MAX_N * HC_MAX_N <= GR_N
 
 namespace {
 
+/* let a decode row-dot launched after this kernel with programmatic dependent launch (kernels.cu) start its weight
+ * loads now; it waits for this grid to finish before it reads what this grid writes */
+__device__ __forceinline__ void gr_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 /* ---------------------------------------------------------------- codecs (src/model/dtype.c, bit for bit) */
 
 __device__ __forceinline__ float gr_dec_bf16(uint32_t h) { return __uint_as_float(h << 16); }
@@ -513,6 +517,7 @@ __global__ void __launch_bounds__(GR_NT)
 __global__ void __launch_bounds__(GR_NT) gr_rope_kernel(float *x, size_t rows, size_t stride, size_t off, int half,
                                                         const float *inv, const int64_t *pos, int per, int inverse)
 {
+    gr_pdl_trigger(); /* wkv follows the RoPE of q */
     for (size_t q = GR_TID; q < rows * half; q += GR_STEP) {
         const size_t r = q / half;
         const int i = (int)(q % half);
@@ -533,9 +538,7 @@ template <int FP4>
 __global__ void __launch_bounds__(GR_NT)
     gr_fq_kernel(float *x, size_t rows, size_t stride, size_t n, size_t block, size_t nb)
 {
-    /* the decode row-dot that reads x (launched with programmatic dependent launch, kernels.cu) may start its
-     * weight loads; it waits for this grid to finish before it reads x */
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    gr_pdl_trigger();
     const size_t g = GR_TID / 32;
     const int lane = threadIdx.x & 31;
     if (g >= rows * nb) return;
@@ -579,6 +582,7 @@ __global__ void __launch_bounds__(GR_NT) gr_hadamard_kernel(float *x, int n)
 __global__ void __launch_bounds__(GR_NT)
     gr_swiglu_kernel(float *g, const float *up, size_t rows, size_t I, float limit, const float *rw)
 {
+    gr_pdl_trigger(); /* the shared expert's w2 follows */
     for (size_t q = GR_TID; q < rows * I; q += GR_STEP) {
         float gv = g[q], u = up[q];
         if (limit > 0) {
