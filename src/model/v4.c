@@ -2170,13 +2170,15 @@ out:
  * no GPU: it must give the host path's logits bit for bit.  The grouped
  * expert op and the attention op decline, so forward_dev's fallbacks run. */
 struct md_host_dev {
-    be_backend base;  /* ops: hd_ops; threads and impl: the model backend's, so be_cpu_parallel works */
+    be_backend base;  /* ops: &ops below; threads and impl: the model backend's, so be_cpu_parallel works */
     be_backend *inner;
     void **blk;
     size_t nblk, cap;
     int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback), and
                        * there is no linear_aq (forward_dev quantises copies with fq) */
     int failed;       /* an op ran out of memory */
+    be_ops ops;       /* hd_ops, hd_dev with this graph's options (base.ops points here) */
+    be_dev_ops dev;
     /* copies of partial blocks' layer rows kept as a device would (part_slots.h): ps_n slots of ps_sz floats
      * (64; md_model_set_host_dev_graph(m, 3): one, so slots are taken from other blocks and calls go without) */
     bps_slot *ps;
@@ -2541,17 +2543,6 @@ static const be_dev_ops hd_dev = {
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
     .attention = hd_attention, .comp_pool = hd_comp_pool, .linear_aq = hd_linear_aq,
 };
-/* on = 2: no linear_aq either */
-static const be_dev_ops hd_dev_noaq = {
-    .reset = hd_reset, .alloc = hd_alloc, .upload = hd_upload, .download = hd_download, .view = hd_view,
-    .failed = hd_failed,
-    .zero = hd_zero, .copy = hd_copy, .linear = hd_linear, .linear_x8 = hd_linear, .linear_grouped = hd_linear_grouped, .rmsnorm = hd_rmsnorm,
-    .embed = hd_embed, .hc_pre = hd_hc_pre, .hc_head = hd_hc_head, .hc_post = hd_hc_post, .rope = hd_rope,
-    .fq = hd_fq, .hadamard = hd_hadamard, .swiglu = hd_swiglu, .scale = hd_scale, .add = hd_add,
-    .argmax = hd_argmax,
-    .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
-    .attention = hd_attention, .comp_pool = hd_comp_pool,
-};
 
 static void hd_destroy(be_backend *be)
 {
@@ -2564,7 +2555,6 @@ static void hd_destroy(be_backend *be)
 }
 
 static const be_ops hd_ops = {.name = "host-dev-graph", .destroy = hd_destroy, .dev = &hd_dev};
-static const be_ops hd_ops_noaq = {.name = "host-dev-graph", .destroy = hd_destroy, .dev = &hd_dev_noaq};
 
 void md_model_state_stats(const md_model *m, uint64_t *now, uint64_t *late)
 {
@@ -2587,7 +2577,12 @@ int md_model_set_host_dev_graph(md_model *m, int on)
     md_host_dev *h = calloc(1, sizeof *h);
     if (!h) return RC_ENOMEM;
     h->inner = m->be;
-    h->base.ops = on == 2 ? &hd_ops_noaq : &hd_ops;
+    /* its own copy of the tables: on = 2 has no linear_aq */
+    h->dev = hd_dev;
+    if (on == 2) h->dev.linear_aq = NULL;
+    h->ops = hd_ops;
+    h->ops.dev = &h->dev;
+    h->base.ops = &h->ops;
     h->base.threads = m->be->threads;
     h->base.impl = m->be->impl;
     h->decline_attn = on == 2;

@@ -213,6 +213,28 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
 
 /* seconds per call of fn(ctx, k), median of REPS runs of `inner` calls (one untimed run first), k rotating over
  * ncopy weight copies so that they come from HBM */
+/* the row-dot arguments for the whole weight of shape s (codes dw, scales ds, ue8m0 blocks of block) on dx [T, cols]
+ * into dy [T, rows] */
+static bcu_rowdot_args bench_args(const shape *s, int block, const void *dw, const void *ds, const float *dx,
+                                  size_t T, float *dy)
+{
+    bcu_rowdot_args a;
+    memset(&a, 0, sizeof a);
+    a.fmt = s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
+    a.sc_dtype = BCU_SC_E8M0;
+    a.wrows = s->rows;
+    a.wcols = s->cols;
+    a.block = block;
+    a.n = s->rows;
+    a.K = s->cols;
+    a.x = dx;
+    a.T = (int64_t)T;
+    a.y = dy;
+    a.w = dw;
+    a.scale = ds;
+    return a;
+}
+
 static double time_calls(void (*fn)(void *ctx, int k), void *ctx, int ncopy, int inner)
 {
     cudaEvent_t e0, e1;
@@ -324,20 +346,7 @@ static void run_ab(const shape *s, size_t T, double bw)
     CK(cudaMalloc((void **)&dx, T * (size_t)s->cols * 4));
     CK(cudaMalloc((void **)&dy, T * (size_t)s->rows * 4));
     CK(cudaMemcpy(dx, x, T * (size_t)s->cols * 4, cudaMemcpyHostToDevice));
-    bcu_rowdot_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
-    a.sc_dtype = BCU_SC_E8M0;
-    a.wrows = s->rows;
-    a.wcols = s->cols;
-    a.block = w0.block;
-    a.n = s->rows;
-    a.K = s->cols;
-    a.x = dx;
-    a.T = (int64_t)T;
-    a.y = dy;
-    a.w = dw[0];
-    a.scale = ds[0];
+    bcu_rowdot_args a = bench_args(s, w0.block, dw[0], ds[0], dx, T, dy);
     const int inner = T >= 1024 ? 2 : T >= 256 ? 5 : INNER;
     const double bytes = (double)wb + 4.0 * (double)T * (double)(s->rows + s->cols);
     const double flop = 2.0 * (double)s->rows * (double)s->cols * (double)T;
@@ -369,19 +378,7 @@ static void run_xq(const shape *s, double bw)
     CK(cudaMalloc((void **)&dy, TM * rows * 4));
     CK(cudaMemcpy(dx, x, TM * cols * 4, cudaMemcpyHostToDevice));
     float *y0 = malloc(TM * rows * 4), *y1 = malloc(TM * rows * 4);
-    bcu_rowdot_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = BCU_RW_FP8;
-    a.sc_dtype = BCU_SC_E8M0;
-    a.wrows = s->rows;
-    a.wcols = s->cols;
-    a.block = w0.block;
-    a.n = s->rows;
-    a.K = s->cols;
-    a.x = dx;
-    a.y = dy;
-    a.w = dw[0];
-    a.scale = ds[0];
+    bcu_rowdot_args a = bench_args(s, w0.block, dw[0], ds[0], dx, 1, dy);
     a.path = BCU_ROWDOT_MMA;
     const size_t Ts[] = {1, 2, 5, 8, 16};
     for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
@@ -428,19 +425,8 @@ static void run_decode(const shape *s, int groups, double bw)
     CK(cudaMalloc((void **)&dx, 32 * xcols * 4));
     CK(cudaMalloc((void **)&dy, 32 * rows * 4));
     CK(cudaMemcpy(dx, x, 32 * xcols * 4, cudaMemcpyHostToDevice));
-    bcu_rowdot_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
-    a.sc_dtype = BCU_SC_E8M0;
-    a.wrows = s->rows;
-    a.wcols = s->cols;
-    a.block = w0.block;
+    bcu_rowdot_args a = bench_args(s, w0.block, dw[0], ds[0], dx, 1, dy);
     a.n = s->rows / groups;
-    a.K = s->cols;
-    a.x = dx;
-    a.y = dy;
-    a.w = dw[0];
-    a.scale = ds[0];
     a.path = BCU_ROWDOT_MMA;
     if (groups > 1) {
         a.ldx = (int64_t)xcols;
@@ -500,20 +486,7 @@ typedef struct {
 static void pf_rowdot(void *ctx, int k)
 {
     prefill_ctx *c = ctx;
-    bcu_rowdot_args a;
-    memset(&a, 0, sizeof a);
-    a.fmt = c->s->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
-    a.w = c->dw[k];
-    a.scale = c->ds[k];
-    a.sc_dtype = BCU_SC_E8M0;
-    a.wrows = c->s->rows;
-    a.wcols = c->s->cols;
-    a.block = c->block;
-    a.n = c->s->rows;
-    a.K = c->s->cols;
-    a.x = c->dx;
-    a.T = (int64_t)c->T;
-    a.y = c->dy;
+    bcu_rowdot_args a = bench_args(c->s, c->block, c->dw[k], c->ds[k], c->dx, c->T, c->dy);
     CK(bcu_rowdot(&a, 0));
 }
 

@@ -365,6 +365,25 @@ __device__ __forceinline__ void wget8(const RowArgs &a, int64_t r, int64_t c, fl
     }
 }
 
+/* acc[i] += wv[0..7] . x[t0 + i][j .. j+7] for the tile's nt tokens, in column order (the simple kernels' lane step) */
+__device__ __forceinline__ void fma8_tokens(const RowArgs &a, const float (&wv)[8], int64_t t0, int64_t nt, int64_t j,
+                                            float (&acc)[BCU_TT])
+{
+#pragma unroll
+    for (int i = 0; i < BCU_TT; i++) {
+        if (i < nt) {
+            const float4 *xp = (const float4 *)(a.x + (t0 + i) * a.ldx + j);
+            const float4 x0 = xp[0], x1 = xp[1];
+            float s = acc[i];
+            s = fmaf(wv[0], x0.x, s); s = fmaf(wv[1], x0.y, s);
+            s = fmaf(wv[2], x0.z, s); s = fmaf(wv[3], x0.w, s);
+            s = fmaf(wv[4], x1.x, s); s = fmaf(wv[5], x1.y, s);
+            s = fmaf(wv[6], x1.z, s); s = fmaf(wv[7], x1.w, s);
+            acc[i] = s;
+        }
+    }
+}
+
 template <int FMT, bool VEC>
 __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
 {
@@ -385,19 +404,7 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
         for (int64_t j = (int64_t)lane * 8; j < a.K; j += 32 * 8) {
             float wv[8];
             wget8<FMT>(a, r, a.c0 + j, wv);
-#pragma unroll
-            for (int i = 0; i < BCU_TT; i++) {
-                if (i < nt) {
-                    const float4 *xp = (const float4 *)(a.x + (t0 + i) * a.ldx + j);
-                    float4 x0 = xp[0], x1 = xp[1];
-                    float s = acc[i];
-                    s = fmaf(wv[0], x0.x, s); s = fmaf(wv[1], x0.y, s);
-                    s = fmaf(wv[2], x0.z, s); s = fmaf(wv[3], x0.w, s);
-                    s = fmaf(wv[4], x1.x, s); s = fmaf(wv[5], x1.y, s);
-                    s = fmaf(wv[6], x1.z, s); s = fmaf(wv[7], x1.w, s);
-                    acc[i] = s;
-                }
-            }
+            fma8_tokens(a, wv, t0, nt, j, acc);
         }
     } else {
         for (int64_t j = lane; j < a.K; j += 32) {
@@ -441,19 +448,7 @@ __global__ void __launch_bounds__(32 * BCU_KS_WARPS) rowdot_ks_kernel(RowArgs a)
     for (int64_t j = k0 + (int64_t)lane * 8; j < k1; j += 32 * 8) {
         float wv[8];
         wget8<FMT>(a, r, a.c0 + j, wv);
-#pragma unroll
-        for (int i = 0; i < BCU_TT; i++) {
-            if (i < nt) {
-                const float4 *xp = (const float4 *)(a.x + (t0 + i) * a.ldx + j);
-                float4 x0 = xp[0], x1 = xp[1];
-                float s = acc[i];
-                s = fmaf(wv[0], x0.x, s); s = fmaf(wv[1], x0.y, s);
-                s = fmaf(wv[2], x0.z, s); s = fmaf(wv[3], x0.w, s);
-                s = fmaf(wv[4], x1.x, s); s = fmaf(wv[5], x1.y, s);
-                s = fmaf(wv[6], x1.z, s); s = fmaf(wv[7], x1.w, s);
-                acc[i] = s;
-            }
-        }
+        fma8_tokens(a, wv, t0, nt, j, acc);
     }
 #pragma unroll
     for (int i = 0; i < BCU_TT; i++) {
