@@ -81,7 +81,7 @@ typedef struct {
     int path;  /* BCU_ROWDOT_*; MMA on a weight it cannot take returns cudaErrorInvalidValue */
     int tile;  /* mma: 1, 3 or 6 m16 tiles of x rows per block (5, 16, 32 tokens), or BCU_ROWDOT_TILE_DEC (the
                   decode kernel: 5 tokens per block, x staged once; tile 1 where its shared memory is too
-                  small); 0: by T (BCU_ROWDOT_TILE_DEC at T <= 5).  All give the same bits. */
+                  small); 0: by T (BCU_ROWDOT_TILE_DEC at T <= 5, T <= 16 with xq).  All give the same bits. */
     int split; /* mma: 1 no K split, 2 split the slices over a cluster, 0: when the grid is small */
     int groups;      /* > 1: a grouped projection in one launch: for g < groups, rows [r0 + g n, +n) of W on
                         x + g xg into y + g yg (ldx, ldy as usual).  Only the decode kernel takes it (tile

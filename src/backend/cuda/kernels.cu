@@ -39,7 +39,8 @@
  *    core computes each output element from its own row and column only,
  *    wherever they sit in the tile (what cuBLAS's bit-exact chunked prefill
  *    on the H200 suggests; unit_cuda checks it, on the decode kernel too).
- *    The decode kernel (rowdec_kernel, what T <= 5 runs; tile
+ *    The decode kernel (rowdec_kernel, what T <= 5 runs, T <= 16 on
+ *    act_quant'd x in its f16 form, see bcu_rowdot_args.xq; tile
  *    BCU_ROWDOT_TILE_DEC forces it at any T, 5 tokens a block) computes the
  *    one-tile sums above and moves the data differently.  rowmma_kernel
  *    stages x per chunk behind a barrier, with the next chunk's x one L2
