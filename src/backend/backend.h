@@ -221,10 +221,6 @@ typedef struct be_dev_ops {
      * (fq_fp8, blocks of 128 columns) of x, x itself unchanged: for a backend that quantises as it reads x (the
      * CUDA decode row-dot), without the copy and the fq launch. */
     void (*linear_aq)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
-    /* Optional (NULL: two linear_x8 calls).  linear_x8 of two weights of the same shape and format on the same x,
-     * y1 from w1 and y2 from w2 (the shared expert's w1 and w3): one launch where the backend can. */
-    void (*linear_x8_pair)(be_backend *be, float *y1, float *y2, const float *x, size_t T, const be_weight *w1,
-                           const be_weight *w2);
 } be_dev_ops;
 
 struct be_backend {

@@ -1982,12 +1982,8 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
         if (rc) return rc;
     }
     /* shared expert */
-    if (xq && act_fp8(m, &ly->sw1) && act_fp8(m, &ly->sw3) && dv->linear_x8_pair)
-        dv->linear_x8_pair(be, g, up, xq, R, &ly->sw1, &ly->sw3);
-    else {
-        dlinear(x, g, xin, xq, R, &ly->sw1);
-        dlinear(x, up, xin, xq, R, &ly->sw3);
-    }
+    dlinear(x, g, xin, xq, R, &ly->sw1);
+    dlinear(x, up, xin, xq, R, &ly->sw3);
     dv->swiglu(be, g, up, R, I, c->swiglu_limit, NULL);
     if (act_fp8(m, &ly->sw2) && !dv->linear_aq) dv->fq(be, g, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
     dlinear(x, dn, g, dv->linear_aq ? NULL : g, R, &ly->sw2);
@@ -2259,13 +2255,6 @@ static void hd_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows,
 static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
     hd_in(be)->ops->linear(hd_in(be), y, x, T, w);
-}
-/* linear_x8_pair: the two products one after the other */
-static void hd_linear_x8_pair(be_backend *be, float *y1, float *y2, const float *x, size_t T, const be_weight *w1,
-                              const be_weight *w2)
-{
-    hd_in(be)->ops->linear(hd_in(be), y1, x, T, w1);
-    hd_in(be)->ops->linear(hd_in(be), y2, x, T, w2);
 }
 /* linear_aq: act_quant into a copy, then linear (what the CUDA backend fuses into its decode row-dot) */
 static void hd_linear_aq(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
@@ -2553,7 +2542,6 @@ static const be_dev_ops hd_dev = {
     .argmax = hd_argmax,
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
     .attention = hd_attention, .comp_pool = hd_comp_pool, .linear_aq = hd_linear_aq,
-    .linear_x8_pair = hd_linear_x8_pair,
 };
 
 static void hd_destroy(be_backend *be)
@@ -2591,7 +2579,7 @@ int md_model_set_host_dev_graph(md_model *m, int on)
     h->inner = m->be;
     /* its own copy of the tables: on = 2 has no linear_aq */
     h->dev = hd_dev;
-    if (on == 2) h->dev.linear_aq = NULL, h->dev.linear_x8_pair = NULL;
+    if (on == 2) h->dev.linear_aq = NULL;
     h->ops = hd_ops;
     h->ops.dev = &h->dev;
     h->base.ops = &h->ops;

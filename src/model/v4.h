@@ -165,8 +165,7 @@ void md_model_set_layer_hook(md_model *m, md_layer_hook fn, void *arg);
  * host comp_pool and attention op) on any backend: a check
  * of its plumbing without a GPU, bit-identical to the host graph (unit_model).
  * on = 2: the same, with its attention op declining (the graph's host
- * attention fallback runs) and without linear_aq and linear_x8_pair (the graph
- * quantises copies, and calls linear_x8 once per weight).  Its attention op reads partial KV blocks through
+ * attention fallback runs) and without linear_aq (the graph quantises copies).  Its attention op reads partial KV blocks through
  * copies kept as a device would (backend/part_slots.h): 64 of them, or with
  * on = 3 only one (evictions, and blocks read without a copy).  0 or RC_ENOMEM. */
 int md_model_set_host_dev_graph(md_model *m, int on);

@@ -120,7 +120,6 @@ typedef struct {
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
                 * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
     int x8_kernel; /* DEEPINFER_CUDA_X8 (default 1; 0: linear_x8 is plain linear: three planes, bf16 row-dots) */
-    int pair;    /* DEEPINFER_CUDA_PAIR (default 1): be_dev_ops.linear_x8_pair in one decode launch */
     int aq_fuse; /* DEEPINFER_CUDA_AQ (default 1): be_dev_ops.linear_aq quantises inside the decode row-dot */
     int xq_dec; /* DEEPINFER_CUDA_XQ (default 1): act_quant'd rows of up to 16 on FP8 weights through the decode
                  * kernel's f16 form (bcu_rowdot_args.xq; 0: its bf16 planes, 5 rows a block) */
@@ -1695,36 +1694,6 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
     DV_LEAVE;
 }
 
-/* two FP8 weights of one shape on the same act_quant'd x (the shared expert's w1 and w3): at decode sizes one launch
- * of the decode kernel on f16 codes (a pair: bcu_rowdot_args.w2), else linear_x8 twice */
-static void dv_linear_x8_pair(be_backend *be, float *y1, float *y2, const float *x, size_t T, const be_weight *w1,
-                              const be_weight *w2)
-{
-    DV_ENTER(BCU_PROF_LINEAR_FP8);
-    int done = !T;
-    const wentry *e1 = T ? weight(c, w1) : NULL, *e2 = e1 ? weight(c, w2) : NULL;
-    if (e1 && e2 && c->pair && c->x8_kernel && c->xq_dec && w1->fmt == BE_W_FP8 && w2->fmt == BE_W_FP8 &&
-        w1->rows == w2->rows && w1->cols == w2->cols && w1->block == w2->block &&
-        w1->scale_dtype == w2->scale_dtype && T <= 16 && !dequant_gemm(c, w1, T, 0, w1->cols)) {
-        bcu_rowdot_args a = bcu_rowdot_for(w1, e1->d, e1->ds, 0, w1->rows, 0, x, (int64_t)T, y1);
-        a.xq = 1;
-        a.groups = 2;
-        a.w2 = e2->d;
-        a.scale2 = e2->ds;
-        a.y2 = y2;
-        const cudaError_t r = bcu_rowdot(&a, c->st);
-        if (r == cudaSuccess) done = 1;
-        else if (r == cudaErrorNotSupported) (void)cudaGetLastError();
-        else DV_CU(r);
-    }
-    if (!done && e1 && e2 && !c->failed) {
-        c->x_fp8 = c->x8_kernel;
-        if (!linear_dev_locked(c, y1, x, T, w1)) linear_dev_locked(c, y2, x, T, w2);
-        c->x_fp8 = 0;
-    }
-    DV_LEAVE;
-}
-
 static void dv_linear_grouped(be_backend *be, float *y, const float *x, size_t T, const be_weight *w, int groups)
 {
     DV_ENTER(BCU_PROF_ROWS);
@@ -1971,7 +1940,6 @@ static const be_dev_ops cuda_dev_ops = {
     /* .attention = */ dv_attention,
     /* .comp_pool = */ dv_comp_pool,
     /* .linear_aq = */ dv_linear_aq,
-    /* .linear_x8_pair = */ dv_linear_x8_pair,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2095,7 +2063,6 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->rowq8 = env_size("DEEPINFER_CUDA_ROWQ8", 0) != 0;
     c->xq_dec = env_size("DEEPINFER_CUDA_XQ", 1) != 0;
     c->aq_fuse = env_size("DEEPINFER_CUDA_AQ", 1) != 0;
-    c->pair = env_size("DEEPINFER_CUDA_PAIR", 1) != 0;
     c->ps_off = getenv("DEEPINFER_CUDA_PART_MB") && *getenv("DEEPINFER_CUDA_PART_MB") &&
                 env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);

@@ -88,9 +88,6 @@ typedef struct {
                         BCU_ROWDOT_TILE_DEC, or 0 with T <= BCU_ROWDOT_GROUPED_T, and its shared memory fits): else
                         cudaErrorNotSupported with nothing launched.  Each group's bits are those of its own call. */
     int64_t xg, yg;  /* floats between groups in x (a multiple of 4) and in y */
-    const void *w2, *scale2; /* a pair (groups = 2, xg = 0): group 1 is rows [r0, r0 + n) of w2 (same shape, format
-                                and scales' layout as w; scales scale2) on the same x into y2 (ldy); NULL: none */
-    float *y2;
     int xq;          /* FP8 only: 1: x holds act_quant'd rows (every 64 columns of a row inside one block of act_quant:
                         e4m3 values times one power of two).  The decode kernel then takes up to 16 tokens a block
                         (tile BCU_ROWDOT_TILE_DEC at T <= 16) and multiplies f16 codes on the tensor cores: the

@@ -442,15 +442,6 @@ __global__ void __launch_bounds__(32 * BCU_KS_WARPS) rowdot_ks_kernel(RowArgs a)
     const int64_t r = a.r0 + (o < a.n ? o : 0);
     const int64_t kp = (a.K / 8 + KS - 1) / KS * 8; /* columns per part, a multiple of 8 */
     const int64_t k0 = ks * kp, k1 = k0 + kp < a.K ? k0 + kp : a.K;
-    rd_pdl_trigger();
-    /* launched early (programmatic dependent launch): the lane's first weights into L2 while the kernel before
-     * finishes, then wait for it (x is its output) */
-#pragma unroll
-    for (int st = 0; st < 4; st++) {
-        const int64_t j = k0 + (int64_t)lane * 8 + st * 32 * 8;
-        if (j < k1) asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint16_t *)a.w + r * a.wcols + a.c0 + j));
-    }
-    rd_pdl_wait();
     float acc[BCU_TT];
 #pragma unroll
     for (int i = 0; i < BCU_TT; i++) acc[i] = 0.0f;
@@ -497,7 +488,7 @@ static cudaError_t launch_rowdot(const RowArgs &a, bool vec, cudaStream_t st)
             void (*kern)(RowArgs) = ks == 2   ? rowdot_ks_kernel<FMT, 2>
                                     : ks == 4 ? rowdot_ks_kernel<FMT, 4>
                                               : rowdot_ks_kernel<FMT, 8>;
-            return rd_launch_ex(kern, g, dim3(32 * BCU_KS_WARPS), 0, 1, true, st, a);
+            return rd_launch(kern, g, dim3(32 * BCU_KS_WARPS), 0, 1, st, a);
         }
     }
     dim3 grid((unsigned)((a.n + BCU_WARPS - 1) / BCU_WARPS), (unsigned)((a.T + BCU_TT - 1) / BCU_TT));
@@ -558,9 +549,6 @@ struct MmArgs {
     int gtiles;       /* x + gi xg into y + gi yg (bcu_rowdot_args.groups) */
     int64_t xg, yg;
     int aq;           /* the decode kernel on f16 codes (XQ): x is raw, act_quant it (bcu_rowdot_args.xq = 2) */
-    const uint8_t *w2; /* a pair (bcu_rowdot_args.w2): group 1 is rows r0 .. of w2 (scales scale2) into y2 */
-    const void *scale2;
-    float *y2;
 };
 
 /* A block: WGM x WGN warps; warp (wm, wn) owns x rows [16 MTW wm, 16 MTW (wm+1)) (MTW m16 tiles)
@@ -917,12 +905,9 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
     /* groups: the block's group is rows ar0 .. of W on ax into ay (one group: a's own) */
     const int gi = a.groups > 1 ? (int)blockIdx.y / a.gtiles : 0;
     const int64_t ob = (int64_t)((int)blockIdx.y - gi * (a.groups > 1 ? a.gtiles : 0)) * C::RB;
-    const bool second = gi == 1 && a.w2; /* a pair's second weight */
     const float *ax = a.x + gi * a.xg;
-    float *ay = second ? a.y2 : a.y + gi * a.yg;
-    const int64_t ar0 = second ? a.r0 : a.r0 + gi * a.n;
-    const uint8_t *aw = second ? a.w2 : a.w;
-    const void *asc = second ? a.scale2 : a.scale;
+    float *ay = a.y + gi * a.yg;
+    const int64_t ar0 = a.r0 + gi * a.n;
     const int64_t t0 = (int64_t)blockIdx.z * C::TB;
     const int tbv = a.T - t0 < C::TB ? (int)(a.T - t0) : C::TB; /* this block's tokens */
     const int tbl = a.T < C::TB ? (int)a.T : C::TB;             /* the layout's */
@@ -954,8 +939,8 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
         for (int nt = 0; nt < WN; nt++) {
             const int64_t o = ob + 8 * (wn * WN + nt) + g;
             const int64_t r = ar0 + (o < a.n ? o : 0);
-            wq[nt] = aw + r * a.rowbytes + 64 * a.cb + 16 * q;
-            sq[nt] = (const uint8_t *)asc + r * a.nsb + 4 * a.cb + q;
+            wq[nt] = a.w + r * a.rowbytes + 64 * a.cb + 16 * q;
+            sq[nt] = (const uint8_t *)a.scale + r * a.nsb + 4 * a.cb + q;
             clo[nt] = (int)lo;
             cn[nt] = o < a.n && hi > lo ? (unsigned)(hi - lo) : 0u;
         }
@@ -1003,7 +988,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
         const int nrb = (int)((ar0 + ol) >> a.bshift) - rb0 + 1;
         for (int i = tid; i < nrb * ncb; i += C::NT) {
             const int ri = i / ncb;
-            Ss[i] = scale_at(asc, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
+            Ss[i] = scale_at(a.scale, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
         }
 #pragma unroll
         for (int nt = 0; nt < WN; nt++)
@@ -1258,11 +1243,9 @@ static MmGeom mm_geom(const bcu_rowdot_args *p)
 static bool mm_supported(const bcu_rowdot_args *p)
 {
     const int64_t ng = p->groups > 1 ? p->groups : 1;
-    const int64_t ngr = p->w2 ? 1 : ng; /* a pair's groups are rows [r0, r0 + n) of two weights */
-    if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + ngr * p->n > p->wrows) return false;
+    if (p->K <= 0 || p->c0 < 0 || p->r0 < 0 || p->c0 + p->K > p->wcols || p->r0 + ng * p->n > p->wrows) return false;
     if (ng > 1 && (p->xg < 0 || p->xg % 4 || p->yg < 0 || ng > 65535)) return false; /* x + g xg: 16-byte aligned */
     if ((uintptr_t)p->x % 16 || (uintptr_t)p->w % 16 || !p->scale) return false;
-    if (p->w2 && (ng != 2 || (uintptr_t)p->w2 % 16 || !p->scale2 || !p->y2 || p->xg)) return false;
     if ((p->ldx ? p->ldx : p->K) % 4 || (p->ldx && p->ldx < p->K) || (p->ldy && p->ldy < p->n)) return false;
     if ((p->K + 63) / 64 > 0x3fffffff) return false;
     if (p->fmt == BCU_RW_FP8) {
@@ -1468,9 +1451,6 @@ static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     a.xg = p->xg;
     a.yg = p->yg;
     a.aq = p->xq == 2;
-    a.w2 = (const uint8_t *)p->w2;
-    a.scale2 = p->scale2;
-    a.y2 = p->y2;
     if (p->fmt == BCU_RW_FP4) return mm_launch_fmt<BCU_RW_FP4>(a, p, gm.nsl, st);
     return mm_launch_fmt<BCU_RW_FP8>(a, p, gm.nsl, st);
 }
