@@ -324,6 +324,16 @@ static void ck(cudaError_t e, const char *what)
     if (e != cudaSuccess) fail_msg("%s: %s", what, cudaGetErrorString(e));
 }
 
+/* device copies of a quantised weight's codes (*dw) and scales (*ds) */
+static void q_upload(const be_weight *w, void **dw, void **ds)
+{
+    const size_t wb = w->fmt == BE_W_FP8 ? (size_t)(w->rows * w->cols) : (size_t)(w->rows * w->cols / 2);
+    ck(cudaMalloc(dw, wb), "cudaMalloc");
+    ck(cudaMalloc(ds, q_scale_bytes(w)), "cudaMalloc");
+    ck(cudaMemcpy(*dw, w->data, wb, cudaMemcpyHostToDevice), "cudaMemcpy");
+    ck(cudaMemcpy(*ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+
 /* y for tokens dx[0..T) through bcu_rowdot on the device, copied to host */
 static float *q_run(bcu_rowdot_args a, const float *dx, size_t T, float *dy, int path, int tile, int split)
 {
@@ -372,16 +382,12 @@ static void test_rowdot_batch_invariance(void **st)
             const int64_t r0 = sl ? w->rows / 3 : 0, n = sl ? w->rows / 2 : w->rows, c0 = sl ? q_align(w) : 0;
             const int64_t K = w->cols - c0;
             const size_t TM = 1000;
-            const size_t wbytes = w->fmt == BE_W_FP8 ? (size_t)(w->rows * w->cols) : (size_t)(w->rows * w->cols / 2);
             void *dw, *ds;
             float *dx, *dy;
-            ck(cudaMalloc(&dw, wbytes), "cudaMalloc");
-            ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+            q_upload(w, &dw, &ds);
             ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
             ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
             float *x = rand_rows(TM * (size_t)K);
-            ck(cudaMemcpy(dw, w->data, wbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-            ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
             ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
             bcu_rowdot_args a = q_args(w, dw, ds, r0, n, c0, dx, 1, dy);
             if (bcu_rowdot_path(&a) != BCU_ROWDOT_MMA) fail_msg("%s: not on the mma kernel", qcases[k].name);
@@ -447,16 +453,12 @@ static void test_rowdot_grouped(void **st)
     for (int k = 0; k < 2; k++) {
         const be_weight *w = &ws[k].w;
         const int64_t n = w->rows / G, K = w->cols;
-        const size_t wbytes = w->fmt == BE_W_FP8 ? (size_t)(w->rows * w->cols) : (size_t)(w->rows * w->cols / 2);
         void *dw, *ds;
         float *dx, *dy;
-        ck(cudaMalloc(&dw, wbytes), "cudaMalloc");
-        ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+        q_upload(w, &dw, &ds);
         ck(cudaMalloc((void **)&dx, TX * (size_t)(G * K) * sizeof(float)), "cudaMalloc");
         ck(cudaMalloc((void **)&dy, TX * (size_t)w->rows * sizeof(float)), "cudaMalloc");
         float *x = rand_rows(TX * (size_t)(G * K));
-        ck(cudaMemcpy(dw, w->data, wbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-        ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
         ck(cudaMemcpy(dx, x, TX * (size_t)(G * K) * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
         const size_t ybytes = TX * (size_t)w->rows * sizeof(float);
         float *yg = malloc(ybytes), *yl = malloc(ybytes);
@@ -633,8 +635,7 @@ static void test_rowdot_xq(void **st)
         const int64_t n = w->rows, K = w->cols;
         void *dw, *ds;
         float *dx, *dy;
-        ck(cudaMalloc(&dw, (size_t)(n * K)), "cudaMalloc");
-        ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+        q_upload(w, &dw, &ds);
         ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
         ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
         float *x = rand_rows(TM * (size_t)K), *xraw = malloc(TM * (size_t)K * sizeof(float));
@@ -647,8 +648,6 @@ static void test_rowdot_xq(void **st)
             memcpy(xraw + t * (size_t)K, row, (size_t)K * sizeof(float));
             aq_ref_row(row, K, NULL);
         }
-        ck(cudaMemcpy(dw, w->data, (size_t)(n * K), cudaMemcpyHostToDevice), "cudaMemcpy");
-        ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
         ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
         float *ref = nan_rows(TM * (size_t)n);
         cpu->ops->linear(cpu, ref, x, TM, w);
@@ -800,14 +799,11 @@ static void test_rowdot_x8(void **st)
         const size_t TM = 16;
         void *dw, *ds;
         float *dx, *dy;
-        ck(cudaMalloc(&dw, (size_t)(n * K)), "cudaMalloc");
-        ck(cudaMalloc(&ds, q_scale_bytes(w)), "cudaMalloc");
+        q_upload(w, &dw, &ds);
         ck(cudaMalloc((void **)&dx, TM * (size_t)K * sizeof(float)), "cudaMalloc");
         ck(cudaMalloc((void **)&dy, TM * (size_t)n * sizeof(float)), "cudaMalloc");
         float *x = rand_rows(TM * (size_t)K);
         for (size_t t = 0; t < TM; t++) aq_ref_row(x + t * (size_t)K, K, NULL);
-        ck(cudaMemcpy(dw, w->data, (size_t)(n * K), cudaMemcpyHostToDevice), "cudaMemcpy");
-        ck(cudaMemcpy(ds, w->scale, q_scale_bytes(w), cudaMemcpyHostToDevice), "cudaMemcpy");
         ck(cudaMemcpy(dx, x, TM * (size_t)K * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
         float *ref = nan_rows(TM * (size_t)n);
         cpu->ops->linear(cpu, ref, x, TM, w);

@@ -1575,13 +1575,6 @@ __device__ __forceinline__ uint4 rq_ldw(const uint8_t *p)
     return v;
 }
 
-/* v4.c pow2_ceil: 2^ceil(log2 v), v > 0 finite */
-__device__ __forceinline__ float rq_pow2_ceil(float v)
-{
-    int e;
-    const float f = frexpf(v, &e);
-    return ldexpf(1.0f, f == 0.5f ? e - 1 : e);
-}
 
 template <int KS>
 __global__ void __launch_bounds__(128) rowq8_kernel(RowQ8Args a)
@@ -1622,7 +1615,7 @@ __global__ void __launch_bounds__(128) rowq8_kernel(RowQ8Args a)
         float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
         for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float sc = rq_pow2_ceil(__fmul_rn(fmaxf(m, 1e-4f), 1.0f / 448.0f));
+        const float sc = aq_scale_e4m3(m); /* act_quant.cuh */
         const uint32_t lo = rq_e4m3x2(__fdiv_rn(v.x, sc), __fdiv_rn(v.y, sc));
         const uint32_t hi = rq_e4m3x2(__fdiv_rn(v.z, sc), __fdiv_rn(v.w, sc));
         *(uint32_t *)(xc + (size_t)t * K + 128 * b + 4 * lane) = lo | (hi << 16);
