@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_wg.h"
 
 #define BENCH_NAME "bench_gpu_moe"
 #define BENCH_WITH_CUBLAS
@@ -111,6 +112,11 @@ int main(void)
                                 .weight_before_w2 = 0, .w1 = dtab + 0 * E, .s1 = dtab + 1 * E,
                                 .w3 = dtab + 2 * E, .s3 = dtab + 3 * E, .w2 = dtab + 4 * E, .s2 = dtab + 5 * E};
 
+    bcu_moe_experts exq = ex; /* official semantics, act_quant'd x and h */
+    exq.weight_before_w2 = 1;
+    exq.act_fp8_h = 1;
+    /* BENCH_GPU_MOE_AQ=1: only the act_quant'd runs */
+    const int only_aq = getenv("BENCH_GPU_MOE_AQ") && atoi(getenv("BENCH_GPU_MOE_AQ"));
     int64_t Ts[8] = {1, 8, 64, 256, 1024, 2048, 4096, 16384};
     int nT = (int)(sizeof Ts / sizeof Ts[0]);
     /* DEEPINFER_CUDA_MOE_MR=MT,KS: the mma rows in that tiling (bcu_moe_set_tiling) */
@@ -183,17 +189,22 @@ int main(void)
         const double flops = 2.0 * (double)T * TOPK * 3.0 * DIM * INTER;
         const double tbw = bytes / bw, tfl = flops / pk16;
 
+        /* aq: official semantics with act_quant'd x and h (BE_MOE_ACT_FP8_H), what the V4 graph runs: the mma
+         * rows on one bf16 plane, and wgmma on the e4m3 codes (sm_90a) */
         struct {
             bcu_moe_path path;
             bcu_moe_math math;
-        } runs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32},
-                    {BCU_MOE_TILED, BCU_MOE_FP32},
-                    {BCU_MOE_TILED, BCU_MOE_BF16X3},
-                    {BCU_MOE_TILED, BCU_MOE_BF16},
-                    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3}};
+            int aq;
+        } runs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 0},    {BCU_MOE_TILED, BCU_MOE_FP32, 0},
+                    {BCU_MOE_TILED, BCU_MOE_BF16X3, 0}, {BCU_MOE_TILED, BCU_MOE_BF16, 0},
+                    {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 1},
+                    {BCU_MOE_WGMMA, BCU_MOE_BF16, 1}};
         for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
             if (runs[ri].path == BCU_MOE_ROWS && T > 4096) continue; /* a 4-token pass per weight read: far too slow */
             if (runs[ri].path == BCU_MOE_MMAROWS && T > 4096) continue; /* 21 rows per weight read */
+            if (runs[ri].path == BCU_MOE_WGMMA && (T > 4096 || !bcu_wg_available())) continue; /* 8 rows a read */
+            if (only_aq && !runs[ri].aq) continue;
+            const bcu_moe_experts *exr = runs[ri].aq ? &exq : &ex;
             /* short calls: several per event pair; long ones: one, fewer repetitions */
             const int inner = T <= 256 ? 10 : 1, reps = T <= 256 ? 15 : T <= 4096 ? 7 : 3;
             double t[15];
@@ -202,7 +213,7 @@ int main(void)
                 for (int i = 0; i < inner; i++) {
                     const int d = (r + 1) * inner + i;
                     const size_t o = (size_t)(d % NDRAW) * T * TOPK;
-                    cudaError_t e = bcu_moe_forward(&ex, dy, dx, dids + o, dwt + o, T, TOPK, runs[ri].math,
+                    cudaError_t e = bcu_moe_forward(exr, dy, dx, dids + o, dwt + o, T, TOPK, runs[ri].math,
                                                     runs[ri].path, ws, wsb, 0);
                     die_cuda(e, "bcu_moe_forward");
                 }
@@ -212,8 +223,8 @@ int main(void)
             }
             CK(cudaGetLastError());
             const double tm = median(t, reps);
-            printf("| %lld | %s | %s | %.0f | %.1f | %.0f | %.1f | %.1f%% | %.2f | %.1f | %.1f%% |\n", (long long)T,
-                   bcu_moe_path_name(runs[ri].path), bcu_moe_math_name(runs[ri].math), distinct, tm * 1e6,
+            printf("| %lld | %s | %s%s | %.0f | %.1f | %.0f | %.1f | %.1f%% | %.2f | %.1f | %.1f%% |\n", (long long)T,
+                   bcu_moe_path_name(runs[ri].path), bcu_moe_math_name(runs[ri].math), runs[ri].aq ? " aq" : "", distinct, tm * 1e6,
                    bytes / tm / 1e9, tbw * 1e6, 100.0 * tbw / tm, flops / tm / 1e12, tfl * 1e6, 100.0 * tfl / tm);
             fflush(stdout);
         }

@@ -44,6 +44,7 @@
 #include "cuda_skip.h"
 
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_wg.h"
 #include "model/dtype.h"
 #include "act_quant_ref.h"
 
@@ -728,26 +729,13 @@ static void test_gpu_v4dims(void **st)
  *     midpoint, where the device may round the other way (then exactly one step apart; at most 1 in 2000);
  *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
  *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
-static void test_gpu_act_fp8_h(void **st)
+static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t *Ts, size_t nT, const variant *vs,
+                         size_t nv)
 {
-    (void)st;
     experts X;
-    experts_make(&X, 8, 512, 384); /* inter: three blocks of 128 */
-    const int topk = 3;
-    const int64_t Ts[] = {5, 64};
-    /* tiled bf16 (one plane): exact here, since x and h are e4m3 codes times powers of two (what the backend
-     * runs for bf16x3 when both went through act_quant) */
-    const variant vs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},
-                          {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_TILED, BCU_MOE_BF16, 5e-5, 0, 0},
-                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4},
-                          /* the hi plane alone: x and h are bf16 values here, so the very bits of three planes
-                           * (checked against the two variants above: vs[v - 2]) */
-                          {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 0, 0},
-                          {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 4, 4}};
+    experts_make(&X, E, Dm, Im);
     const int64_t D = X.D, I = X.I;
-    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+    for (size_t ti = 0; ti < nT; ti++) {
         const int64_t T = Ts[ti], P = T * topk;
         int32_t *ids = xmalloc((size_t)P * sizeof *ids);
         float *w = xmalloc((size_t)P * sizeof *w), *x = xmalloc((size_t)(T * D) * sizeof *x);
@@ -786,12 +774,11 @@ static void test_gpu_act_fp8_h(void **st)
         bcu_moe_plan dp; /* the device workspace's layout: where h is */
         assert_int_equal(bcu_moe_plan_layout(ws, T, topk, X.E, D, I, &dp), 0);
         float *y = xmalloc((size_t)(T * D) * sizeof *y), *hd = xmalloc((size_t)(P * I) * sizeof *hd);
-        const size_t nv = sizeof vs / sizeof vs[0];
         float *ys = xmalloc(nv * (size_t)(T * D) * sizeof *ys); /* every variant's y, for the bit-exact pairs */
         double *yr = xmalloc((size_t)(T * D) * sizeof *yr), *yc = xmalloc((size_t)(T * D) * sizeof *yc);
-        for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        for (size_t v = 0; v < nv; v++) {
             char what[96];
-            snprintf(what, sizeof what, "act_fp8_h T=%lld %s/%s %d,%d", (long long)T, bcu_moe_path_name(vs[v].path),
+            snprintf(what, sizeof what, "act_fp8_h D=%lld T=%lld %s/%s %d,%d", (long long)D, (long long)T, bcu_moe_path_name(vs[v].path),
                      bcu_moe_math_name(vs[v].math), vs[v].mt, vs[v].ks);
             assert_int_equal(bcu_moe_set_tiling(vs[v].mt, vs[v].ks), 0);
             CK(cudaMemset(dy, 0xFF, (size_t)(T * D) * 4));
@@ -854,6 +841,101 @@ static void test_gpu_act_fp8_h(void **st)
     experts_free(&X);
 }
 
+static void test_gpu_act_fp8_h(void **st)
+{
+    (void)st;
+    const int64_t Ts[] = {5, 64};
+    /* tiled bf16 (one plane): exact here, since x and h are e4m3 codes times powers of two (what the backend
+     * runs for bf16x3 when both went through act_quant) */
+    const variant vs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},
+                          {BCU_MOE_TILED, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_TILED, BCU_MOE_BF16, 5e-5, 0, 0},
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 4, 4},
+                          /* the hi plane alone: x and h are bf16 values here, so the very bits of three planes
+                           * (checked against the two variants above: vs[v - 2]) */
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 0, 0},
+                          {BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 4, 4},
+                          /* wgmma on the e4m3 codes (sm_90a only: last, left out where the device cannot) */
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 5e-5, 0, 0}};
+    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 1);
+    act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, nv); /* inter: three blocks of 128 */
+}
+
+/* The wgmma path at V4-Flash sizes (dim 4096, inter 2048, top-6), beside the mma rows on the same inputs */
+static void test_gpu_wgmma_v4dims(void **st)
+{
+    (void)st;
+    if (!bcu_wg_available()) skip();
+    const int64_t Ts[] = {1, 16}; /* 6 and 96 rows over 16 experts: one partial pass of 8, and full ones */
+    const variant vs[] = {{BCU_MOE_MMAROWS, BCU_MOE_BF16, 5e-5, 0, 0}, {BCU_MOE_WGMMA, BCU_MOE_BF16, 5e-5, 0, 0}};
+    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 2);
+}
+
+/* ------------------------------------------------------------------ wgmma */
+
+/* The register fragment moe_wg.cu relies on, checked on the device: random e4m3 A (in registers, as each thread
+ * of the warpgroup holds it) and B, one m64n8k32 wgmma, the output against double sums of the same codes under
+ * two readings of the fragment: (0) register r, byte j of lane 4g + q in warp w is A[16w + g + 8 (r & 1)][4q + j +
+ * 16 (r >> 1)] (what the kernel uses), (1) with the roles of r's two bits swapped.  Exactly one may fit; the
+ * other's error shows the check can fail.  The error of the fitting one is the tensor core's own accumulation
+ * (printed: FP8 sums are not fp32-exact on sm_90). */
+static void test_gpu_wg_probe(void **st)
+{
+    (void)st;
+    if (!bcu_wg_available()) skip();
+    uint32_t a[128 * 4];
+    uint8_t b[8 * 32];
+    float d[64 * 8];
+    /* codes with exponent field 4..10 (2^-3 .. 2^3), any mantissa and sign: no NaN, no overflow */
+#define WG_CODE() ((uint32_t)((rnd() & 1) << 7 | (4 + rnd() % 7) << 3 | (rnd() & 7)))
+    for (int i = 0; i < 128 * 4; i++) a[i] = WG_CODE() | WG_CODE() << 8 | WG_CODE() << 16 | WG_CODE() << 24;
+    for (int i = 0; i < 8 * 32; i++) b[i] = (uint8_t)WG_CODE();
+#undef WG_CODE
+    uint32_t *da;
+    uint8_t *db;
+    float *dd;
+    CK(cudaMalloc((void **)&da, sizeof a));
+    CK(cudaMalloc((void **)&db, sizeof b));
+    CK(cudaMalloc((void **)&dd, sizeof d));
+    CK(cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dd, 0xFF, sizeof d));
+    CK(bcu_wg_probe(da, db, dd));
+    CK(cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost));
+    cudaFree(da); cudaFree(db); cudaFree(dd);
+    double err[2];
+    for (int h = 0; h < 2; h++) {
+        double ref[64][8], mag[64][8];
+        memset(ref, 0, sizeof ref);
+        memset(mag, 0, sizeof mag);
+        for (int t = 0; t < 128; t++) {
+            const int w = t >> 5, g = (t & 31) >> 2, q = t & 3;
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < 4; j++) {
+                    const int rowbit = h ? r >> 1 : r & 1, kbit = h ? r & 1 : r >> 1;
+                    const int row = 16 * w + g + 8 * rowbit, k = 4 * q + j + 16 * kbit;
+                    const double av = md_e4m3_to_f32((uint8_t)(a[4 * t + r] >> (8 * j)));
+                    for (int n = 0; n < 8; n++) {
+                        const double p = av * md_e4m3_to_f32(b[n * 32 + k]);
+                        ref[row][n] += p;
+                        mag[row][n] += fabs(p);
+                    }
+                }
+        }
+        err[h] = 0.0;
+        for (int i = 0; i < 64; i++)
+            for (int n = 0; n < 8; n++) {
+                const double e = fabs((double)d[i * 8 + n] - ref[i][n]) / mag[i][n];
+                if (!(e <= err[h])) err[h] = isnan(e) ? INFINITY : e;
+            }
+        printf("  [wgmma] m64n8k32 e4m3, A from registers, reading %d: max |d - ref| / sum |terms| = %.3g"
+               " (d[0][0] %.6g, ref %.6g)\n", h, err[h], d[0], ref[0][0]);
+    }
+    if (!(err[0] <= 1e-3)) fail_msg("the A fragment is not the one moe_wg.cu assumes (error %.3g)", err[0]);
+    if (!(err[1] > 1e-2)) fail_msg("the check cannot tell the two readings apart (%.3g)", err[1]);
+}
+
 static void test_gpu_refuses_bad_calls(void **st)
 {
     (void)st;
@@ -914,6 +996,8 @@ int main(void)
         cmocka_unit_test(test_gpu_small),
         cmocka_unit_test(test_gpu_v4dims),
         cmocka_unit_test(test_gpu_act_fp8_h),
+        cmocka_unit_test(test_gpu_wg_probe),
+        cmocka_unit_test(test_gpu_wgmma_v4dims),
     };
     return cmocka_run_group_tests_name("moe_gpu", gpu, NULL, NULL);
 }

@@ -47,6 +47,8 @@
 #include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/moe_ops.cuh"
+#include "backend/cuda/moe_wg.h"
 
 #define RT_THREADS 512 /* routing kernel: threads, >= BCU_MOE_MAX_EXPERTS */
 #define RT_WARPS 16    /* routing kernel: chunks of pairs */
@@ -79,25 +81,6 @@ __device__ __forceinline__ void dec8(uint32_t q, float v[8])
 {
     v[0] = fp4u<0>(q); v[1] = fp4u<1>(q); v[2] = fp4u<2>(q); v[3] = fp4u<3>(q);
     v[4] = fp4u<4>(q); v[5] = fp4u<5>(q); v[6] = fp4u<6>(q); v[7] = fp4u<7>(q);
-}
-
-/* dtype.c's md_ue8m0_to_f32: 2^(b-127), b = 0 the subnormal 2^-127, 255 NaN */
-__device__ __forceinline__ float ue8m0(uint32_t b)
-{
-    uint32_t u = b << 23;
-    if (b == 0) u = 0x00400000u;
-    if (b == 255) u |= 1u << 22;
-    return __uint_as_float(u);
-}
-
-/* v4.c's swiglu, operation for operation */
-__device__ __forceinline__ float swiglu1(float g, float u, float limit)
-{
-    if (limit > 0.0f) {
-        g = fminf(g, limit);
-        u = fmaxf(-limit, fminf(u, limit));
-    }
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
 __device__ __forceinline__ uint32_t bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
@@ -1178,6 +1161,7 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
     case BCU_MOE_ROWS: return "rows";
     case BCU_MOE_TILED: return "tiled";
     case BCU_MOE_MMAROWS: return "mma-rows";
+    case BCU_MOE_WGMMA: return "wgmma";
     }
     return "?";
 }
@@ -1220,8 +1204,12 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         return cudaErrorInvalidValue;
     if (math != BCU_MOE_FP32 && math != BCU_MOE_BF16X3 && math != BCU_MOE_BF16) return cudaErrorInvalidValue;
     if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math, 0);
-    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS) return cudaErrorInvalidValue;
+    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS && path != BCU_MOE_WGMMA)
+        return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
+    if (path == BCU_MOE_WGMMA && (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 ||
+                                  !bcu_wg_available()))
+        return cudaErrorInvalidValue;
 
     RouteArgs r;
     r.ids = ids;
@@ -1270,7 +1258,38 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     a.xq = p.xq;
     a.hq = p.hq;
 
-    if (path == BCU_MOE_MMAROWS) {
+    if (path == BCU_MOE_WGMMA) {
+        /* x and h as act_quant codes in the plane buffers (6 bytes per element there, 1 + 1/32 needed) */
+        bcu_wg_args g;
+        g.w1 = a.w1;
+        g.s1 = a.s1;
+        g.w3 = a.w3;
+        g.s3 = a.s3;
+        g.w2 = a.w2;
+        g.s2 = a.s2;
+        g.D = a.D;
+        g.I = a.I;
+        g.topk = topk;
+        g.official = a.official;
+        g.limit = a.limit;
+        g.w = w;
+        g.off = p.off;
+        g.act = p.act;
+        g.sorted = p.sorted;
+        g.xc = (const uint8_t *)p.xq;
+        g.xs = (const float *)((const uint8_t *)p.xq + T * a.D);
+        g.hc = (const uint8_t *)p.hq;
+        g.hs = (const float *)((const uint8_t *)p.hq + p.P * a.I);
+        g.h = p.h;
+        g.yp = p.yp;
+        const unsigned ny = (unsigned)p.n_slots;
+        cudaError_t e = bcu_wg_code(x, T, a.D, (uint8_t *)g.xc, (float *)g.xs, NULL, st);
+        if (e == cudaSuccess) e = bcu_wg_stage(&g, 1, ny, st);
+        /* h: quantised in place (as bcu_fq_fp8 leaves it) and coded for stage 2 */
+        if (e == cudaSuccess) e = bcu_wg_code(p.h, p.P, a.I, (uint8_t *)g.hc, (float *)g.hs, p.h, st);
+        if (e == cudaSuccess) e = bcu_wg_stage(&g, 2, ny, st);
+        if (e != cudaSuccess) return e;
+    } else if (path == BCU_MOE_MMAROWS) {
         const int64_t Dp = (a.D + MR_CH - 1) / MR_CH * MR_CH, Ip = (a.I + MR_CH - 1) / MR_CH * MR_CH;
         if (Ip != a.I) { /* the columns of h past I are read (times zero weights): they must be finite */
             cudaError_t e = cudaMemsetAsync(p.hq, 0, (size_t)(p.P * 3 * Ip) * sizeof(uint16_t), st);

@@ -1,0 +1,325 @@
+/* moe_wg.cu - the routed experts' GEMM stages on wgmma (sm_90a), for act_quant'd activations (moe_wg.h).
+ *
+ * Built for sm_90a alone (CMakeLists.txt): wgmma is an arch-specific feature, so this file's cubin loads only on
+ * a compute capability 9.0 device, and bcu_wg_available() says whether it did.
+ *
+ * The bits.  An e2m1 code s E1 E0 m (dtype.c: element 2k in the low nibble of byte k) placed as the e4m3 byte
+ * s 0 0 E1 E0 m 0 0 has the value code * 2^-6 for every code (E = 0 lands on e4m3's subnormals, which have the
+ * same step), so one word of 8 codes becomes two words of 4 e4m3 bytes in 5-7 logic operations: the low nibbles
+ * (fp4lo) and the high nibbles (fp4hi).  A 32-column ue8m0 block is 16 bytes; lane q of a quad takes its bytes
+ * 4q..4q+3, and the A fragment of `wgmma .m64nNk32 .e4m3` (a0: row g, k 4q..4q+3; a1: row g + 8, same k; a2:
+ * row g, k 16 + 4q..; a3: row g + 8) takes fp4lo as a0 / a1 and fp4hi as a2 / a3.  So k position p of a step is
+ * column 2p (p < 16) or 2(p - 16) + 1 of the block, and the activations are stored in that order ("B order":
+ * a step's even columns, then its odd ones).  bcu_wg_probe checks the fragment on the device.
+ *
+ * The kernel (wg_kernel<G>, one warpgroup a block): 64 weight rows of one expert (G = 1: 32 features, W1's row
+ * as A row g and W3's as A row g + 8 of each warp's 16, so a thread holds gate and up of the same (feature,
+ * token) and the SwiGLU is its epilogue; G = 2: 64 rows of W2) against up to 8 of the expert's rows (tokens) a
+ * pass, B from shared memory (no swizzle: a step is two 8 x 16-byte core matrices, 128 bytes apart).  Each warp
+ * streams its own 16 weight rows through a ring of WG_STAGES chunks (128 columns: 64 bytes a row, and the
+ * chunk's four scale bytes) with cp.async, reads a step's words with conflict-free 4-byte shared loads (rows
+ * 80 bytes apart), and issues a chunk's four wgmmas (one a step, each from zero: scale-d 0) into four
+ * accumulator sets; after they complete, each step's sums are scaled into the fp32 sums (weight scale x
+ * activation scale x 2^6: powers of two, exact), so every output is a fixed-order sum over the steps,
+ * independent of the other tokens of the pass. */
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/moe_ops.cuh"
+#include "backend/cuda/moe_wg.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ON 1
+#else
+#define WG_ON 0
+#endif
+
+#define WG_THREADS 128 /* one warpgroup */
+#define WG_N 8         /* tokens a pass: the wgmma's n */
+#define WG_STAGES 6    /* weight chunks in flight per warp */
+#define WG_PITCH 80    /* bytes per weight row in a stage: 64 + 16, so the 4-byte reads of a step miss no bank */
+#define WG_STAGE_BYTES (16 * WG_PITCH + 64) /* 16 rows, then their 4 scale bytes each */
+
+namespace {
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* e2m1 x 8 (a word) -> e4m3 x 4: the codes of the low nibbles, and of the high nibbles (value * 2^-6) */
+__device__ __forceinline__ uint32_t fp4lo(uint32_t w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu); }
+__device__ __forceinline__ uint32_t fp4hi(uint32_t w) { return (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu); }
+
+#if WG_ON
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp4(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* generic-proxy stores to shared memory, made visible to wgmma's reads (the async proxy) */
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* keeps the compiler from moving reads of an accumulator across the wait that makes it valid */
+__device__ __forceinline__ void wg_hold(float (&d)[4])
+{
+    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])::"memory");
+}
+
+/* d = A B: m64n8k32, A (e4m3) from registers, B (e4m3) through a shared-memory descriptor */
+__device__ __forceinline__ void wg_mma(float (&d)[4], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 0, 1, 1;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+#endif
+
+/* no swizzle, K-major: start address, LBO (between the two core matrices along k), SBO (between 8-row groups) */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+__global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a, const uint8_t *b, float *d)
+{
+#if WG_ON
+    __shared__ __align__(128) uint8_t bs[256];
+    const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
+    for (int x = t; x < 256; x += WG_THREADS) {
+        const int n = x >> 5, k = x & 31;
+        bs[(k >> 4) * 128 + n * 16 + (k & 15)] = b[x];
+    }
+    fence_async_smem();
+    __syncthreads();
+    const uint32_t ar[4] = {a[4 * t], a[4 * t + 1], a[4 * t + 2], a[4 * t + 3]};
+    float dr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    wg_fence();
+    wg_mma(dr, ar, wg_desc(smem_u32(bs), 128, 256));
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(dr);
+    for (int i = 0; i < 4; i++) d[(16 * warp + g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] = dr[i];
+#endif
+}
+
+/* act_quant of rows of 128-column chunks, a warp per (row, chunk), into B-order codes */
+__global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
+{
+    const int64_t nch = K / 128, gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (gw >= R * nch) return; /* warp-uniform */
+    const int64_t r = gw / nch, c = gw - r * nch;
+    const float4 v = *(const float4 *)(x + r * K + c * 128 + 4 * lane);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = aq_scale_e4m3(amax);
+    const uint32_t c0 = gr_enc_e4m3(__fdiv_rn(v.x, sc)), c1 = gr_enc_e4m3(__fdiv_rn(v.y, sc)),
+                   c2 = gr_enc_e4m3(__fdiv_rn(v.z, sc)), c3 = gr_enc_e4m3(__fdiv_rn(v.w, sc));
+    /* columns 4 lane .. +3 of the chunk: step 4c + lane / 8, columns m .. m + 3 of it, m = 4 (lane % 8) */
+    uint8_t *o = codes + r * K + (c * 4 + (lane >> 3)) * 32 + 2 * (lane & 7);
+    *(uint16_t *)o = (uint16_t)(c0 | c2 << 8);        /* even columns m, m + 2 */
+    *(uint16_t *)(o + 16) = (uint16_t)(c1 | c3 << 8); /* odd columns m + 1, m + 3 */
+    if (lane == 0) scales[r * nch + c] = sc;
+    if (wb)
+        *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
+            make_float4(__fmul_rn(gr_dec_e4m3(c0), sc), __fmul_rn(gr_dec_e4m3(c1), sc),
+                        __fmul_rn(gr_dec_e4m3(c2), sc), __fmul_rn(gr_dec_e4m3(c3), sc));
+}
+
+/* grid: x = groups of 64 weight rows (G = 1: 32 features), y = active-expert slot */
+template <int G>
+__global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
+{
+#if WG_ON
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int e = a.act[blockIdx.y];
+    if (e < 0) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int64_t K = G == 1 ? a.D : a.I;
+    const int nst = (int)(K / 32), nch = nst / 4;
+    const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
+    uint8_t *bsm = smem;                                    /* B: [step][k half][token][16 bytes] */
+    float *xsm = (float *)(smem + (size_t)nst * 256);       /* activation scales: [chunk][token] */
+    uint8_t *ring = smem + (size_t)nst * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
+
+    int64_t fA, fB;
+    const uint8_t *wA, *wB, *sA, *sB;
+    if (G == 1) {
+        fA = fB = (int64_t)blockIdx.x * 32 + warp * 8 + g;
+        wA = a.w1[e] + fA * (K / 2);
+        wB = a.w3[e] + fA * (K / 2);
+        sA = a.s1[e] + fA * nst;
+        sB = a.s3[e] + fA * nst;
+    } else {
+        fA = (int64_t)blockIdx.x * 64 + warp * 16 + g;
+        fB = fA + 8;
+        wA = a.w2[e] + fA * (K / 2);
+        wB = a.w2[e] + fB * (K / 2);
+        sA = a.s2[e] + fA * nst;
+        sB = a.s2[e] + fB * nst;
+    }
+    /* chunk c of this warp's 16 rows into stage c % WG_STAGES: lane (g, q) copies bytes 16q.. of rows g and
+     * g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8; one cp.async group per chunk, empty or not */
+    auto issue = [&](int c) {
+        if (c < nch) {
+            const uint32_t s = smem_u32(ring + (c % WG_STAGES) * WG_STAGE_BYTES);
+            cp16(s + g * WG_PITCH + 16 * q, wA + 64 * (int64_t)c + 16 * q);
+            cp16(s + (8 + g) * WG_PITCH + 16 * q, wB + 64 * (int64_t)c + 16 * q);
+            if (q == 0) cp4(s + 16 * WG_PITCH + 4 * g, sA + 4 * c);
+            if (q == 1) cp4(s + 16 * WG_PITCH + 32 + 4 * g, sB + 4 * c);
+        }
+        cp_commit();
+    };
+    const uint64_t desc0 = wg_desc(smem_u32(bsm), 128, 256);
+    const int n_me = tid & 7; /* the token this thread stages: the staging strides are multiples of 8 */
+
+    for (int64_t t0 = 0; t0 < nrows; t0 += WG_N) {
+        const int ntk = nrows - t0 < WG_N ? (int)(nrows - t0) : WG_N;
+        __syncthreads(); /* the previous pass has read B and the scales */
+        for (int c = 0; c < WG_STAGES - 1; c++) issue(c); /* the weights' first loads overlap the staging */
+        const uint8_t *src = NULL;
+        const float *ssrc = NULL;
+        if (n_me < ntk) {
+            const int64_t row = r0 + t0 + n_me;
+            const int64_t xr = G == 1 ? (int64_t)(a.sorted[row] / a.topk) : row;
+            src = (G == 1 ? a.xc : a.hc) + xr * K;
+            ssrc = (G == 1 ? a.xs : a.hs) + xr * nch;
+        }
+        for (int u = tid; u < nst * 16; u += WG_THREADS) { /* u = (step, half) * 8 + token */
+            const int si = u >> 3;
+            const uint4 v = src ? __ldg((const uint4 *)(src + 16 * si)) : make_uint4(0u, 0u, 0u, 0u);
+            *(uint4 *)(bsm + si * 128 + n_me * 16) = v;
+        }
+        for (int u = tid; u < nch * WG_N; u += WG_THREADS) xsm[u] = ssrc ? __ldg(ssrc + (u >> 3)) : 0.0f;
+        fence_async_smem();
+        __syncthreads();
+
+        /* per chunk: its four steps' wgmmas in flight together (four accumulator sets, each from zero), then
+         * their sums scaled into acc in step order (ptxas serialises wgmmas whose accumulators are read while
+         * another is in flight, so the scaling waits for all four) */
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dd[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) dd[j][i] = 0.0f;
+        for (int c = 0; c < nch; c++) {
+            __syncwarp(); /* every lane has read the stage that issue() refills */
+            issue(c + WG_STAGES - 1);
+            cp_wait<WG_STAGES - 1>();
+            __syncwarp();
+            const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
+            uint32_t A[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint32_t wa = *(const uint32_t *)(stg + g * WG_PITCH + 16 * j + 4 * q);
+                const uint32_t wb = *(const uint32_t *)(stg + (8 + g) * WG_PITCH + 16 * j + 4 * q);
+                A[j][0] = fp4lo(wa);
+                A[j][1] = fp4lo(wb);
+                A[j][2] = fp4hi(wa);
+                A[j][3] = fp4hi(wb);
+            }
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < 4; j++) wg_mma(dd[j], A[j], desc0 + (uint64_t)((c * 4 + j) * 16)); /* step x 256 B */
+            wg_commit();
+            const uint32_t swA = *(const uint32_t *)(stg + 16 * WG_PITCH + 4 * g);
+            const uint32_t swB = *(const uint32_t *)(stg + 16 * WG_PITCH + 32 + 4 * g);
+            const float x0 = xsm[c * WG_N + 2 * q] * 64.0f, x1 = xsm[c * WG_N + 2 * q + 1] * 64.0f;
+            wg_wait<0>();
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                wg_hold(dd[j]);
+                const float fa = ue8m0((swA >> (8 * j)) & 255u), fb = ue8m0((swB >> (8 * j)) & 255u);
+                acc[0] = fmaf(dd[j][0], fa * x0, acc[0]);
+                acc[1] = fmaf(dd[j][1], fa * x1, acc[1]);
+                acc[2] = fmaf(dd[j][2], fb * x0, acc[2]);
+                acc[3] = fmaf(dd[j][3], fb * x1, acc[3]);
+            }
+        }
+        cp_wait<0>(); /* the ring's empty tail groups */
+
+        /* acc: (row A, token 2q), (row A, 2q + 1), (row B, 2q), (row B, 2q + 1) */
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int tk = 2 * q + u;
+            if (tk >= ntk) continue;
+            const int64_t row = r0 + t0 + tk;
+            if (G == 1) {
+                float hv = swiglu1(acc[u], acc[2 + u], a.limit);
+                if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                a.h[row * a.I + fA] = hv;
+            } else {
+                a.yp[row * a.D + fA] = acc[u];
+                a.yp[row * a.D + fB] = acc[2 + u];
+            }
+        }
+    }
+#endif
+}
+
+size_t wg_smem_bytes(int64_t K)
+{
+    return (size_t)(K / 32) * 256 + (size_t)(K / 128) * WG_N * 4 + 4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
+}
+
+} /* namespace */
+
+extern "C" int bcu_wg_available(void)
+{
+    static int cached = -1; /* one device per process here */
+    if (cached >= 0) return cached;
+    int dev = 0, major = 0, minor = 0;
+    cudaFuncAttributes fa;
+    int ok = cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1>) == cudaSuccess;
+    (void)cudaGetLastError();
+    cached = ok;
+    return ok;
+}
+
+extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales,
+                                   float *writeback, cudaStream_t st)
+{
+    if (R < 0 || K <= 0 || K % 128 || !x || !codes || !scales) return cudaErrorInvalidValue;
+    if (R == 0) return cudaSuccess;
+    const int64_t threads = R * (K / 128) * 32;
+    wg_code_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x, R, K, codes, scales, writeback);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st)
+{
+    if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % 128 || a->I % 128) return cudaErrorInvalidValue;
+    if (!n_slots) return cudaSuccess;
+    const int64_t K = g == 1 ? a->D : a->I;
+    const size_t smem = wg_smem_bytes(K);
+    static int attr_done[3];
+    if (!attr_done[g]) { /* above 48 KB a kernel must ask for its dynamic shared memory */
+        cudaError_t r = g == 1 ? cudaFuncSetAttribute(wg_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024)
+                               : cudaFuncSetAttribute(wg_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        if (r != cudaSuccess) return r;
+        attr_done[g] = 1;
+    }
+    if (smem > 227 * 1024) return cudaErrorInvalidValue;
+    if (g == 1) wg_kernel<1><<<dim3((unsigned)(a->I / 32), n_slots), WG_THREADS, smem, st>>>(*a);
+    else wg_kernel<2><<<dim3((unsigned)(a->D / 64), n_slots), WG_THREADS, smem, st>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_wg_probe(const uint32_t *a, const uint8_t *b, float *d)
+{
+    wg_probe_kernel<<<1, WG_THREADS>>>(a, b, d);
+    cudaError_t r = cudaGetLastError();
+    return r != cudaSuccess ? r : cudaDeviceSynchronize();
+}

@@ -1,0 +1,60 @@
+/* moe_wg.h - the routed experts' two GEMM stages on Hopper's wgmma (moe_wg.cu, built for sm_90a only).
+ *
+ * For act_quant'd activations (official semantics: x and h are e4m3 codes times a power of two per 128
+ * columns) the FP4 weights need no decode to a wider type: an e2m1 code's bits placed into an e4m3 byte are
+ * the same value times 2^-6, exactly (subnormals included), so a k32 step of `wgmma ... .e4m3.e4m3` takes the
+ * weights straight from their packed bytes, one ue8m0 1x32 scale block per step.  Each step's sums start from
+ * zero and are scaled into fp32 accumulators (weight scale x activation scale x 2^6), in step order.
+ *
+ * The weights are the A operand (64 rows a warpgroup, in registers), the activations the B operand (8 tokens a
+ * pass, in shared memory, no swizzle).  moe.cu's bcu_moe_forward calls these between its routing and combine
+ * kernels (path BCU_MOE_WGMMA); docs/CUDA.md, "Routed experts on wgmma", tells the layouts and the numbers. */
+#ifndef BACKEND_CUDA_MOE_WG_H
+#define BACKEND_CUDA_MOE_WG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One call's pointers, all on the device.  Codes are in "B order": per row, per 32-column step s, 32 bytes:
+ * the step's even columns (16 bytes), then its odd columns; scales one float per row and 128 columns. */
+typedef struct {
+    const uint8_t *const *w1, *const *s1, *const *w3, *const *s3, *const *w2, *const *s2;
+    int64_t D, I;
+    int topk, official;
+    float limit;
+    const float *w;                          /* routing weights [T * topk] */
+    const int32_t *off, *act, *sorted;       /* the routing plan (moe.cu's route_kernel) */
+    const uint8_t *xc; const float *xs;      /* x codes [T][D], scales [T][D / 128] */
+    const uint8_t *hc; const float *hs;      /* h codes [P][I], scales [P][I / 128] */
+    float *h, *yp;                           /* stage 1 writes h [P][I] (fp32), stage 2 yp [P][D] */
+} bcu_wg_args;
+
+/* 1 when this build has the sm_90a kernels and the current device runs them (compute capability 9.0) */
+int bcu_wg_available(void);
+
+/* act_quant (v4.c fq_fp8, blocks of 128) of rows x [R][K] into codes and scales; writeback (may be NULL or
+ * x itself) gets the quantised values, as bcu_fq_fp8 would leave them.  K % 128 == 0. */
+cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *writeback,
+                        cudaStream_t st);
+
+/* Stage g (1: h = swiglu(W1 x, W3 x) [* w]; 2: yp = W2 h) over the n_slots active-expert slots.  D and I
+ * multiples of 128. */
+cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st);
+
+/* The probe behind the layouts: one m64n8k32 e4m3 wgmma with A from registers.  a: [128 threads][4] words,
+ * thread t's A registers as they go into the instruction; b: [8][32] e4m3 bytes, row n = column n of B,
+ * byte k = B[k][n]; d: [64][8] floats, written through the accumulator fragment (row 16 w + g + 8 (i / 2),
+ * column 2 q + (i & 1) for register i of lane 4 g + q in warp w).  Device pointers; synchronous. */
+cudaError_t bcu_wg_probe(const uint32_t *a, const uint8_t *b, float *d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,55 @@
+#!/bin/bash
+# device check of the routed experts on wgmma (src/backend/cuda/moe_wg.cu), one call: the fragment probe and
+# the correctness tests (test_cuda_moe), the kernel benchmark on act_quant'd inputs (bench_gpu_moe), the V4-Flash
+# slice with the wgmma path off and on (two runs each, alternating), then test_cuda and test_cuda_graph.
+# From the repo root on the GPU machine, after tools/gpu_check.sh pack here:
+#   run(command="bash tools/wg_check.sh", carry=[".carry"])
+# WG_CHECK_ONLY="probe moe bench slice unit" picks steps (default: all).
+cd "$(dirname "$0")/.." || exit 1
+[ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
+export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
+export MODEL_FIXTURE_DIR=$PWD/tests/fixtures/model
+OUT=${OUT:-/tmp/wg_out}
+mkdir -p "$OUT"
+B=.carry/bin
+want() { [ -z "${WG_CHECK_ONLY:-}" ] || [[ " $WG_CHECK_ONLY " == *" $1 "* ]]; }
+step() { echo "== $* ($(date -u +%T))"; }
+cat .carry/BUILD_INFO 2>/dev/null
+if want probe; then
+    step probe
+    TEST_CUDA_FILTER=test_gpu_wg_probe timeout 60 $B/test_cuda_moe 2>&1 | tail -6
+fi
+if want moe; then
+    step "act_fp8_h (every path, small dims)"
+    TEST_CUDA_FILTER=test_gpu_act_fp8_h timeout 150 $B/test_cuda_moe > "$OUT/moe_act.txt" 2>&1
+    grep -E "wgmma|FAIL|PASSED|fail|rror" "$OUT/moe_act.txt" | tail -12
+    step "wgmma at V4 dims"
+    TEST_CUDA_FILTER=test_gpu_wgmma_v4dims timeout 200 $B/test_cuda_moe > "$OUT/moe_v4.txt" 2>&1
+    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_v4.txt" | tail -12
+fi
+if want bench; then
+    step "bench_gpu_moe, act_quant'd runs"
+    BENCH_GPU_MOE_AQ=1 BENCH_GPU_MOE_T=${WG_BENCH_T:-1,8,64,256,1024} timeout 150 $B/bench_gpu_moe 2>&1 | tail -14
+fi
+if want slice; then
+    step slice
+    S=/tmp/slice
+    [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
+    for v in ${WG_SLICE_RUNS:-0 1 0 1}; do
+        echo "-- DEEPINFER_CUDA_MOE_WG=$v"
+        DEEPINFER_CUDA_MOE_WG=$v timeout 200 $B/bench_gpu_layers $S --batches ${WG_SLICE_B:-1,8,64,256} --contexts 4096 \
+            --prefill 4096 --top1 1 --reps 3 --budget-s 90 --out "$OUT/layers_wg$v.md" > "$OUT/layers_wg$v.log" 2>&1
+        grep -E "ms per step|prefill [0-9]+ tokens" "$OUT/layers_wg$v.md"
+    done
+fi
+if want unit; then
+    step test_cuda
+    timeout 420 $B/test_cuda > "$OUT/test_cuda.txt" 2>&1
+    echo "rc=$?"
+    grep -E "^\[  (PASSED|FAILED|  SKIPPED)|FAILED|rror" "$OUT/test_cuda.txt" | tail -12
+    step test_cuda_graph
+    timeout 120 $B/test_cuda_graph > "$OUT/test_cuda_graph.txt" 2>&1
+    echo "rc=$?"
+    tail -3 "$OUT/test_cuda_graph.txt"
+fi
+step done
