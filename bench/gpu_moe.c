@@ -190,7 +190,7 @@ int main(void)
         const double tbw = bytes / bw, tfl = flops / pk16;
 
         /* aq: official semantics with act_quant'd x and h (BE_MOE_ACT_FP8_H), what the V4 graph runs: the mma
-         * rows on one bf16 plane, and wgmma on the e4m3 codes (sm_90a) */
+         * rows on one bf16 plane, and wgmma (sm_90a) on f16 values (bf16x3) and on the e4m3 codes (bf16) */
         struct {
             bcu_moe_path path;
             bcu_moe_math math;
@@ -198,7 +198,7 @@ int main(void)
         } runs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 0},    {BCU_MOE_TILED, BCU_MOE_FP32, 0},
                     {BCU_MOE_TILED, BCU_MOE_BF16X3, 0}, {BCU_MOE_TILED, BCU_MOE_BF16, 0},
                     {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 1},
-                    {BCU_MOE_WGMMA, BCU_MOE_BF16, 1}};
+                    {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 1}, {BCU_MOE_WGMMA, BCU_MOE_BF16, 1}};
         for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
             if (runs[ri].path == BCU_MOE_ROWS && T > 4096) continue; /* a 4-token pass per weight read: far too slow */
             if (runs[ri].path == BCU_MOE_MMAROWS && T > 4096) continue; /* 21 rows per weight read */

@@ -4,7 +4,7 @@
 # slice with the wgmma path off and on (two runs each, alternating), then test_cuda and test_cuda_graph.
 # From the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/wg_check.sh", carry=[".carry"])
-# WG_CHECK_ONLY="probe moe bench slice unit" picks steps (default: all).
+# WG_CHECK_ONLY="probe moe bench slice logits unit" picks steps (default: all).
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -35,12 +35,40 @@ if want slice; then
     step slice
     S=/tmp/slice
     [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
-    for v in ${WG_SLICE_RUNS:-0 1 0 1}; do
+    for v in ${WG_SLICE_RUNS:-0 1 2 0 1 2}; do
         echo "-- DEEPINFER_CUDA_MOE_WG=$v"
         DEEPINFER_CUDA_MOE_WG=$v timeout 200 $B/bench_gpu_layers $S --batches ${WG_SLICE_B:-1,8,64,256} --contexts 4096 \
             --prefill 4096 --top1 1 --reps 3 --budget-s 90 --out "$OUT/layers_wg$v.md" > "$OUT/layers_wg$v.log" 2>&1
         grep -E "ms per step|prefill [0-9]+ tokens" "$OUT/layers_wg$v.md"
     done
+fi
+if want logits; then
+    step "logits of the slice: CPU, and the GPU with the mma rows / wgmma f16 / wgmma e4m3, token by token"
+    S=/tmp/slice
+    [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
+    IDS=$(python3 -c "import random; random.seed(7); print(','.join(str(random.randrange(1000, 120000)) for _ in range(24)))")
+    timeout 240 $B/deepinfer logits --model $S --input-ids $IDS --out-f32 "$OUT/lg_cpu.f32" > /dev/null 2> "$OUT/lg_cpu.err"
+    echo "cpu rc=$?"
+    for v in 0 1 2; do
+        DEEPINFER_CUDA_MOE_WG=$v timeout 120 $B/deepinfer logits --model $S --input-ids $IDS --backend cuda --chunk 1 \
+            --out-f32 "$OUT/lg_wg$v.f32" > /dev/null 2> "$OUT/lg_wg$v.err"
+        echo "wg=$v rc=$?"
+    done
+    python3 - "$OUT" <<'PY'
+import sys, numpy as np
+o = sys.argv[1]
+def load(n):
+    try: return np.fromfile(f"{o}/{n}.f32", dtype=np.float32).reshape(24, -1)
+    except Exception as e: print(n, "missing", e); return None
+c = load("lg_cpu"); g = {v: load(f"lg_wg{v}") for v in (0, 1, 2)}
+def cmp(a, b, what):
+    if a is None or b is None: return
+    rel = np.abs(a - b).max() / np.abs(b).max()
+    top = (a.argmax(1) == b.argmax(1)).sum()
+    print(f"{what}: max |diff| / max |ref| {rel:.3g}, top-1 same at {top}/24 positions")
+for v in (0, 1, 2): cmp(g[v], c, f"gpu wg={v} vs cpu")
+cmp(g[1], g[0], "gpu wg=1 vs wg=0"); cmp(g[2], g[0], "gpu wg=2 vs wg=0")
+PY
 fi
 if want unit; then
     step test_cuda

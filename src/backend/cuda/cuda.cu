@@ -117,7 +117,8 @@ typedef struct {
     size_t moe_mmarows_max; /* MoE batches of at most this many (token, expert) pairs per expert take the mma
                                rows (bf16x3 / bf16 maths; DEEPINFER_CUDA_MOE_MMAROWS_MAX) */
     int moe_wg; /* those batches with act_quant'd x and h take wgmma (moe_wg.h) where the device can
-                   (DEEPINFER_CUDA_MOE_WG, 1; 0 keeps the mma rows) */
+                   (DEEPINFER_CUDA_MOE_WG, 1: f16 under bf16x3, e4m3 under bf16; 2: e4m3 under both; 0: the mma
+                   rows) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
     int x_fp8; /* during be_dev_ops.linear_x8: x is act_quant'd (e4m3 values times powers of two), exact in one
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
@@ -805,13 +806,16 @@ run:
      * through act_quant (official semantics) one bf16 plane holds them exactly: bf16x3 takes the one-plane
      * kernels, the same values for a third of the tensor-core work (the mma rows take the hi plane alone) */
     const int x8 = c->x8_kernel && (flags & BE_MOE_ACT_FP8_X) && (flags & BE_MOE_ACT_FP8_H);
-    const bcu_moe_math mm = c->math == BCU_MATH_BF16 || (x8 && c->math == BCU_MATH_BF16X3) ? BCU_MOE_BF16
+    bcu_moe_math mm = c->math == BCU_MATH_BF16 || (x8 && c->math == BCU_MATH_BF16X3) ? BCU_MOE_BF16
                             : c->math == BCU_MATH_BF16X3                                  ? BCU_MOE_BF16X3
                                                                                           : BCU_MOE_FP32;
     bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
-    /* act_quant'd x and h: the mma rows' batches go to wgmma on e4m3 codes where the device runs sm_90a */
-    if (mp == BCU_MOE_MMAROWS && x8 && c->moe_wg && D % 128 == 0 && I % 128 == 0 && bcu_wg_available())
+    /* act_quant'd x and h: the mma rows' batches go to wgmma where the device runs sm_90a; bf16x3 on f16 values
+     * (fp32-exact products, like the planes), the bf16 maths on the e4m3 codes (faster; FP8 tensor-core sums) */
+    if (mp == BCU_MOE_MMAROWS && x8 && c->moe_wg && D % 128 == 0 && I % 128 == 0 && bcu_wg_available()) {
         mp = BCU_MOE_WGMMA;
+        mm = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
+    }
     CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, mm, mp, dws, wsb, c->st));
     if (dev) return 0;
     CU(cudaMemcpyAsync(y, dy, T * (size_t)D * 4, cudaMemcpyDeviceToHost, c->st));
@@ -2074,7 +2078,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
-    c->moe_wg = env_size("DEEPINFER_CUDA_MOE_WG", 1) != 0;
+    c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;

@@ -1259,7 +1259,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     a.hq = p.hq;
 
     if (path == BCU_MOE_WGMMA) {
-        /* x and h as act_quant codes in the plane buffers (6 bytes per element there, 1 + 1/32 needed) */
+        /* x and h as act_quant codes in the plane buffers (6 bytes per element there, at most 2 + 1/32 needed) */
         bcu_wg_args g;
         g.w1 = a.w1;
         g.s1 = a.s1;
@@ -1277,16 +1277,17 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         g.act = p.act;
         g.sorted = p.sorted;
         g.xc = (const uint8_t *)p.xq;
-        g.xs = (const float *)((const uint8_t *)p.xq + T * a.D);
+        g.xs = (const float *)((const uint8_t *)p.xq + 2 * T * a.D);
         g.hc = (const uint8_t *)p.hq;
-        g.hs = (const float *)((const uint8_t *)p.hq + p.P * a.I);
+        g.hs = (const float *)((const uint8_t *)p.hq + 2 * p.P * a.I);
         g.h = p.h;
         g.yp = p.yp;
         const unsigned ny = (unsigned)p.n_slots;
-        cudaError_t e = bcu_wg_code(x, T, a.D, (uint8_t *)g.xc, (float *)g.xs, NULL, st);
+        g.f16 = math != BCU_MOE_BF16; /* bf16x3: exact products on f16; bf16 (fast): e4m3 */
+        cudaError_t e = bcu_wg_code(x, T, a.D, g.f16, (uint8_t *)g.xc, (float *)g.xs, NULL, st);
         if (e == cudaSuccess) e = bcu_wg_stage(&g, 1, ny, st);
         /* h: quantised in place (as bcu_fq_fp8 leaves it) and coded for stage 2 */
-        if (e == cudaSuccess) e = bcu_wg_code(p.h, p.P, a.I, (uint8_t *)g.hc, (float *)g.hs, p.h, st);
+        if (e == cudaSuccess) e = bcu_wg_code(p.h, p.P, a.I, g.f16, (uint8_t *)g.hc, (float *)g.hs, p.h, st);
         if (e == cudaSuccess) e = bcu_wg_stage(&g, 2, ny, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_MMAROWS) {

@@ -22,6 +22,7 @@
  * accumulator sets; after they complete, each step's sums are scaled into the fp32 sums (weight scale x
  * activation scale x 2^6: powers of two, exact), so every output is a fixed-order sum over the steps,
  * independent of the other tokens of the pass. */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -80,7 +81,24 @@ __device__ __forceinline__ void wg_mma(float (&d)[4], const uint32_t (&a)[4], ui
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
+/* d (+)= A B: m64n8k16, A (f16) from registers, B (f16) through a descriptor; ACC 0: d = A B, 1: d += A B */
+template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, %9, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
+}
 #endif
+
+/* e2m1 x 8 (a word) -> the high bytes of f16 values code * 2^-14 (their low bytes are 0): of the low nibbles
+ * (n0, n2, n4, n6), of the high nibbles (n1, n3, n5, n7) */
+__device__ __forceinline__ uint32_t hb_lo(uint32_t w) { return ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu); }
+__device__ __forceinline__ uint32_t hb_hi(uint32_t w) { return (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu); }
+/* an e4m3 code's value as f16 bits (exact: every e4m3 value is an f16 value) */
+__device__ __forceinline__ uint32_t f16_of(uint32_t code) { return __half_as_ushort(__float2half_rn(gr_dec_e4m3(code))); }
+/* two f16 from high bytes 0, 1 (lo) or 2, 3 (hi) of h */
+__device__ __forceinline__ uint32_t h2_01(uint32_t h) { return __byte_perm(h, 0u, 0x1404u); }
+__device__ __forceinline__ uint32_t h2_23(uint32_t h) { return __byte_perm(h, 0u, 0x3424u); }
 
 /* no swizzle, K-major: start address, LBO (between the two core matrices along k), SBO (between 8-row groups) */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
@@ -88,12 +106,13 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32
     return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
 }
 
+template <int F16>
 __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a, const uint8_t *b, float *d)
 {
 #if WG_ON
     __shared__ __align__(128) uint8_t bs[256];
     const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
-    for (int x = t; x < 256; x += WG_THREADS) {
+    for (int x = t; x < 256; x += WG_THREADS) { /* byte x of row n = x / 32: k half x % 32 / 16 */
         const int n = x >> 5, k = x & 31;
         bs[(k >> 4) * 128 + n * 16 + (k & 15)] = b[x];
     }
@@ -102,7 +121,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
     const uint32_t ar[4] = {a[4 * t], a[4 * t + 1], a[4 * t + 2], a[4 * t + 3]};
     float dr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     wg_fence();
-    wg_mma(dr, ar, wg_desc(smem_u32(bs), 128, 256));
+    if (F16) wg_mma_h<0>(dr, ar, wg_desc(smem_u32(bs), 128, 256));
+    else wg_mma(dr, ar, wg_desc(smem_u32(bs), 128, 256));
     wg_commit();
     wg_wait<0>();
     wg_hold(dr);
@@ -110,7 +130,10 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
 #endif
 }
 
-/* act_quant of rows of 128-column chunks, a warp per (row, chunk), into B-order codes */
+/* act_quant of rows of 128-column chunks, a warp per (row, chunk), into B-order codes: F16 = 0, e4m3 bytes (a
+ * 32-column block's even columns, then its odd ones); F16 = 1, the codes' values as f16 (a block is two k16
+ * steps: step s holds the columns of parity s, k position 8h + 2q + i of a step is column 8q + 4h + 2i + s) */
+template <int F16>
 __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
 {
     const int64_t nch = K / 128, gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -124,10 +147,18 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
     const float sc = aq_scale_e4m3(amax);
     const uint32_t c0 = gr_enc_e4m3(__fdiv_rn(v.x, sc)), c1 = gr_enc_e4m3(__fdiv_rn(v.y, sc)),
                    c2 = gr_enc_e4m3(__fdiv_rn(v.z, sc)), c3 = gr_enc_e4m3(__fdiv_rn(v.w, sc));
-    /* columns 4 lane .. +3 of the chunk: step 4c + lane / 8, columns m .. m + 3 of it, m = 4 (lane % 8) */
-    uint8_t *o = codes + r * K + (c * 4 + (lane >> 3)) * 32 + 2 * (lane & 7);
-    *(uint16_t *)o = (uint16_t)(c0 | c2 << 8);        /* even columns m, m + 2 */
-    *(uint16_t *)(o + 16) = (uint16_t)(c1 | c3 << 8); /* odd columns m + 1, m + 3 */
+    /* columns m0 .. m0 + 3 of block c * 4 + lane / 8, m0 = 4 (lane % 8) */
+    if (F16) {
+        const int m0 = 4 * (lane & 7), q = m0 >> 3, h = (m0 >> 2) & 1;
+        uint8_t *o = codes + 2 * (r * K + (c * 4 + (lane >> 3)) * 32) + 2 * (8 * h + 2 * q);
+        const uint32_t e0 = f16_of(c0), e1 = f16_of(c1), e2 = f16_of(c2), e3 = f16_of(c3);
+        *(uint32_t *)o = e0 | e2 << 16;        /* step 0 (even columns m0, m0 + 2) */
+        *(uint32_t *)(o + 32) = e1 | e3 << 16; /* step 1 (odd columns) */
+    } else {
+        uint8_t *o = codes + r * K + (c * 4 + (lane >> 3)) * 32 + 2 * (lane & 7);
+        *(uint16_t *)o = (uint16_t)(c0 | c2 << 8);        /* even columns m0, m0 + 2 */
+        *(uint16_t *)(o + 16) = (uint16_t)(c1 | c3 << 8); /* odd columns m0 + 1, m0 + 3 */
+    }
     if (lane == 0) scales[r * nch + c] = sc;
     if (wb)
         *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
@@ -135,8 +166,9 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
                         __fmul_rn(gr_dec_e4m3(c2), sc), __fmul_rn(gr_dec_e4m3(c3), sc));
 }
 
-/* grid: x = groups of 64 weight rows (G = 1: 32 features), y = active-expert slot */
-template <int G>
+/* grid: x = groups of 64 weight rows (G = 1: 32 features), y = active-expert slot.  F16 = 0: one e4m3 k32
+ * wgmma a scale block; F16 = 1: two f16 k16 wgmmas (the weights as f16 code * 2^-14), fp32-exact products. */
+template <int G, int F16>
 __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 {
 #if WG_ON
@@ -145,10 +177,10 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
     if (e < 0) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int64_t K = G == 1 ? a.D : a.I;
-    const int nst = (int)(K / 32), nch = nst / 4;
+    const int nkb = (int)(K / 32), nch = nkb / 4, nst = nkb * (F16 ? 2 : 1); /* scale blocks, chunks, steps */
     const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
-    uint8_t *bsm = smem;                                    /* B: [step][k half][token][16 bytes] */
-    float *xsm = (float *)(smem + (size_t)nst * 256);       /* activation scales: [chunk][token] */
+    uint8_t *bsm = smem;                              /* B: [step][k half][token][16 bytes] */
+    float *xsm = (float *)(smem + (size_t)nst * 256); /* activation scales: [chunk][token] */
     uint8_t *ring = smem + (size_t)nst * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
 
     int64_t fA, fB;
@@ -157,15 +189,15 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
         fA = fB = (int64_t)blockIdx.x * 32 + warp * 8 + g;
         wA = a.w1[e] + fA * (K / 2);
         wB = a.w3[e] + fA * (K / 2);
-        sA = a.s1[e] + fA * nst;
-        sB = a.s3[e] + fA * nst;
+        sA = a.s1[e] + fA * nkb;
+        sB = a.s3[e] + fA * nkb;
     } else {
         fA = (int64_t)blockIdx.x * 64 + warp * 16 + g;
         fB = fA + 8;
         wA = a.w2[e] + fA * (K / 2);
         wB = a.w2[e] + fB * (K / 2);
-        sA = a.s2[e] + fA * nst;
-        sB = a.s2[e] + fB * nst;
+        sA = a.s2[e] + fA * nkb;
+        sB = a.s2[e] + fB * nkb;
     }
     /* chunk c of this warp's 16 rows into stage c % WG_STAGES: lane (g, q) copies bytes 16q.. of rows g and
      * g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8; one cp.async group per chunk, empty or not */
@@ -181,6 +213,9 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
     };
     const uint64_t desc0 = wg_desc(smem_u32(bsm), 128, 256);
     const int n_me = tid & 7; /* the token this thread stages: the staging strides are multiples of 8 */
+    const uint8_t *csrc = G == 1 ? a.xc : a.hc;
+    const float *ssrc0 = G == 1 ? a.xs : a.hs;
+    const float unit = F16 ? 16384.0f : 64.0f; /* the weights' 2^-14 (f16) or 2^-6 (e4m3) */
 
     for (int64_t t0 = 0; t0 < nrows; t0 += WG_N) {
         const int ntk = nrows - t0 < WG_N ? (int)(nrows - t0) : WG_N;
@@ -191,8 +226,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
         if (n_me < ntk) {
             const int64_t row = r0 + t0 + n_me;
             const int64_t xr = G == 1 ? (int64_t)(a.sorted[row] / a.topk) : row;
-            src = (G == 1 ? a.xc : a.hc) + xr * K;
-            ssrc = (G == 1 ? a.xs : a.hs) + xr * nch;
+            src = csrc + xr * K * (F16 ? 2 : 1);
+            ssrc = ssrc0 + xr * nch;
         }
         for (int u = tid; u < nst * 16; u += WG_THREADS) { /* u = (step, half) * 8 + token */
             const int si = u >> 3;
@@ -203,9 +238,9 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
         fence_async_smem();
         __syncthreads();
 
-        /* per chunk: its four steps' wgmmas in flight together (four accumulator sets, each from zero), then
-         * their sums scaled into acc in step order (ptxas serialises wgmmas whose accumulators are read while
-         * another is in flight, so the scaling waits for all four) */
+        /* per chunk: its four scale blocks' wgmmas in flight together (four accumulator sets, each from zero),
+         * then their sums scaled into acc in block order (ptxas serialises wgmmas whose accumulators are read
+         * while another is in flight, so the scaling waits for all four) */
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dd[4][4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
@@ -217,23 +252,42 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
             cp_wait<WG_STAGES - 1>();
             __syncwarp();
             const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
-            uint32_t A[4][4];
+            uint32_t A[4][F16 ? 2 : 1][4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const uint32_t wa = *(const uint32_t *)(stg + g * WG_PITCH + 16 * j + 4 * q);
                 const uint32_t wb = *(const uint32_t *)(stg + (8 + g) * WG_PITCH + 16 * j + 4 * q);
-                A[j][0] = fp4lo(wa);
-                A[j][1] = fp4lo(wb);
-                A[j][2] = fp4hi(wa);
-                A[j][3] = fp4hi(wb);
+                if (F16) { /* step 0: the low nibbles (n0 n2 | n4 n6), step 1: the high ones */
+                    const uint32_t la = hb_lo(wa), lb = hb_lo(wb), ha = hb_hi(wa), hb = hb_hi(wb);
+                    A[j][0][0] = h2_01(la);
+                    A[j][0][1] = h2_01(lb);
+                    A[j][0][2] = h2_23(la);
+                    A[j][0][3] = h2_23(lb);
+                    A[j][F16][0] = h2_01(ha);
+                    A[j][F16][1] = h2_01(hb);
+                    A[j][F16][2] = h2_23(ha);
+                    A[j][F16][3] = h2_23(hb);
+                } else {
+                    A[j][0][0] = fp4lo(wa);
+                    A[j][0][1] = fp4lo(wb);
+                    A[j][0][2] = fp4hi(wa);
+                    A[j][0][3] = fp4hi(wb);
+                }
             }
             wg_fence();
 #pragma unroll
-            for (int j = 0; j < 4; j++) wg_mma(dd[j], A[j], desc0 + (uint64_t)((c * 4 + j) * 16)); /* step x 256 B */
+            for (int j = 0; j < 4; j++) { /* the descriptor's address field counts 16 bytes: a step is 256 */
+                if (F16) {
+                    wg_mma_h<0>(dd[j], A[j][0], desc0 + (uint64_t)((c * 8 + 2 * j) * 16));
+                    wg_mma_h<1>(dd[j], A[j][F16], desc0 + (uint64_t)((c * 8 + 2 * j + 1) * 16));
+                } else {
+                    wg_mma(dd[j], A[j][0], desc0 + (uint64_t)((c * 4 + j) * 16));
+                }
+            }
             wg_commit();
             const uint32_t swA = *(const uint32_t *)(stg + 16 * WG_PITCH + 4 * g);
             const uint32_t swB = *(const uint32_t *)(stg + 16 * WG_PITCH + 32 + 4 * g);
-            const float x0 = xsm[c * WG_N + 2 * q] * 64.0f, x1 = xsm[c * WG_N + 2 * q + 1] * 64.0f;
+            const float x0 = xsm[c * WG_N + 2 * q] * unit, x1 = xsm[c * WG_N + 2 * q + 1] * unit;
             wg_wait<0>();
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -266,9 +320,24 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #endif
 }
 
-size_t wg_smem_bytes(int64_t K)
+size_t wg_smem_bytes(int64_t K, int f16)
 {
-    return (size_t)(K / 32) * 256 + (size_t)(K / 128) * WG_N * 4 + 4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
+    return (size_t)(K / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 + 4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
+}
+
+template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+{
+    static int attr_done; /* above 48 KB a kernel must ask for its dynamic shared memory */
+    if (!attr_done) {
+        cudaError_t r = cudaFuncSetAttribute(wg_kernel<G, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        if (r != cudaSuccess) return r;
+        attr_done = 1;
+    }
+    const size_t smem = wg_smem_bytes(G == 1 ? a->D : a->I, F16);
+    if (smem > 227 * 1024) return cudaErrorInvalidValue;
+    const unsigned gx = (unsigned)(G == 1 ? a->I / 32 : a->D / 64);
+    wg_kernel<G, F16><<<dim3(gx, n_slots), WG_THREADS, smem, st>>>(*a);
+    return cudaGetLastError();
 }
 
 } /* namespace */
@@ -282,19 +351,21 @@ extern "C" int bcu_wg_available(void)
     int ok = cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1>) == cudaSuccess;
+             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1, 1>) == cudaSuccess;
     (void)cudaGetLastError();
     cached = ok;
     return ok;
 }
 
-extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales,
+extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int f16, uint8_t *codes, float *scales,
                                    float *writeback, cudaStream_t st)
 {
     if (R < 0 || K <= 0 || K % 128 || !x || !codes || !scales) return cudaErrorInvalidValue;
     if (R == 0) return cudaSuccess;
     const int64_t threads = R * (K / 128) * 32;
-    wg_code_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(x, R, K, codes, scales, writeback);
+    const unsigned grid = (unsigned)((threads + 255) / 256);
+    if (f16) wg_code_kernel<1><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
+    else wg_code_kernel<0><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
     return cudaGetLastError();
 }
 
@@ -302,24 +373,14 @@ extern "C" cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slot
 {
     if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % 128 || a->I % 128) return cudaErrorInvalidValue;
     if (!n_slots) return cudaSuccess;
-    const int64_t K = g == 1 ? a->D : a->I;
-    const size_t smem = wg_smem_bytes(K);
-    static int attr_done[3];
-    if (!attr_done[g]) { /* above 48 KB a kernel must ask for its dynamic shared memory */
-        cudaError_t r = g == 1 ? cudaFuncSetAttribute(wg_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024)
-                               : cudaFuncSetAttribute(wg_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-        if (r != cudaSuccess) return r;
-        attr_done[g] = 1;
-    }
-    if (smem > 227 * 1024) return cudaErrorInvalidValue;
-    if (g == 1) wg_kernel<1><<<dim3((unsigned)(a->I / 32), n_slots), WG_THREADS, smem, st>>>(*a);
-    else wg_kernel<2><<<dim3((unsigned)(a->D / 64), n_slots), WG_THREADS, smem, st>>>(*a);
-    return cudaGetLastError();
+    if (g == 1) return a->f16 ? wg_launch<1, 1>(a, n_slots, st) : wg_launch<1, 0>(a, n_slots, st);
+    return a->f16 ? wg_launch<2, 1>(a, n_slots, st) : wg_launch<2, 0>(a, n_slots, st);
 }
 
-extern "C" cudaError_t bcu_wg_probe(const uint32_t *a, const uint8_t *b, float *d)
+extern "C" cudaError_t bcu_wg_probe(int f16, const uint32_t *a, const uint8_t *b, float *d)
 {
-    wg_probe_kernel<<<1, WG_THREADS>>>(a, b, d);
+    if (f16) wg_probe_kernel<1><<<1, WG_THREADS>>>(a, b, d);
+    else wg_probe_kernel<0><<<1, WG_THREADS>>>(a, b, d);
     cudaError_t r = cudaGetLastError();
     return r != cudaSuccess ? r : cudaDeviceSynchronize();
 }

@@ -33,25 +33,28 @@ typedef struct {
     const uint8_t *xc; const float *xs;      /* x codes [T][D], scales [T][D / 128] */
     const uint8_t *hc; const float *hs;      /* h codes [P][I], scales [P][I / 128] */
     float *h, *yp;                           /* stage 1 writes h [P][I] (fp32), stage 2 yp [P][D] */
+    int f16;                                 /* 0: e4m3 codes, k32 wgmma (fast; the tensor core's FP8 sums keep
+                                                ~13 bits); 1: f16 values, two k16 wgmmas (fp32-exact products) */
 } bcu_wg_args;
 
 /* 1 when this build has the sm_90a kernels and the current device runs them (compute capability 9.0) */
 int bcu_wg_available(void);
 
-/* act_quant (v4.c fq_fp8, blocks of 128) of rows x [R][K] into codes and scales; writeback (may be NULL or
- * x itself) gets the quantised values, as bcu_fq_fp8 would leave them.  K % 128 == 0. */
-cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *writeback,
-                        cudaStream_t st);
+/* act_quant (v4.c fq_fp8, blocks of 128) of rows x [R][K] into codes (f16 = 0: e4m3 bytes [R][K]; 1: their
+ * values as f16 [R][K]) and scales [R][K / 128]; writeback (may be NULL or x itself) gets the quantised values,
+ * as bcu_fq_fp8 would leave them.  K % 128 == 0. */
+cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int f16, uint8_t *codes, float *scales,
+                        float *writeback, cudaStream_t st);
 
 /* Stage g (1: h = swiglu(W1 x, W3 x) [* w]; 2: yp = W2 h) over the n_slots active-expert slots.  D and I
  * multiples of 128. */
 cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st);
 
-/* The probe behind the layouts: one m64n8k32 e4m3 wgmma with A from registers.  a: [128 threads][4] words,
- * thread t's A registers as they go into the instruction; b: [8][32] e4m3 bytes, row n = column n of B,
- * byte k = B[k][n]; d: [64][8] floats, written through the accumulator fragment (row 16 w + g + 8 (i / 2),
- * column 2 q + (i & 1) for register i of lane 4 g + q in warp w).  Device pointers; synchronous. */
-cudaError_t bcu_wg_probe(const uint32_t *a, const uint8_t *b, float *d);
+/* The probe behind the layouts: one wgmma with A from registers, m64n8k32 e4m3 (f16 = 0) or m64n8k16 f16.
+ * a: [128 threads][4] words, thread t's A registers as they go into the instruction; b: [8][32] bytes, row n =
+ * column n of B (32 e4m3 or 16 f16); d: [64][8] floats, written through the accumulator fragment (row 16 w + g +
+ * 8 (i / 2), column 2 q + (i & 1) for register i of lane 4 g + q in warp w).  Device pointers; synchronous. */
+cudaError_t bcu_wg_probe(int f16, const uint32_t *a, const uint8_t *b, float *d);
 
 #ifdef __cplusplus
 }
