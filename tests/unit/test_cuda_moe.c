@@ -800,10 +800,11 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
                 if (ndiff) fail_msg("%s: %lld outputs differ from the three-plane mma rows", what, (long long)ndiff);
             }
             /* stage 1: quantised, and the reference's quantisation up to midpoint flips.  wgmma on e4m3 codes
-             * (the fast maths) sums in the FP8 tensor core's ~13 bits: h moves by up to ~1e-3 relative, so it
-             * may flip an element whose value lies that far from a midpoint (gap < 2e-2, at most 1 in 50) */
+             * (the fast maths) sums in the FP8 tensor core's ~13 bits: a gate or up value that cancels moves
+             * by far more than 1e-4 of itself, so h may flip one step where it lies within 0.1 of a step from a
+             * midpoint (at most 1 in 50) */
             const int fast8 = vs[v].path == BCU_MOE_WGMMA && vs[v].math == BCU_MOE_BF16;
-            const double gapmax = fast8 ? 2e-2 : 1e-4;
+            const double gapmax = fast8 ? 1e-1 : 1e-4;
             const int64_t flipdiv = fast8 ? 50 : 2000;
             int64_t flips = 0;
             for (int64_t i = 0; i < P * I; i++) {

@@ -812,7 +812,8 @@ run:
     bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
     /* act_quant'd x and h: the mma rows' batches go to wgmma where the device runs sm_90a; bf16x3 on f16 values
      * (fp32-exact products, like the planes), the bf16 maths on the e4m3 codes (faster; FP8 tensor-core sums) */
-    if (mp == BCU_MOE_MMAROWS && x8 && c->moe_wg && D % 128 == 0 && I % 128 == 0 && bcu_wg_available()) {
+    if (mp == BCU_MOE_MMAROWS && x8 && c->moe_wg && D % 128 == 0 && I % 128 == 0 && (int64_t)T * topk <= 8 * E &&
+        bcu_wg_available()) { /* passes of 8 rows re-read the weights: at most one per expert on average */
         mp = BCU_MOE_WGMMA;
         mm = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
     }

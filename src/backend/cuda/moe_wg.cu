@@ -39,7 +39,8 @@
 
 #define WG_THREADS 128 /* one warpgroup */
 #define WG_N 8         /* tokens a pass: the wgmma's n */
-#define WG_STAGES 6    /* weight chunks in flight per warp */
+#define WG_STAGES 5    /* weight chunks in flight per warp (a stage each) */
+#define WG_WIN 1024    /* columns of B in shared memory at a time (restaged between windows) */
 #define WG_PITCH 80    /* bytes per weight row in a stage: 64 + 16, so the 4-byte reads of a step miss no bank */
 #define WG_STAGE_BYTES (16 * WG_PITCH + 64) /* 16 rows, then their 4 scale bytes each */
 
@@ -172,16 +173,18 @@ template <int G, int F16>
 __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 {
 #if WG_ON
+    constexpr int SPB = F16 ? 2 : 1;        /* wgmma steps a scale block */
+    constexpr int WSTEPS = WG_WIN / 32 * SPB; /* steps of B in the window */
     extern __shared__ __align__(128) uint8_t smem[];
     const int e = a.act[blockIdx.y];
     if (e < 0) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int64_t K = G == 1 ? a.D : a.I;
-    const int nkb = (int)(K / 32), nch = nkb / 4, nst = nkb * (F16 ? 2 : 1); /* scale blocks, chunks, steps */
+    const int nkb = (int)(K / 32), nch = nkb / 4; /* scale blocks, chunks */
     const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
-    uint8_t *bsm = smem;                              /* B: [step][k half][token][16 bytes] */
-    float *xsm = (float *)(smem + (size_t)nst * 256); /* activation scales: [chunk][token] */
-    uint8_t *ring = smem + (size_t)nst * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
+    uint8_t *bsm = smem;                              /* B window: [step][k half][token][16 bytes] */
+    float *xsm = (float *)(smem + WSTEPS * 256);      /* activation scales: [chunk][token] */
+    uint8_t *ring = smem + WSTEPS * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
 
     int64_t fA, fB;
     const uint8_t *wA, *wB, *sA, *sB;
@@ -211,83 +214,102 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
         }
         cp_commit();
     };
+    /* chunk c's A fragments (four scale blocks, SPB steps each) from its stage */
+    auto convert = [&](int c, uint32_t (&A)[4][SPB][4]) {
+        const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t wa = *(const uint32_t *)(stg + g * WG_PITCH + 16 * j + 4 * q);
+            const uint32_t wb = *(const uint32_t *)(stg + (8 + g) * WG_PITCH + 16 * j + 4 * q);
+            if (F16) { /* step 0: the low nibbles (n0 n2 | n4 n6), step 1: the high ones */
+                const uint32_t la = hb_lo(wa), lb = hb_lo(wb), ha = hb_hi(wa), hb = hb_hi(wb);
+                A[j][0][0] = h2_01(la);
+                A[j][0][1] = h2_01(lb);
+                A[j][0][2] = h2_23(la);
+                A[j][0][3] = h2_23(lb);
+                A[j][SPB - 1][0] = h2_01(ha);
+                A[j][SPB - 1][1] = h2_01(hb);
+                A[j][SPB - 1][2] = h2_23(ha);
+                A[j][SPB - 1][3] = h2_23(hb);
+            } else {
+                A[j][0][0] = fp4lo(wa);
+                A[j][0][1] = fp4lo(wb);
+                A[j][0][2] = fp4hi(wa);
+                A[j][0][3] = fp4hi(wb);
+            }
+        }
+    };
     const uint64_t desc0 = wg_desc(smem_u32(bsm), 128, 256);
     const int n_me = tid & 7; /* the token this thread stages: the staging strides are multiples of 8 */
     const uint8_t *csrc = G == 1 ? a.xc : a.hc;
     const float *ssrc0 = G == 1 ? a.xs : a.hs;
     const float unit = F16 ? 16384.0f : 64.0f; /* the weights' 2^-14 (f16) or 2^-6 (e4m3) */
+    const uint8_t *src = NULL;
+    /* B's window holding chunk c (WG_WIN columns), this thread's token; after a barrier, before one */
+    auto stage_window = [&](int c) {
+        const int s0 = c * 4 * SPB; /* the window's first step */
+        const int ns = (nkb - c * 4) * SPB < WSTEPS ? (nkb - c * 4) * SPB : WSTEPS;
+        for (int u = tid; u < ns * 16; u += WG_THREADS) { /* u = (step, half) * 8 + token */
+            const int si = u >> 3;
+            const uint4 v = src ? __ldg((const uint4 *)(src + 16 * (2 * s0 + si))) : make_uint4(0u, 0u, 0u, 0u);
+            *(uint4 *)(bsm + si * 128 + n_me * 16) = v;
+        }
+        fence_async_smem();
+    };
 
     for (int64_t t0 = 0; t0 < nrows; t0 += WG_N) {
         const int ntk = nrows - t0 < WG_N ? (int)(nrows - t0) : WG_N;
         __syncthreads(); /* the previous pass has read B and the scales */
         for (int c = 0; c < WG_STAGES - 1; c++) issue(c); /* the weights' first loads overlap the staging */
-        const uint8_t *src = NULL;
+        src = NULL;
         const float *ssrc = NULL;
         if (n_me < ntk) {
             const int64_t row = r0 + t0 + n_me;
             const int64_t xr = G == 1 ? (int64_t)(a.sorted[row] / a.topk) : row;
-            src = csrc + xr * K * (F16 ? 2 : 1);
+            src = csrc + xr * K * SPB;
             ssrc = ssrc0 + xr * nch;
         }
-        for (int u = tid; u < nst * 16; u += WG_THREADS) { /* u = (step, half) * 8 + token */
-            const int si = u >> 3;
-            const uint4 v = src ? __ldg((const uint4 *)(src + 16 * si)) : make_uint4(0u, 0u, 0u, 0u);
-            *(uint4 *)(bsm + si * 128 + n_me * 16) = v;
-        }
+        stage_window(0);
         for (int u = tid; u < nch * WG_N; u += WG_THREADS) xsm[u] = ssrc ? __ldg(ssrc + (u >> 3)) : 0.0f;
-        fence_async_smem();
         __syncthreads();
 
-        /* per chunk: its four scale blocks' wgmmas in flight together (four accumulator sets, each from zero),
-         * then their sums scaled into acc in block order (ptxas serialises wgmmas whose accumulators are read
-         * while another is in flight, so the scaling waits for all four) */
+        /* Chunk by chunk: its four scale blocks' wgmmas in flight together (four accumulator sets, each from
+         * zero); while they run, the next chunk's fragments are decoded; then the sums are scaled into acc in
+         * block order (ptxas serialises wgmmas whose accumulators are read while another is in flight, so the
+         * scaling waits for all four). */
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dd[4][4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) dd[j][i] = 0.0f;
-        for (int c = 0; c < nch; c++) {
-            __syncwarp(); /* every lane has read the stage that issue() refills */
-            issue(c + WG_STAGES - 1);
-            cp_wait<WG_STAGES - 1>();
-            __syncwarp();
-            const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
-            uint32_t A[4][F16 ? 2 : 1][4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint32_t wa = *(const uint32_t *)(stg + g * WG_PITCH + 16 * j + 4 * q);
-                const uint32_t wb = *(const uint32_t *)(stg + (8 + g) * WG_PITCH + 16 * j + 4 * q);
-                if (F16) { /* step 0: the low nibbles (n0 n2 | n4 n6), step 1: the high ones */
-                    const uint32_t la = hb_lo(wa), lb = hb_lo(wb), ha = hb_hi(wa), hb = hb_hi(wb);
-                    A[j][0][0] = h2_01(la);
-                    A[j][0][1] = h2_01(lb);
-                    A[j][0][2] = h2_23(la);
-                    A[j][0][3] = h2_23(lb);
-                    A[j][F16][0] = h2_01(ha);
-                    A[j][F16][1] = h2_01(hb);
-                    A[j][F16][2] = h2_23(ha);
-                    A[j][F16][3] = h2_23(hb);
-                } else {
-                    A[j][0][0] = fp4lo(wa);
-                    A[j][0][1] = fp4lo(wb);
-                    A[j][0][2] = fp4hi(wa);
-                    A[j][0][3] = fp4hi(wb);
-                }
-            }
+        uint32_t A0[4][SPB][4], A1[4][SPB][4];
+        cp_wait<WG_STAGES - 2>(); /* chunk 0 */
+        __syncwarp();
+        convert(0, A0);
+        auto chunk = [&](int c, uint32_t (&Ac)[4][SPB][4], uint32_t (&An)[4][SPB][4]) {
+            const int wl = (c % (WG_WIN / 128)) * 4 * SPB; /* chunk c's first step in the window */
             wg_fence();
 #pragma unroll
-            for (int j = 0; j < 4; j++) { /* the descriptor's address field counts 16 bytes: a step is 256 */
-                if (F16) {
-                    wg_mma_h<0>(dd[j], A[j][0], desc0 + (uint64_t)((c * 8 + 2 * j) * 16));
-                    wg_mma_h<1>(dd[j], A[j][F16], desc0 + (uint64_t)((c * 8 + 2 * j + 1) * 16));
-                } else {
-                    wg_mma(dd[j], A[j][0], desc0 + (uint64_t)((c * 4 + j) * 16));
+            for (int j = 0; j < 4; j++) /* the descriptor's address field counts 16 bytes: a step is 256 */
+#pragma unroll
+                for (int h = 0; h < SPB; h++) {
+                    const uint64_t dsc = desc0 + (uint64_t)((wl + SPB * j + h) * 16);
+                    if (!F16) wg_mma(dd[j], Ac[j][0], dsc);
+                    else if (h == 0) wg_mma_h<0>(dd[j], Ac[j][h], dsc);
+                    else wg_mma_h<1>(dd[j], Ac[j][h], dsc);
                 }
-            }
             wg_commit();
+            const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
             const uint32_t swA = *(const uint32_t *)(stg + 16 * WG_PITCH + 4 * g);
             const uint32_t swB = *(const uint32_t *)(stg + 16 * WG_PITCH + 32 + 4 * g);
             const float x0 = xsm[c * WG_N + 2 * q] * unit, x1 = xsm[c * WG_N + 2 * q + 1] * unit;
+            __syncwarp(); /* every lane has read the stage that issue() refills (chunk c - 1's) */
+            issue(c + WG_STAGES - 1);
+            if (c + 1 < nch) {
+                cp_wait<WG_STAGES - 2>(); /* chunk c + 1 */
+                __syncwarp();
+                convert(c + 1, An);
+            }
             wg_wait<0>();
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -298,6 +320,15 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
                 acc[2] = fmaf(dd[j][2], fb * x0, acc[2]);
                 acc[3] = fmaf(dd[j][3], fb * x1, acc[3]);
             }
+            if (c + 1 < nch && (c + 1) % (WG_WIN / 128) == 0) { /* chunk c + 1 opens the next window of B */
+                __syncthreads();
+                stage_window(c + 1);
+                __syncthreads();
+            }
+        };
+        for (int c = 0; c < nch; c += 2) {
+            chunk(c, A0, A1);
+            if (c + 1 < nch) chunk(c + 1, A1, A0);
         }
         cp_wait<0>(); /* the ring's empty tail groups */
 
@@ -322,7 +353,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 
 size_t wg_smem_bytes(int64_t K, int f16)
 {
-    return (size_t)(K / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 + 4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
+    return (size_t)(WG_WIN / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 +
+           4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
 }
 
 template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
