@@ -115,11 +115,6 @@ int main(void)
     bcu_moe_experts exq = ex; /* official semantics, act_quant'd x and h */
     exq.weight_before_w2 = 1;
     exq.act_fp8_h = 1;
-    /* DEEPINFER_CUDA_MOE_WG_KS=2: the wgmma path with two warpgroups a block */
-    if (getenv("DEEPINFER_CUDA_MOE_WG_KS") && bcu_moe_set_wg_ks(atoi(getenv("DEEPINFER_CUDA_MOE_WG_KS")))) {
-        fprintf(stderr, "bench_gpu_moe: DEEPINFER_CUDA_MOE_WG_KS must be 1 or 2\n");
-        return 2;
-    }
     /* BENCH_GPU_MOE_AQ=1: only the act_quant'd runs */
     const int only_aq = getenv("BENCH_GPU_MOE_AQ") && atoi(getenv("BENCH_GPU_MOE_AQ"));
     int64_t Ts[8] = {1, 8, 64, 256, 1024, 2048, 4096, 16384};

@@ -29,21 +29,15 @@ if want moe; then
 fi
 if want bench; then
     step "bench_gpu_moe, act_quant'd runs"
-    for ks in ${WG_BENCH_KS:-1 2}; do
-        echo "-- DEEPINFER_CUDA_MOE_WG_KS=$ks"
-        DEEPINFER_CUDA_MOE_WG_KS=$ks BENCH_GPU_MOE_AQ=1 BENCH_GPU_MOE_T=${WG_BENCH_T:-1,8,64,256,1024} timeout 150 \
-            $B/bench_gpu_moe 2>&1 | grep "^| [0-9]"
-    done
+    BENCH_GPU_MOE_AQ=1 BENCH_GPU_MOE_T=${WG_BENCH_T:-1,8,64,256,1024} timeout 150 $B/bench_gpu_moe 2>&1 | tail -14
 fi
 if want slice; then
     step slice
     S=/tmp/slice
     [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
-    for vk in ${WG_SLICE_RUNS:-0 1 2 0 1 2}; do # WG or WG:KS
-        v=${vk%%:*} k=1
-        [ "$vk" != "$v" ] && k=${vk#*:}
-        echo "-- DEEPINFER_CUDA_MOE_WG=$v DEEPINFER_CUDA_MOE_WG_KS=$k"
-        DEEPINFER_CUDA_MOE_WG=$v DEEPINFER_CUDA_MOE_WG_KS=$k timeout 200 $B/bench_gpu_layers $S --batches ${WG_SLICE_B:-1,8,64,256} --contexts 4096 \
+    for v in ${WG_SLICE_RUNS:-0 1 2 0 1 2}; do
+        echo "-- DEEPINFER_CUDA_MOE_WG=$v"
+        DEEPINFER_CUDA_MOE_WG=$v timeout 200 $B/bench_gpu_layers $S --batches ${WG_SLICE_B:-1,8,64,256} --contexts 4096 \
             --prefill 4096 --top1 1 --reps 3 --budget-s 90 --out "$OUT/layers_wg$v.md" > "$OUT/layers_wg$v.log" 2>&1
         grep -E "ms per step|prefill [0-9]+ tokens" "$OUT/layers_wg$v.md"
     done

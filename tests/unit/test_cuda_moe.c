@@ -780,10 +780,7 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
             char what[96];
             snprintf(what, sizeof what, "act_fp8_h D=%lld T=%lld %s/%s %d,%d", (long long)D, (long long)T, bcu_moe_path_name(vs[v].path),
                      bcu_moe_math_name(vs[v].math), vs[v].mt, vs[v].ks);
-            /* the mma rows: their tiling; wgmma: ks = its warpgroups a block */
-            const int wg = vs[v].path == BCU_MOE_WGMMA;
-            assert_int_equal(bcu_moe_set_tiling(wg ? 0 : vs[v].mt, wg ? 0 : vs[v].ks), 0);
-            assert_int_equal(bcu_moe_set_wg_ks(wg && vs[v].ks ? vs[v].ks : 1), 0);
+            assert_int_equal(bcu_moe_set_tiling(vs[v].mt, vs[v].ks), 0);
             CK(cudaMemset(dy, 0xFF, (size_t)(T * D) * 4));
             CK(cudaMemset(ws, 0xFF, wsb));
             cudaError_t r = bcu_moe_forward(&X.ex, dy, dx, dids, dw, T, topk, vs[v].math, vs[v].path, ws, wsb, 0);
@@ -802,12 +799,12 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
                        (long long)(T * D));
                 if (ndiff) fail_msg("%s: %lld outputs differ from the three-plane mma rows", what, (long long)ndiff);
             }
-            /* stage 1: quantised, and the reference's quantisation up to midpoint flips.  wgmma on e4m3 codes
-             * (the fast maths) sums in the FP8 tensor core's ~13 bits, relative to the largest term: a small
-             * gate or up value (one that cancels) moves by far more than 1e-4 of itself, so h may round one step
-             * off wherever it lies (a small element of its block even to 0): any gap, at most 1 in 50 */
+            /* stage 1: quantised, and the reference's quantisation up to midpoint flips (one step, where the
+             * reference lies within 1e-4 of a midpoint).  wgmma on e4m3 codes (the fast maths) sums in the FP8
+             * tensor core's ~13 bits relative to the largest term: a small gate or up value (one that cancels)
+             * moves by far more than 1e-4 of itself, so there h may round a step or two off anywhere (a small
+             * element of its block even to 0): there only the count is bounded (1 in 50), and y below */
             const int fast8 = vs[v].path == BCU_MOE_WGMMA && vs[v].math == BCU_MOE_BF16;
-            const double gapmax = fast8 ? INFINITY : 1e-4;
             const int64_t flipdiv = fast8 ? 50 : 2000;
             int64_t flips = 0;
             for (int64_t i = 0; i < P * I; i++) {
@@ -815,7 +812,7 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
                 const float sc = aq_ref_scale(hr + i / 128 * 128, 128);
                 const float vq = hd[i] / sc;
                 const uint8_t c = md_f32_to_e4m3(vq), cr = md_f32_to_e4m3(hq[i] / sc);
-                if (!(gap[i] < gapmax && md_e4m3_to_f32(c) == vq && abs((c & 0x7f) - (cr & 0x7f)) == 1))
+                if (!(md_e4m3_to_f32(c) == vq && (fast8 || (gap[i] < 1e-4 && abs((c & 0x7f) - (cr & 0x7f)) == 1))))
                     fail_msg("%s: h[row %lld, %lld] = %.9g, reference %.9g (unquantised %.9g, midpoint gap %.2g)",
                              what, (long long)(i / I), (long long)(i % I), hd[i], hq[i], hr[i], gap[i]);
                 flips++;
@@ -842,7 +839,6 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
             if (!(ctl > 1e-3)) fail_msg("%s: cannot tell quantised h from unquantised (%.3g)", what, ctl);
         }
         assert_int_equal(bcu_moe_set_tiling(0, 0), 0);
-        assert_int_equal(bcu_moe_set_wg_ks(1), 0);
         X.ex.act_fp8_h = 0;
         dcall_free(&dc);
         free(hp.buf); free(ids); free(w); free(x); free(hr); free(hq); free(gap); free(row); free(y); free(hd);
@@ -869,10 +865,8 @@ static void test_gpu_act_fp8_h(void **st)
                           /* wgmma (sm_90a only: last, left out where the device cannot): on f16 values
                            * (bf16x3: fp32-exact products), on e4m3 codes (bf16: the FP8 tensor core's sums) */
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 2}, /* two warpgroups a block */
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 2}};
-    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 4);
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0}};
+    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 2);
     act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, nv); /* inter: three blocks of 128 */
 }
 
@@ -884,9 +878,8 @@ static void test_gpu_wgmma_v4dims(void **st)
     const int64_t Ts[] = {1, 16}; /* 6 and 96 rows over 16 experts: one partial pass of 8, and full ones */
     const variant vs[] = {{BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 2}};
-    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 4);
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0}};
+    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 3);
 }
 
 /* ------------------------------------------------------------------ wgmma */

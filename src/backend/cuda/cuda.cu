@@ -2080,7 +2080,6 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
-    if (getenv("DEEPINFER_CUDA_MOE_WG_KS")) bcu_moe_set_wg_ks((int)env_size("DEEPINFER_CUDA_MOE_WG_KS", 1));
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;

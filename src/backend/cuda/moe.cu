@@ -1172,16 +1172,6 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
 /* bcu_moe_set_tiling's variant, MT << 4 | KS; 0: by the batch */
 static std::atomic<int> mr_forced(0);
 
-/* the wgmma path's warpgroups a block (bcu_moe_set_wg_ks) */
-static std::atomic<int> wg_ks(1);
-
-extern "C" int bcu_moe_set_wg_ks(int ks)
-{
-    if (ks != 1 && ks != 2) return -1;
-    wg_ks.store(ks, std::memory_order_relaxed);
-    return 0;
-}
-
 extern "C" int bcu_moe_set_tiling(int mt, int ks)
 {
     if (!mt && !ks) {
@@ -1294,7 +1284,6 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         g.yp = p.yp;
         const unsigned ny = (unsigned)p.n_slots;
         g.f16 = math != BCU_MOE_BF16; /* bf16x3: exact products on f16; bf16 (fast): e4m3 */
-        g.ks = wg_ks.load(std::memory_order_relaxed);
         cudaError_t e = bcu_wg_code(x, T, a.D, g.f16, (uint8_t *)g.xc, (float *)g.xs, NULL, st);
         if (e == cudaSuccess) e = bcu_wg_stage(&g, 1, ny, st);
         /* h: quantised in place (as bcu_fq_fp8 leaves it) and coded for stage 2 */

@@ -93,9 +93,6 @@ bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bcu_moe_math 
 /* For the test and the benchmark, process-wide: force the mma rows' tiling, mt m16 tiles per pass (1, 2, 4) and
  * K split over ks warps (1; 4 with mt 1 or 4); (0, 0): chosen by the batch again.  -1 for other values. */
 int bcu_moe_set_tiling(int mt, int ks);
-/* Process-wide: the wgmma path's warpgroups per block, each over a fixed part of K (1, default; or 2: twice the
- * warps on the same weights, for batches that touch few experts).  The sums' order follows it.  -1 otherwise. */
-int bcu_moe_set_wg_ks(int ks);
 
 /* ---- the workspace, for the test and for debugging.  A pair is p = t*topk + k;
  * a "row" is a pair's place in the expert-sorted order. */

@@ -168,11 +168,9 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
 }
 
 /* grid: x = groups of 64 weight rows (G = 1: 32 features), y = active-expert slot.  F16 = 0: one e4m3 k32
- * wgmma a scale block; F16 = 1: two f16 k16 wgmmas (the weights as f16 code * 2^-14), fp32-exact products.
- * KS warpgroups a block, each over a fixed part of K (more warps on few experts); their sums meet in shared
- * memory in warpgroup order. */
-template <int G, int F16, int KS>
-__global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args a)
+ * wgmma a scale block; F16 = 1: two f16 k16 wgmmas (the weights as f16 code * 2^-14), fp32-exact products. */
+template <int G, int F16>
+__global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 {
 #if WG_ON
     constexpr int SPB = F16 ? 2 : 1;        /* wgmma steps a scale block */
@@ -180,16 +178,13 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
     extern __shared__ __align__(128) uint8_t smem[];
     const int e = a.act[blockIdx.y];
     if (e < 0) return;
-    const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31, g = lane >> 2,
-              q = lane & 3;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int64_t K = G == 1 ? a.D : a.I;
     const int nkb = (int)(K / 32), nch = nkb / 4; /* scale blocks, chunks */
-    const int c_lo = nch * wgi / KS, c_hi = nch * (wgi + 1) / KS; /* this warpgroup's chunks */
     const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
-    uint8_t *bsm = smem + wgi * WSTEPS * 256;                   /* B window: [step][k half][token][16 bytes] */
-    float *xsm = (float *)(smem + KS * WSTEPS * 256);           /* activation scales: [chunk][token] */
-    float *red = xsm + nch * WG_N;                              /* KS = 2: warpgroup 1's sums [128][4] */
-    uint8_t *ring = (uint8_t *)(red + (KS > 1 ? 4 * WG_THREADS : 0)) + (size_t)(tid >> 5) * WG_STAGES * WG_STAGE_BYTES;
+    uint8_t *bsm = smem;                              /* B window: [step][k half][token][16 bytes] */
+    float *xsm = (float *)(smem + WSTEPS * 256);      /* activation scales: [chunk][token] */
+    uint8_t *ring = smem + WSTEPS * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
 
     int64_t fA, fB;
     const uint8_t *wA, *wB, *sA, *sB;
@@ -210,7 +205,7 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
     /* chunk c of this warp's 16 rows into stage c % WG_STAGES: lane (g, q) copies bytes 16q.. of rows g and
      * g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8; one cp.async group per chunk, empty or not */
     auto issue = [&](int c) {
-        if (c < c_hi) {
+        if (c < nch) {
             const uint32_t s = smem_u32(ring + (c % WG_STAGES) * WG_STAGE_BYTES);
             cp16(s + g * WG_PITCH + 16 * q, wA + 64 * (int64_t)c + 16 * q);
             cp16(s + (8 + g) * WG_PITCH + 16 * q, wB + 64 * (int64_t)c + 16 * q);
@@ -246,21 +241,15 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
     };
     const uint64_t desc0 = wg_desc(smem_u32(bsm), 128, 256);
     const int n_me = tid & 7; /* the token this thread stages: the staging strides are multiples of 8 */
-    /* a barrier of this warpgroup alone (ids 1, 2; 0 is __syncthreads) */
-    auto wg_bar = [&]() {
-        if (KS == 1) __syncthreads();
-        else asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wgi), "n"(WG_THREADS) : "memory");
-    };
     const uint8_t *csrc = G == 1 ? a.xc : a.hc;
     const float *ssrc0 = G == 1 ? a.xs : a.hs;
     const float unit = F16 ? 16384.0f : 64.0f; /* the weights' 2^-14 (f16) or 2^-6 (e4m3) */
     const uint8_t *src = NULL;
-    /* B's window from chunk c (WG_WIN columns, this warpgroup's chunks), this thread's token; after a barrier,
-     * before one */
+    /* B's window holding chunk c (WG_WIN columns), this thread's token; after a barrier, before one */
     auto stage_window = [&](int c) {
         const int s0 = c * 4 * SPB; /* the window's first step */
-        const int ns = (c_hi - c) * 4 * SPB < WSTEPS ? (c_hi - c) * 4 * SPB : WSTEPS;
-        for (int u = wtid; u < ns * 16; u += WG_THREADS) { /* u = (step, half) * 8 + token */
+        const int ns = (nkb - c * 4) * SPB < WSTEPS ? (nkb - c * 4) * SPB : WSTEPS;
+        for (int u = tid; u < ns * 16; u += WG_THREADS) { /* u = (step, half) * 8 + token */
             const int si = u >> 3;
             const uint4 v = src ? __ldg((const uint4 *)(src + 16 * (2 * s0 + si))) : make_uint4(0u, 0u, 0u, 0u);
             *(uint4 *)(bsm + si * 128 + n_me * 16) = v;
@@ -271,7 +260,7 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
     for (int64_t t0 = 0; t0 < nrows; t0 += WG_N) {
         const int ntk = nrows - t0 < WG_N ? (int)(nrows - t0) : WG_N;
         __syncthreads(); /* the previous pass has read B and the scales */
-        for (int c = c_lo; c < c_lo + WG_STAGES - 1; c++) issue(c); /* the weights' first loads overlap the staging */
+        for (int c = 0; c < WG_STAGES - 1; c++) issue(c); /* the weights' first loads overlap the staging */
         src = NULL;
         const float *ssrc = NULL;
         if (n_me < ntk) {
@@ -280,8 +269,8 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
             src = csrc + xr * K * SPB;
             ssrc = ssrc0 + xr * nch;
         }
-        stage_window(c_lo);
-        for (int u = tid; u < nch * WG_N; u += WG_THREADS * KS) xsm[u] = ssrc ? __ldg(ssrc + (u >> 3)) : 0.0f;
+        stage_window(0);
+        for (int u = tid; u < nch * WG_N; u += WG_THREADS) xsm[u] = ssrc ? __ldg(ssrc + (u >> 3)) : 0.0f;
         __syncthreads();
 
         /* Chunk by chunk: its four scale blocks' wgmmas in flight together (four accumulator sets, each from
@@ -294,11 +283,11 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
 #pragma unroll
             for (int i = 0; i < 4; i++) dd[j][i] = 0.0f;
         uint32_t A0[4][SPB][4], A1[4][SPB][4];
-        cp_wait<WG_STAGES - 2>(); /* chunk c_lo */
+        cp_wait<WG_STAGES - 2>(); /* chunk 0 */
         __syncwarp();
-        convert(c_lo, A0);
+        convert(0, A0);
         auto chunk = [&](int c, uint32_t (&Ac)[4][SPB][4], uint32_t (&An)[4][SPB][4]) {
-            const int wl = ((c - c_lo) % (WG_WIN / 128)) * 4 * SPB; /* chunk c's first step in the window */
+            const int wl = (c % (WG_WIN / 128)) * 4 * SPB; /* chunk c's first step in the window */
             wg_fence();
 #pragma unroll
             for (int j = 0; j < 4; j++) /* the descriptor's address field counts 16 bytes: a step is 256 */
@@ -316,7 +305,7 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
             const float x0 = xsm[c * WG_N + 2 * q] * unit, x1 = xsm[c * WG_N + 2 * q + 1] * unit;
             __syncwarp(); /* every lane has read the stage that issue() refills (chunk c - 1's) */
             issue(c + WG_STAGES - 1);
-            if (c + 1 < c_hi) {
+            if (c + 1 < nch) {
                 cp_wait<WG_STAGES - 2>(); /* chunk c + 1 */
                 __syncwarp();
                 convert(c + 1, An);
@@ -331,27 +320,17 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
                 acc[2] = fmaf(dd[j][2], fb * x0, acc[2]);
                 acc[3] = fmaf(dd[j][3], fb * x1, acc[3]);
             }
-            if (c + 1 < c_hi && (c + 1 - c_lo) % (WG_WIN / 128) == 0) { /* c + 1 opens the next window of B */
-                wg_bar();
+            if (c + 1 < nch && (c + 1) % (WG_WIN / 128) == 0) { /* chunk c + 1 opens the next window of B */
+                __syncthreads();
                 stage_window(c + 1);
-                wg_bar();
+                __syncthreads();
             }
         };
-        for (int c = c_lo; c < c_hi; c += 2) {
+        for (int c = 0; c < nch; c += 2) {
             chunk(c, A0, A1);
-            if (c + 1 < c_hi) chunk(c + 1, A1, A0);
+            if (c + 1 < nch) chunk(c + 1, A1, A0);
         }
         cp_wait<0>(); /* the ring's empty tail groups */
-        if (KS > 1) { /* the second half of K's sums to the first warpgroup, added in that order */
-            if (wgi) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) red[4 * wtid + i] = acc[i];
-            }
-            __syncthreads();
-            if (wgi) continue; /* block-uniform per warpgroup: the next pass starts with __syncthreads */
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[i] = acc[i] + red[4 * wtid + i];
-        }
 
         /* acc: (row A, token 2q), (row A, 2q + 1), (row B, 2q), (row B, 2q + 1) */
 #pragma unroll
@@ -372,32 +351,25 @@ __global__ void __launch_bounds__(WG_THREADS * KS, 4 / KS) wg_kernel(bcu_wg_args
 #endif
 }
 
-size_t wg_smem_bytes(int64_t K, int f16, int ks)
+size_t wg_smem_bytes(int64_t K, int f16)
 {
-    return (size_t)ks * (WG_WIN / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 +
-           (ks > 1 ? 16 * WG_THREADS : 0) + (size_t)(4 * ks) * WG_STAGES * WG_STAGE_BYTES;
+    return (size_t)(WG_WIN / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 +
+           4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
 }
 
-template <int G, int F16, int KS> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
 {
     static int attr_done; /* above 48 KB a kernel must ask for its dynamic shared memory */
     if (!attr_done) {
-        cudaError_t r =
-            cudaFuncSetAttribute(wg_kernel<G, F16, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        cudaError_t r = cudaFuncSetAttribute(wg_kernel<G, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
         if (r != cudaSuccess) return r;
         attr_done = 1;
     }
-    const size_t smem = wg_smem_bytes(G == 1 ? a->D : a->I, F16, KS);
+    const size_t smem = wg_smem_bytes(G == 1 ? a->D : a->I, F16);
     if (smem > 227 * 1024) return cudaErrorInvalidValue;
     const unsigned gx = (unsigned)(G == 1 ? a->I / 32 : a->D / 64);
-    wg_kernel<G, F16, KS><<<dim3(gx, n_slots), WG_THREADS * KS, smem, st>>>(*a);
+    wg_kernel<G, F16><<<dim3(gx, n_slots), WG_THREADS, smem, st>>>(*a);
     return cudaGetLastError();
-}
-
-template <int G> cudaError_t wg_launch_g(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
-{
-    if (a->ks == 2) return a->f16 ? wg_launch<G, 1, 2>(a, n_slots, st) : wg_launch<G, 0, 2>(a, n_slots, st);
-    return a->f16 ? wg_launch<G, 1, 1>(a, n_slots, st) : wg_launch<G, 0, 1>(a, n_slots, st);
 }
 
 } /* namespace */
@@ -411,7 +383,7 @@ extern "C" int bcu_wg_available(void)
     int ok = cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1, 1, 1>) == cudaSuccess;
+             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1, 1>) == cudaSuccess;
     (void)cudaGetLastError();
     cached = ok;
     return ok;
@@ -433,8 +405,8 @@ extern "C" cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slot
 {
     if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % 128 || a->I % 128) return cudaErrorInvalidValue;
     if (!n_slots) return cudaSuccess;
-    if (a->ks != 1 && a->ks != 2) return cudaErrorInvalidValue;
-    return g == 1 ? wg_launch_g<1>(a, n_slots, st) : wg_launch_g<2>(a, n_slots, st);
+    if (g == 1) return a->f16 ? wg_launch<1, 1>(a, n_slots, st) : wg_launch<1, 0>(a, n_slots, st);
+    return a->f16 ? wg_launch<2, 1>(a, n_slots, st) : wg_launch<2, 0>(a, n_slots, st);
 }
 
 extern "C" cudaError_t bcu_wg_probe(int f16, const uint32_t *a, const uint8_t *b, float *d)

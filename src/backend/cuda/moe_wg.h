@@ -35,8 +35,6 @@ typedef struct {
     float *h, *yp;                           /* stage 1 writes h [P][I] (fp32), stage 2 yp [P][D] */
     int f16;                                 /* 0: e4m3 codes, k32 wgmma (fast; the tensor core's FP8 sums keep
                                                 ~13 bits); 1: f16 values, two k16 wgmmas (fp32-exact products) */
-    int ks;                                  /* warpgroups a block, each over its part of K: 1 or 2 (the sum
-                                                order depends on it, so keep it fixed for batch invariance) */
 } bcu_wg_args;
 
 /* 1 when this build has the sm_90a kernels and the current device runs them (compute capability 9.0) */
