@@ -4,7 +4,7 @@
 # slice with the wgmma path off and on (two runs each, alternating), then test_cuda and test_cuda_graph.
 # From the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/wg_check.sh", carry=[".carry"])
-# WG_CHECK_ONLY="probe moe bench slice logits unit" picks steps (default: all).
+# WG_CHECK_ONLY="probe moe bench slice logits san unit" picks steps (default: all).
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -69,6 +69,14 @@ def cmp(a, b, what):
 for v in (0, 1, 2): cmp(g[v], c, f"gpu wg={v} vs cpu")
 cmp(g[1], g[0], "gpu wg=1 vs wg=0"); cmp(g[2], g[0], "gpu wg=2 vs wg=0")
 PY
+fi
+if want san; then
+    step "compute-sanitizer memcheck and racecheck on the wgmma tests (small dims)"
+    for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/compute-sanitizer" ] && PATH=$PATH:$d && break; done
+    for tool in memcheck racecheck; do
+        TEST_CUDA_FILTER=test_gpu_act_fp8_h timeout 240 compute-sanitizer --tool $tool $B/test_cuda_moe > "$OUT/san_$tool.txt" 2>&1
+        echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/san_$tool.txt" | tr '\n' ' ')"
+    done
 fi
 if want unit; then
     step test_cuda
