@@ -119,6 +119,9 @@ rebuild() {
         nvcc -O3 -arch=sm_90 -I"$ROOT/src" -c "$s" -o "$b/$(basename "$s").o" || return 1
         objs+=("$b/$(basename "$s").o")
     done
+    # the wgmma expert stages: sm_90a alone (moe.cu calls them)
+    nvcc -O3 --generate-code=arch=compute_90a,code=sm_90a -I"$ROOT/src" -c src/backend/cuda/moe_wg.cu -o "$b/moe_wg.cu.o" || return 1
+    objs+=("$b/moe_wg.cu.o")
     local libs=(-L"$ROOT/.carry/lib" -l:libjansson.so.4 -L"$cuda/lib64" ${CUBLAS_DIR:+-L$CUBLAS_DIR} -lcudart -lcublas -lstdc++ -lm -lpthread)
     gcc $cf -DMODEL_FIXTURE_DIR="\"$MODEL_FIXTURE_DIR\"" tests/unit/test_cuda.c "${objs[@]}" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda" || return 1
     gcc $cf src/backend/cuda/bench_linear.c "${objs[@]}" "${libs[@]}" -o "$b/bench_cuda_linear" || return 1
@@ -128,8 +131,8 @@ rebuild() {
     { gcc $cf -I"$cuda/include" tests/unit/test_cuda_attn.c "$b/attn.cu.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_attn" &&
       gcc $cf -I"$cuda/include" bench/gpu_attn.c "$b/attn.cu.o" "${libs[@]}" -o "$b/bench_gpu_attn"; } || say "attn rebuild failed"
     # the grouped FP4 routed-expert FFN (moe.cu): the test decodes with dtype.c (in objs), the benchmark times cuBLAS
-    { gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/graph.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
-      gcc $cf -I"$cuda/include" bench/gpu_moe.c "$b/moe.cu.o" "$b/graph.cu.o" "${libs[@]}" -o "$b/bench_gpu_moe"; } || say "moe rebuild failed"
+    { gcc $cf -I"$cuda/include" tests/unit/test_cuda_moe.c "$b/moe.cu.o" "$b/moe_wg.cu.o" "$b/graph.cu.o" "$b/dtype.c.o" -l:libcmocka.so.0 "${libs[@]}" -o "$b/test_cuda_moe" &&
+      gcc $cf -I"$cuda/include" bench/gpu_moe.c "$b/moe.cu.o" "$b/moe_wg.cu.o" "$b/graph.cu.o" "${libs[@]}" -o "$b/bench_gpu_moe"; } || say "moe rebuild failed"
     BIN=$b
     say "rebuilt test_cuda and bench_cuda_linear in $b (no deepinfer CLI in this mode)"
 }
