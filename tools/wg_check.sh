@@ -29,7 +29,7 @@ if want moe; then
 fi
 if want bench; then
     step "bench_gpu_moe, act_quant'd runs"
-    BENCH_GPU_MOE_AQ=1 BENCH_GPU_MOE_T=${WG_BENCH_T:-1,8,64,256,1024} timeout 150 $B/bench_gpu_moe 2>&1 | tail -14
+    BENCH_GPU_MOE_AQ=1 BENCH_GPU_MOE_T=${WG_BENCH_T:-1,8,64,256,1024} timeout 150 $B/bench_gpu_moe 2>&1 | grep "^| [0-9]"
 fi
 if want slice; then
     step slice
