@@ -42,6 +42,7 @@
 #include <atomic>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/moe_ops.cuh"
 
 #define DQ_THREADS 256
 #define DQ_UNROLL 8 /* units (8 elements) per thread per pass, loaded together */
@@ -124,14 +125,6 @@ cudaError_t dq_launch(void (*kern)(P...), unsigned grid, cudaStream_t st, A... a
 
 namespace {
 
-/* ue8m0 as dtype.c decodes it: 2^(b-127), b = 0 the f32 subnormal 2^-127, 255 NaN */
-__device__ __forceinline__ float dq_ue8m0(uint32_t b)
-{
-    uint32_t u = b << 23;
-    if (b == 0) u = 0x00400000u;
-    if (b == 255) u |= 1u << 22;
-    return __uint_as_float(u);
-}
 
 /* four e4m3 codes (bytes of v, element 0 in the low byte) times s -> four bf16 in two words */
 __device__ __forceinline__ void dq_e4m3x4(uint32_t v, float s, uint32_t *o0, uint32_t *o1)
@@ -223,7 +216,7 @@ __global__ void __launch_bounds__(DQ_THREADS) dequant_kernel(DqArgs a)
         for (int u = 0; u < DQ_UNROLL; u++) {
             const int64_t iu = i0 + u * stride;
             if (iu >= a.nu) break;
-            const float s = dq_ue8m0(sb[u]);
+            const float s = ue8m0(sb[u]);
             dq_st16(a.dst + iu, FMT == BCU_RW_FP8 ? dq_e4m3x8(q[u], s) : dq_e2m1x8(q[u].x, s));
         }
     }

@@ -1,5 +1,5 @@
-/* moe_ops.cuh - the scalar pieces the grouped expert kernels share (moe.cu, moe_wg.cu): the ue8m0 scale and
- * v4.c's clamped SwiGLU, bit for bit.  Internal to each file that includes it. */
+/* moe_ops.cuh - scalar pieces the FP4 kernels share (moe.cu, moe_wg.cu, dequant.cu): the ue8m0 scale and v4.c's
+ * clamped SwiGLU, bit for bit.  Internal to each file that includes it. */
 #ifndef DEEPINFER_CUDA_MOE_OPS_CUH
 #define DEEPINFER_CUDA_MOE_OPS_CUH
 
