@@ -125,7 +125,6 @@ cudaError_t dq_launch(void (*kern)(P...), unsigned grid, cudaStream_t st, A... a
 
 namespace {
 
-
 /* four e4m3 codes (bytes of v, element 0 in the low byte) times s -> four bf16 in two words */
 __device__ __forceinline__ void dq_e4m3x4(uint32_t v, float s, uint32_t *o0, uint32_t *o1)
 {
