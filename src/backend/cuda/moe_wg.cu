@@ -95,6 +95,8 @@ template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const
  * (n0, n2, n4, n6), of the high nibbles (n1, n3, n5, n7) */
 __device__ __forceinline__ uint32_t hb_lo(uint32_t w) { return ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu); }
 __device__ __forceinline__ uint32_t hb_hi(uint32_t w) { return (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu); }
+/* nonzero when a byte of x is 0 */
+__device__ __forceinline__ uint32_t has_byte0(uint32_t x) { return (x - 0x01010101u) & ~x & 0x80808080u; }
 /* an e4m3 code's value as f16 bits (exact: every e4m3 value is an f16 value) */
 __device__ __forceinline__ uint32_t f16_of(uint32_t code) { return __half_as_ushort(__float2half_rn(gr_dec_e4m3(code))); }
 /* two f16 from high bytes 0, 1 (lo) or 2, 3 (hi) of h */
@@ -310,16 +312,27 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
                 __syncwarp();
                 convert(c + 1, An);
             }
+            /* the weight scales as floats: 2^(b - 127) is the byte shifted into the exponent, except for dtype.c's
+             * two special bytes 0 (2^-127, a subnormal) and 255 (NaN), which take ue8m0() */
+            const bool plain = !(has_byte0(swA) | has_byte0(swB) | has_byte0(~swA) | has_byte0(~swB));
             wg_wait<0>();
+            /* the chunk's sums per (row, token): its blocks' sums times their weight scales in block order, then
+             * times the token's activation scale (one per 128 columns) */
+            float cs[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 wg_hold(dd[j]);
-                const float fa = ue8m0((swA >> (8 * j)) & 255u), fb = ue8m0((swB >> (8 * j)) & 255u);
-                acc[0] = fmaf(dd[j][0], fa * x0, acc[0]);
-                acc[1] = fmaf(dd[j][1], fa * x1, acc[1]);
-                acc[2] = fmaf(dd[j][2], fb * x0, acc[2]);
-                acc[3] = fmaf(dd[j][3], fb * x1, acc[3]);
+                const float fa = plain ? __uint_as_float(((swA >> (8 * j)) & 255u) << 23) : ue8m0((swA >> (8 * j)) & 255u);
+                const float fb = plain ? __uint_as_float(((swB >> (8 * j)) & 255u) << 23) : ue8m0((swB >> (8 * j)) & 255u);
+                cs[0] = j ? fmaf(dd[j][0], fa, cs[0]) : dd[j][0] * fa;
+                cs[1] = j ? fmaf(dd[j][1], fa, cs[1]) : dd[j][1] * fa;
+                cs[2] = j ? fmaf(dd[j][2], fb, cs[2]) : dd[j][2] * fb;
+                cs[3] = j ? fmaf(dd[j][3], fb, cs[3]) : dd[j][3] * fb;
             }
+            acc[0] = fmaf(cs[0], x0, acc[0]);
+            acc[1] = fmaf(cs[1], x1, acc[1]);
+            acc[2] = fmaf(cs[2], x0, acc[2]);
+            acc[3] = fmaf(cs[3], x1, acc[3]);
             if (c + 1 < nch && (c + 1) % (WG_WIN / 128) == 0) { /* chunk c + 1 opens the next window of B */
                 __syncthreads();
                 stage_window(c + 1);
