@@ -12,16 +12,21 @@
  * column 2p (p < 16) or 2(p - 16) + 1 of the block, and the activations are stored in that order ("B order":
  * a step's even columns, then its odd ones).  bcu_wg_probe checks the fragment on the device.
  *
- * The kernel (wg_kernel<G>, one warpgroup a block): 64 weight rows of one expert (G = 1: 32 features, W1's row
- * as A row g and W3's as A row g + 8 of each warp's 16, so a thread holds gate and up of the same (feature,
+ * The same bits as the high byte of an f16 (s 0 0 0 E1 E0 m 0, low byte 0) are the code's value * 2^-14: the
+ * f16 variant (F16 = 1) takes two bytes into an f16 pair with one prmt (hb_lo / hb_hi, h2_01 / h2_23) and runs two
+ * k16 wgmmas a scale block.  Its products are exact and the tensor core sums them in fp32 (the probe measures 0
+ * error), where the e4m3 wgmma keeps ~13 bits of its sums (1e-4 of the sum of |terms|): F16 is the default maths.
+ *
+ * The kernel (wg_kernel<G, F16>, one warpgroup a block): 64 weight rows of one expert (G = 1: 32 features, W1's
+ * row as A row g and W3's as A row g + 8 of each warp's 16, so a thread holds gate and up of the same (feature,
  * token) and the SwiGLU is its epilogue; G = 2: 64 rows of W2) against up to 8 of the expert's rows (tokens) a
- * pass, B from shared memory (no swizzle: a step is two 8 x 16-byte core matrices, 128 bytes apart).  Each warp
- * streams its own 16 weight rows through a ring of WG_STAGES chunks (128 columns: 64 bytes a row, and the
- * chunk's four scale bytes) with cp.async, reads a step's words with conflict-free 4-byte shared loads (rows
- * 80 bytes apart), and issues a chunk's four wgmmas (one a step, each from zero: scale-d 0) into four
- * accumulator sets; after they complete, each step's sums are scaled into the fp32 sums (weight scale x
- * activation scale x 2^6: powers of two, exact), so every output is a fixed-order sum over the steps,
- * independent of the other tokens of the pass. */
+ * pass.  B is in shared memory without swizzle (a step is two 8 x 16-byte core matrices, 128 bytes apart), one
+ * WG_WIN-column window at a time.  Each warp streams its own 16 weight rows through a ring of WG_STAGES chunks
+ * (128 columns: 64 bytes a row, and the chunk's four scale bytes) with cp.async, reads a step's words with
+ * conflict-free 4-byte shared loads (rows 80 bytes apart), and issues a chunk's wgmmas (each scale block's from
+ * zero) into four accumulator sets; while they run it decodes the next chunk; then each block's sums are scaled by
+ * their weight scale and the chunk's by the activation scale (x 2^6 or 2^14; powers of two, exact), so every
+ * output is a fixed-order sum over the blocks, independent of the other tokens of the pass. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
