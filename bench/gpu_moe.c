@@ -16,6 +16,11 @@
  *   fl floor  2 * T * topk * 3 * dim * inter FLOPs / the bf16 peak
  *   %bw, %fl  floor / measured; the larger one is how close the call is to
  *             its roofline
+ * Rows marked "aq" run official semantics with act_quant'd x and h, as the V4
+ * graph does: the mma rows on one bf16 plane, and the wgmma path (moe_wg.cu,
+ * sm_90a only) on f16 values (bf16x3) and on e4m3 codes (bf16).
+ * Environment: BENCH_GPU_MOE_T=1,256 (these T only), BENCH_GPU_MOE_AQ=1 (the
+ * aq rows only), DEEPINFER_CUDA_MOE_MR=MT,KS (the mma rows' tiling).
  * Prints one markdown table. */
 #include <math.h>
 #include <stdio.h>

@@ -13,7 +13,9 @@
  *      pairs in ascending expert order (the combine order).
  *   2. gate/up GEMM with the clamped SwiGLU in its epilogue -> h [rows, inter]
  *   3. down GEMM -> yp [rows, dim]
- *      Two kernel families do 2 and 3, chosen by the caller (bcu_moe_path):
+ *      Kernel families do 2 and 3, chosen by the caller (bcu_moe_path): the
+ *      two below, the mma rows (further down), and wgmma on act_quant codes
+ *      (moe_wg.cu, sm_90a):
  *      - rows (decode): a warp owns 2 gate/up features (4 weight rows) or 4
  *        down features, streams each weight row once with 16-byte loads (one
  *        lane = one 1x32 scale block = 32 nibbles), and serves all of the
