@@ -44,8 +44,12 @@
 
 #define WG_THREADS 128 /* one warpgroup */
 #define WG_N 8         /* tokens a pass: the wgmma's n */
+#ifndef WG_STAGES
 #define WG_STAGES 5    /* weight chunks in flight per warp (a stage each) */
+#endif
+#ifndef WG_WIN
 #define WG_WIN 1024    /* columns of B in shared memory at a time (restaged between windows) */
+#endif
 #define WG_PITCH 80    /* bytes per weight row in a stage: 64 + 16, so the 4-byte reads of a step miss no bank */
 #define WG_STAGE_BYTES (16 * WG_PITCH + 64) /* 16 rows, then their 4 scale bytes each */
 
