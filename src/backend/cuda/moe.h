@@ -62,9 +62,10 @@ typedef enum {
     BCU_MOE_ROWS = 1,  /* a warp per output feature, all of an expert's tokens per weight read */
     BCU_MOE_TILED = 2, /* 128 x 128 tiles of (rows of one expert) x (weight rows) */
     BCU_MOE_MMAROWS = 3, /* tensor cores, weights streamed into registers, 5-21 rows per weight read (bf16 maths) */
-    BCU_MOE_WGMMA = 4,   /* sm_90a wgmma on e4m3: the FP4 codes' bits as e4m3, x and h as act_quant codes; only
-                            for act_fp8_h (x comes quantised), dim and inter multiples of 128, and a device that
-                            runs the sm_90a kernels (moe_wg.h) */
+    BCU_MOE_WGMMA = 4,   /* sm_90a wgmma, the FP4 codes' bits placed as f16 (bf16x3 maths: exact products, fp32
+                            sums) or as e4m3 (bf16 maths: the FP8 tensor core's ~13-bit sums), x and h as act_quant
+                            codes; only for act_fp8_h (x comes quantised), dim and inter multiples of 128, and a
+                            device that runs the sm_90a kernels (moe_wg.h) */
 } bcu_moe_path;
 /* AUTO with bf16 / bf16x3 maths takes the mma rows while T * topk <= this * n_experts */
 #define BCU_MOE_MMAROWS_MAX 32

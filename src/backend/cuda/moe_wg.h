@@ -1,10 +1,12 @@
 /* moe_wg.h - the routed experts' two GEMM stages on Hopper's wgmma (moe_wg.cu, built for sm_90a only).
  *
  * For act_quant'd activations (official semantics: x and h are e4m3 codes times a power of two per 128
- * columns) the FP4 weights need no decode to a wider type: an e2m1 code's bits placed into an e4m3 byte are
- * the same value times 2^-6, exactly (subnormals included), so a k32 step of `wgmma ... .e4m3.e4m3` takes the
- * weights straight from their packed bytes, one ue8m0 1x32 scale block per step.  Each step's sums start from
- * zero and are scaled into fp32 accumulators (weight scale x activation scale x 2^6), in step order.
+ * columns) the FP4 weights need no table decode: an e2m1 code's bits placed into an e4m3 byte are the same
+ * value times 2^-6, exactly (subnormals included), and into an f16's high byte the value times 2^-14.  A ue8m0
+ * 1x32 scale block is one k32 step of `wgmma .e4m3` or two k16 steps of `.f16`; each block's sums start from
+ * zero, are scaled by the block's weight scale and summed in block order, and a chunk of four blocks (128
+ * columns) is then scaled by the activation scale into fp32 accumulators.  f16 (the default maths) has exact
+ * products and fp32 sums; e4m3 is faster but the FP8 tensor core keeps ~13 bits of its sums.
  *
  * The weights are the A operand (64 rows a warpgroup, in registers), the activations the B operand (8 tokens a
  * pass, in shared memory, no swizzle).  moe.cu's bcu_moe_forward calls these between its routing and combine
