@@ -18,7 +18,9 @@
  *             its roofline
  * Rows marked "aq" run official semantics with act_quant'd x and h, as the V4
  * graph does: the mma rows on one bf16 plane, and the wgmma path (moe_wg.cu,
- * sm_90a only) on f16 values (bf16x3) and on e4m3 codes (bf16).
+ * sm_90a only) on f16 values (bf16x3) and on e4m3 codes (bf16), the one-plane
+ * tiles (prefill) and the wgmma tiles (wg-tiles, sm_90a: bf16 values with their
+ * scales, 128 tokens a tile).
  * Environment: BENCH_GPU_MOE_T=1,256 (these T only), BENCH_GPU_MOE_AQ=1 (the
  * aq rows only), DEEPINFER_CUDA_MOE_MR=MT,KS (the mma rows' tiling).
  * Prints one markdown table. */
@@ -203,11 +205,13 @@ int main(void)
         } runs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 0},    {BCU_MOE_TILED, BCU_MOE_FP32, 0},
                     {BCU_MOE_TILED, BCU_MOE_BF16X3, 0}, {BCU_MOE_TILED, BCU_MOE_BF16, 0},
                     {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 1},
-                    {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 1}, {BCU_MOE_WGMMA, BCU_MOE_BF16, 1}};
+                    {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 1}, {BCU_MOE_WGMMA, BCU_MOE_BF16, 1},
+                    {BCU_MOE_TILED, BCU_MOE_BF16, 1},    {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 1}};
         for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
             if (runs[ri].path == BCU_MOE_ROWS && T > 4096) continue; /* a 4-token pass per weight read: far too slow */
             if (runs[ri].path == BCU_MOE_MMAROWS && T > 4096) continue; /* 21 rows per weight read */
             if (runs[ri].path == BCU_MOE_WGMMA && (T > 4096 || !bcu_wg_available())) continue; /* 8 rows a read */
+            if (runs[ri].path == BCU_MOE_WGTILES && !bcu_wg_available()) continue;
             if (only_aq && !runs[ri].aq) continue;
             const bcu_moe_experts *exr = runs[ri].aq ? &exq : &ex;
             /* short calls: several per event pair; long ones: one, fewer repetitions */

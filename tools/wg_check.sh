@@ -4,7 +4,8 @@
 # slice with the wgmma path off and on (two runs each, alternating), then test_cuda and test_cuda_graph.
 # From the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/wg_check.sh", carry=[".carry"])
-# WG_CHECK_ONLY="probe moe bench slice logits san unit" picks steps (default: all).
+# WG_CHECK_ONLY="probe moe bench slice logits san unit" picks steps (default: all); WG_BENCH_T, WG_SLICE_RUNS,
+# WG_SLICE_B and WG_PREFILL set the benchmark's sizes.
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -22,10 +23,13 @@ fi
 if want moe; then
     step "act_fp8_h (every path, small dims)"
     TEST_CUDA_FILTER=test_gpu_act_fp8_h timeout 150 $B/test_cuda_moe > "$OUT/moe_act.txt" 2>&1
-    grep -E "wgmma|FAIL|PASSED|fail|rror" "$OUT/moe_act.txt" | tail -12
+    grep -E "wgmma|wg-tiles|FAIL|PASSED|fail|rror" "$OUT/moe_act.txt" | tail -16
     step "wgmma at V4 dims"
     TEST_CUDA_FILTER=test_gpu_wgmma_v4dims timeout 200 $B/test_cuda_moe > "$OUT/moe_v4.txt" 2>&1
     grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_v4.txt" | tail -12
+    step "wgmma tiles, weight scales far from the usual range"
+    TEST_CUDA_FILTER=test_gpu_wgtiles_scales timeout 120 $B/test_cuda_moe > "$OUT/moe_scales.txt" 2>&1
+    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_scales.txt" | tail -8
 fi
 if want bench; then
     step "bench_gpu_moe, act_quant'd runs"
@@ -38,7 +42,7 @@ if want slice; then
     for v in ${WG_SLICE_RUNS:-0 1 2 0 1 2}; do
         echo "-- DEEPINFER_CUDA_MOE_WG=$v"
         DEEPINFER_CUDA_MOE_WG=$v timeout 200 $B/bench_gpu_layers $S --batches ${WG_SLICE_B:-1,8,64,256} --contexts 4096 \
-            --prefill 4096 --top1 1 --reps 3 --budget-s 90 --out "$OUT/layers_wg$v.md" > "$OUT/layers_wg$v.log" 2>&1
+            --prefill ${WG_PREFILL:-4096} --top1 1 --reps 3 --budget-s 90 --out "$OUT/layers_wg$v.md" > "$OUT/layers_wg$v.log" 2>&1
         grep -E "ms per step|prefill [0-9]+ tokens" "$OUT/layers_wg$v.md"
     done
 fi

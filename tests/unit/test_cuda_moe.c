@@ -288,10 +288,16 @@ static uint8_t *rand_codes(size_t n)
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd();
     return p;
 }
+/* 0: ue8m0 bytes 118..125 (weights' usual range); 1: each block tiny (1..3), usual or large (129..135), which
+ * takes the wgmma tiles' decode through both of its scale paths (2^(b - 1) in one bf16 multiply up to b = 128,
+ * two above) and bf16 subnormals */
+static int scale_range;
 static uint8_t *rand_scales(size_t n)
 {
     uint8_t *p = xmalloc(n);
-    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(118 + rnd() % 8);
+    static const uint8_t base[3] = {1, 118, 129};
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale_range ? (uint8_t)(base[rnd() % 3] + rnd() % 3) : (uint8_t)(118 + rnd() % 8);
     return p;
 }
 
@@ -850,7 +856,7 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
 static void test_gpu_act_fp8_h(void **st)
 {
     (void)st;
-    const int64_t Ts[] = {5, 64};
+    const int64_t Ts[] = {5, 64, 400}; /* 400: 150 rows per expert, two tiles of 128 each */
     /* tiled bf16 (one plane): exact here, since x and h are e4m3 codes times powers of two (what the backend
      * runs for bf16x3 when both went through act_quant) */
     const variant vs[] = {{BCU_MOE_ROWS, BCU_MOE_FP32, 1e-5, 0, 0},
@@ -865,10 +871,25 @@ static void test_gpu_act_fp8_h(void **st)
                           /* wgmma (sm_90a only: last, left out where the device cannot): on f16 values
                            * (bf16x3: fp32-exact products), on e4m3 codes (bf16: the FP8 tensor core's sums) */
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0}};
-    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 2);
-    if (!bcu_wg_available()) printf("  [moe] act_fp8_h: the two wgmma variants NOT RUN (this device has no sm_90a)\n");
-    act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, nv); /* inter: three blocks of 128 */
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
+                          /* the wgmma tiles: bf16 values with their scales, exact products, fp32 sums */
+                          {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0}};
+    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 3);
+    if (!bcu_wg_available()) printf("  [moe] act_fp8_h: the three wgmma variants NOT RUN (this device has no sm_90a)\n");
+    act_fp8_h_run(8, 512, 384, 3, Ts, 3, vs, nv); /* inter: three blocks of 128 */
+}
+
+/* The wgmma tiles with weight scales far from the usual range (tiny, usual and large blocks mixed), beside the
+ * one-plane tiles (exact bf16 products too) */
+static void test_gpu_wgtiles_scales(void **st)
+{
+    (void)st;
+    if (!bcu_wg_available()) skip();
+    const int64_t Ts[] = {64, 400};
+    const variant vs[] = {{BCU_MOE_TILED, BCU_MOE_BF16, 5e-5, 0, 0}, {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0}};
+    scale_range = 1;
+    act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, 2);
+    scale_range = 0;
 }
 
 /* The wgmma path at V4-Flash sizes (dim 4096, inter 2048, top-6), beside the mma rows on the same inputs */
@@ -879,8 +900,9 @@ static void test_gpu_wgmma_v4dims(void **st)
     const int64_t Ts[] = {1, 16}; /* 6 and 96 rows over 16 experts: one partial pass of 8, and full ones */
     const variant vs[] = {{BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0}};
-    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 3);
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
+                          {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0}};
+    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 4);
 }
 
 /* ------------------------------------------------------------------ wgmma */
@@ -1040,6 +1062,7 @@ int main(void)
         cmocka_unit_test(test_gpu_act_fp8_h),
         cmocka_unit_test(test_gpu_wg_probe),
         cmocka_unit_test(test_gpu_wgmma_v4dims),
+        cmocka_unit_test(test_gpu_wgtiles_scales),
     };
     return cmocka_run_group_tests_name("moe_gpu", gpu, NULL, NULL);
 }

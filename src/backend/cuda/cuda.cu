@@ -698,6 +698,12 @@ static int fp4_expert(const be_weight *w, int64_t rows, int64_t cols)
     return w->fmt == BE_W_FP4 && w->block == 32 && w->scale_dtype == MD_F8_E8M0 && w->rows == rows && w->cols == cols;
 }
 
+/* the routed experts may take moe_wg.cu's kernels (x and h act_quant'd is the caller's part) */
+static int wg_ok(const cuda_be *c, int64_t D, int64_t I)
+{
+    return c->moe_wg && D % 128 == 0 && I % 128 == 0 && bcu_wg_available();
+}
+
 static int moe_locked(cuda_be *c, float *y, const float *x, size_t T, const int32_t *ids, const float *w, int topk,
                       const be_weight *w1, const be_weight *w3, const be_weight *w2, int E, float limit, int flags,
                       int dev)
@@ -812,10 +818,13 @@ run:
     bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
     /* act_quant'd x and h: the mma rows' batches go to wgmma where the device runs sm_90a; bf16x3 on f16 values
      * (fp32-exact products, like the planes), the bf16 maths on the e4m3 codes (faster; FP8 tensor-core sums) */
-    if (mp == BCU_MOE_MMAROWS && x8 && c->moe_wg && D % 128 == 0 && I % 128 == 0 && (int64_t)T * topk <= 8 * E &&
-        bcu_wg_available()) { /* passes of 8 rows re-read the weights: at most one per expert on average */
-        mp = BCU_MOE_WGMMA;
-        mm = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
+    if (x8 && mm != BCU_MOE_FP32 && wg_ok(c, D, I)) {
+        if ((int64_t)T * topk <= 8 * E) { /* passes of 8 rows re-read the weights: at most one per expert on average */
+            mp = BCU_MOE_WGMMA;
+            mm = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
+        } else {
+            mp = BCU_MOE_WGTILES; /* bf16 values with their scales: exact products under either maths */
+        }
     }
     CU(bcu_moe_forward(&ex, dy, dx, dids, dw, (int64_t)T, topk, mm, mp, dws, wsb, c->st));
     if (dev) return 0;
@@ -1901,10 +1910,12 @@ static int dv_moe(be_backend *be, float *y, const float *x, size_t T, const int3
      * by one through dequantise + cuBLAS (core()); the grouped kernel keeps decode.  With x and h act_quant'd the
      * grouped kernel takes one bf16 plane (moe_locked) and stays ahead longer: 4x the threshold (the V4-Flash
      * slice, official semantics, H200: prefill 4096 tokens 119 ms grouped vs 171 ms by the loop; 16384 tokens 560
-     * vs 519 ms; docs/BENCHMARKS.md) */
+     * vs 519 ms; docs/BENCHMARKS.md), and where the wgmma tiles run (sm_90a) it keeps every size */
     const cuda_be *cb = get(be);
     const int one_plane = cb->x8_kernel && (flags & BE_MOE_ACT_FP8_X) && (flags & BE_MOE_ACT_FP8_H);
-    if (T >= cb->moe_loop_T * (one_plane ? 4 : 1) && cb->math != BCU_MATH_FP32) return 1;
+    if (T >= cb->moe_loop_T * (one_plane ? 4 : 1) && cb->math != BCU_MATH_FP32 &&
+        !(one_plane && wg_ok(cb, w1[0].cols, w1[0].rows)))
+        return 1;
     DV_ENTER(BCU_PROF_MOE);
     rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, flags, 1) : 0;
     DV_LEAVE;

@@ -1164,6 +1164,7 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
     case BCU_MOE_TILED: return "tiled";
     case BCU_MOE_MMAROWS: return "mma-rows";
     case BCU_MOE_WGMMA: return "wgmma";
+    case BCU_MOE_WGTILES: return "wg-tiles";
     }
     return "?";
 }
@@ -1206,10 +1207,11 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         return cudaErrorInvalidValue;
     if (math != BCU_MOE_FP32 && math != BCU_MOE_BF16X3 && math != BCU_MOE_BF16) return cudaErrorInvalidValue;
     if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math, 0);
-    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS && path != BCU_MOE_WGMMA)
+    if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS && path != BCU_MOE_WGMMA &&
+        path != BCU_MOE_WGTILES)
         return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
-    if (path == BCU_MOE_WGMMA && (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 ||
+    if ((path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES) && (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 ||
                                   !bcu_wg_available()))
         return cudaErrorInvalidValue;
 
@@ -1260,7 +1262,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     a.xq = p.xq;
     a.hq = p.hq;
 
-    if (path == BCU_MOE_WGMMA) {
+    if (path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES) {
         /* x and h as act_quant codes in the plane buffers (6 bytes per element there, at most 2 + 1/32 needed) */
         bcu_wg_args g;
         g.w1 = a.w1;
@@ -1278,6 +1280,8 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         g.off = p.off;
         g.act = p.act;
         g.sorted = p.sorted;
+        g.tile_e = p.tile_e;
+        g.tile_r0 = p.tile_r0;
         g.xc = (const uint8_t *)p.xq;
         g.xs = (const float *)((const uint8_t *)p.xq + 2 * T * a.D);
         g.hc = (const uint8_t *)p.hq;
@@ -1286,11 +1290,15 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         g.yp = p.yp;
         const unsigned ny = (unsigned)p.n_slots;
         g.f16 = math != BCU_MOE_BF16; /* bf16x3: exact products on f16; bf16 (fast): e4m3 */
-        cudaError_t e = bcu_wg_code(x, T, a.D, g.f16, (uint8_t *)g.xc, (float *)g.xs, NULL, st);
-        if (e == cudaSuccess) e = bcu_wg_stage(&g, 1, ny, st);
+        /* the tiles: bf16 values (exact products whichever maths), one block row per tile */
+        const int tiles = path == BCU_MOE_WGTILES, mode = tiles ? 2 : g.f16;
+        const unsigned nt = (unsigned)p.max_tiles;
+        cudaError_t e = bcu_wg_code(x, T, a.D, mode, (uint8_t *)g.xc, tiles ? NULL : (float *)g.xs, NULL, st);
+        if (e == cudaSuccess) e = tiles ? bcu_wg_tiles(&g, 1, nt, st) : bcu_wg_stage(&g, 1, ny, st);
         /* h: quantised in place (as bcu_fq_fp8 leaves it) and coded for stage 2 */
-        if (e == cudaSuccess) e = bcu_wg_code(p.h, p.P, a.I, g.f16, (uint8_t *)g.hc, (float *)g.hs, p.h, st);
-        if (e == cudaSuccess) e = bcu_wg_stage(&g, 2, ny, st);
+        if (e == cudaSuccess)
+            e = bcu_wg_code(p.h, p.P, a.I, mode, (uint8_t *)g.hc, tiles ? NULL : (float *)g.hs, p.h, st);
+        if (e == cudaSuccess) e = tiles ? bcu_wg_tiles(&g, 2, nt, st) : bcu_wg_stage(&g, 2, ny, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_MMAROWS) {
         const int64_t Dp = (a.D + MR_CH - 1) / MR_CH * MR_CH, Ip = (a.I + MR_CH - 1) / MR_CH * MR_CH;

@@ -66,6 +66,9 @@ typedef enum {
                             sums) or as e4m3 (bf16 maths: the FP8 tensor core's ~13-bit sums), x and h as act_quant
                             codes; only for act_fp8_h (x comes quantised), dim and inter multiples of 128, and a
                             device that runs the sm_90a kernels (moe_wg.h) */
+    BCU_MOE_WGTILES = 5, /* sm_90a wgmma over the tiles of BCU_MOE_TILE_M rows (prefill-sized batches): the FP4
+                            weights decoded to bf16 with their scales, x and h as bf16 values of their codes; exact
+                            products, fp32 sums, either tensor-core maths; the same conditions as BCU_MOE_WGMMA */
 } bcu_moe_path;
 /* AUTO with bf16 / bf16x3 maths takes the mma rows while T * topk <= this * n_experts */
 #define BCU_MOE_MMAROWS_MAX 32

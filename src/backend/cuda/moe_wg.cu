@@ -27,6 +27,7 @@
  * zero) into four accumulator sets; while they run it decodes the next chunk; then each block's sums are scaled by
  * their weight scale and the chunk's by the activation scale (x 2^6 or 2^14; powers of two, exact), so every
  * output is a fixed-order sum over the blocks, independent of the other tokens of the pass. */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -98,6 +99,25 @@ template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
+/* d += A B: m64n128k16, A (bf16) from registers, B (bf16, K-major) through a descriptor */
+__device__ __forceinline__ void wt_mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
 #endif
 
 /* e2m1 x 8 (a word) -> the high bytes of f16 values code * 2^-14 (their low bytes are 0): of the low nibbles
@@ -142,10 +162,12 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
 #endif
 }
 
-/* act_quant of rows of 128-column chunks, a warp per (row, chunk), into B-order codes: F16 = 0, e4m3 bytes (a
- * 32-column block's even columns, then its odd ones); F16 = 1, the codes' values as f16 (a block is two k16
- * steps: step s holds the columns of parity s, k position 8h + 2q + i of a step is column 8q + 4h + 2i + s) */
-template <int F16>
+/* act_quant of rows of 128-column chunks, a warp per (row, chunk), into B-order codes: MODE = 0, e4m3 bytes (a
+ * 32-column block's even columns, then its odd ones); MODE = 1, the codes' values as f16 (a block is two k16
+ * steps: step s holds the columns of parity s, k position 8h + 2q + i of a step is column 8q + 4h + 2i + s);
+ * MODE = 2, the quantised values (code x scale, exact) as bf16 in the tiles' order (wt_kernel: a chunk is eight
+ * k16 steps, k position 8h + 2q + j of step s is column 32q + 8(s / 2) + 2(s % 2) + h + 4j) */
+template <int MODE>
 __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
 {
     const int64_t nch = K / 128, gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -160,7 +182,14 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
     const uint32_t c0 = gr_enc_e4m3(__fdiv_rn(v.x, sc)), c1 = gr_enc_e4m3(__fdiv_rn(v.y, sc)),
                    c2 = gr_enc_e4m3(__fdiv_rn(v.z, sc)), c3 = gr_enc_e4m3(__fdiv_rn(v.w, sc));
     /* columns m0 .. m0 + 3 of block c * 4 + lane / 8, m0 = 4 (lane % 8) */
-    if (F16) {
+    if (MODE == 2) { /* column 4 lane + t: q = lane / 8, j = lane % 2, s = 2 (lane / 2 % 4) + t / 2, h = t % 2 */
+        uint16_t *o = (uint16_t *)codes + r * K + c * 128 + 2 * (lane >> 3) + (lane & 1);
+        const int s0 = 2 * ((lane >> 1) & 3);
+        const uint32_t cs[4] = {c0, c1, c2, c3};
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+            o[(2 * (s0 + (t >> 1)) + (t & 1)) * 8] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(cs[t]), sc)));
+    } else if (MODE == 1) {
         const int m0 = 4 * (lane & 7), q = m0 >> 3, h = (m0 >> 2) & 1;
         uint8_t *o = codes + 2 * (r * K + (c * 4 + (lane >> 3)) * 32) + 2 * (8 * h + 2 * q);
         const uint32_t e0 = f16_of(c0), e1 = f16_of(c1), e2 = f16_of(c2), e3 = f16_of(c3);
@@ -171,7 +200,7 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
         *(uint16_t *)o = (uint16_t)(c0 | c2 << 8);        /* even columns m0, m0 + 2 */
         *(uint16_t *)(o + 16) = (uint16_t)(c1 | c3 << 8); /* odd columns m0 + 1, m0 + 3 */
     }
-    if (lane == 0) scales[r * nch + c] = sc;
+    if (lane == 0 && scales) scales[r * nch + c] = sc;
     if (wb)
         *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
             make_float4(__fmul_rn(gr_dec_e4m3(c0), sc), __fmul_rn(gr_dec_e4m3(c1), sc),
@@ -373,6 +402,203 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #endif
 }
 
+/* ---- the tiles: a prefill-sized batch, up to WT_N of an expert's rows against 128 weight rows a block.
+ *
+ * Each weight element is decoded once per tile, so its cost is spread over up to 128 tokens and the decode may
+ * take the scale with it: an e2m1 code's bits placed in a bf16 (sign to bit 15, E1 E0 m to bits 8..6) are the
+ * code's value times 2^-126 (E = 0 lands on bf16's subnormals, which have the same step), and one bf16 multiply by
+ * 2^(b - 1) (b the ue8m0 byte) makes it the weight's value, exactly.  The activations come as bf16 values of their
+ * codes times their scales (also exact), so both scales are inside the operands: a k16 wgmma takes any four
+ * columns of a thread's scale block, every product is exact and one fp32 accumulator set sums the whole K.  That
+ * frees the k order: lane q takes scale block q of each 128-column chunk whole (one 16-byte load a row), and the
+ * activations are stored in the matching order (wg_code_kernel MODE 2). */
+#define WT_N 128       /* tokens a tile: moe.cu's BCU_MOE_TILE_M, the wgmma's n */
+#define WT_THREADS 256 /* two warpgroups: 128 weight rows */
+#ifndef WT_STAGES
+#define WT_STAGES 4 /* chunks of B and of the weights in flight */
+#endif
+#define WT_BSTAGE (WT_N * 256)    /* a chunk of B: [step 8][k half 2][token WT_N][8 bf16] */
+#define WT_WSTAGE (16 * 64 + 64)  /* a warp's chunk of weights: 16 rows x 64 bytes, then their 4 scale bytes each */
+#define WT_SMEM (WT_STAGES * (WT_BSTAGE + 8 * WT_WSTAGE) + WT_N * 8)
+
+/* 4 e2m1 codes' pairs (n_i, n_{i+4}) of x = w >> 4 i as bf16 values code * 2^-126 */
+__device__ __forceinline__ uint32_t wt_place(uint32_t x) { return ((x << 12) & 0x80008000u) | ((x << 6) & 0x01c001c0u); }
+__device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* grid: x = groups of 128 weight rows (G = 1: 64 features, W1 and W3), y = tiles (moe.cu's tile_e / tile_r0) */
+template <int G>
+__global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
+{
+#if WG_ON
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int e = a.tile_e[blockIdx.y];
+    if (e < 0) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int64_t K = G == 1 ? a.D : a.I;
+    const int nkb = (int)(K / 32), nch = nkb / 4;
+    const int64_t r0 = a.tile_r0[blockIdx.y];
+    const int ntk = a.off[e + 1] - r0 < WT_N ? (int)(a.off[e + 1] - r0) : WT_N;
+    uint8_t *bring = smem;
+    uint8_t *wring = smem + WT_STAGES * WT_BSTAGE + warp * WT_STAGES * WT_WSTAGE;
+    const uint8_t **brow = (const uint8_t **)(smem + WT_STAGES * (WT_BSTAGE + 8 * WT_WSTAGE));
+
+    int64_t fA, fB;
+    const uint8_t *wA, *wB, *sA, *sB;
+    if (G == 1) { /* warp w: features 8 w + g of the block's 64, W1's row as A row g, W3's as g + 8 */
+        fA = fB = (int64_t)blockIdx.x * 64 + warp * 8 + g;
+        wA = a.w1[e] + fA * (K / 2);
+        wB = a.w3[e] + fA * (K / 2);
+        sA = a.s1[e] + fA * nkb;
+        sB = a.s3[e] + fA * nkb;
+    } else {
+        fA = (int64_t)blockIdx.x * 128 + warp * 16 + g;
+        fB = fA + 8;
+        wA = a.w2[e] + fA * (K / 2);
+        wB = a.w2[e] + fB * (K / 2);
+        sA = a.s2[e] + fA * nkb;
+        sB = a.s2[e] + fB * nkb;
+    }
+    if (tid < WT_N) { /* B's source row of each token of the tile (NULL past the tile's end: zeros) */
+        const uint8_t *src = NULL;
+        if (tid < ntk) {
+            const int64_t row = r0 + tid;
+            src = (G == 1 ? a.xc + (int64_t)(a.sorted[row] / a.topk) * K * 2 : a.hc + row * K * 2);
+        }
+        brow[tid] = src;
+    }
+    __syncthreads();
+
+    /* chunk c into stage c % WT_STAGES, one cp.async group per thread: B (16 bytes of 8 tokens' (step, half)
+     * rows a unit, 8 units a thread) and this warp's weights (lane (g, q): bytes 16 q.. of rows g and g + 8,
+     * lanes q = 0 / 1 the four scale bytes of row g / g + 8) */
+    auto issue = [&](int c) {
+        if (c < nch) {
+            const uint32_t bs = smem_u32(bring + (c % WT_STAGES) * WT_BSTAGE);
+#pragma unroll
+            for (int i = 0; i < WT_N * 16 / WT_THREADS; i++) {
+                const int u = tid + WT_THREADS * i, n = (u >> 7) * 8 + (u & 7), sh = (u >> 3) & 15;
+                const uint8_t *src = brow[n];
+                const uint32_t dst = bs + sh * (WT_N * 16) + n * 16;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                             "l"(src ? src + 256 * (int64_t)c + 16 * sh : a.xc), "r"(src ? 16 : 0)
+                             : "memory");
+            }
+            const uint32_t s = smem_u32(wring + (c % WT_STAGES) * WT_WSTAGE);
+            cp16(s + g * 64 + 16 * q, wA + 64 * (int64_t)c + 16 * q);
+            cp16(s + (8 + g) * 64 + 16 * q, wB + 64 * (int64_t)c + 16 * q);
+            if (q == 0) cp4(s + 1024 + 4 * g, sA + 4 * c);
+            if (q == 1) cp4(s + 1024 + 32 + 4 * g, sB + 4 * c);
+        }
+        cp_commit();
+    };
+    /* chunk c's A fragments, scales inside: step s of the chunk takes word s / 2 of this lane's scale block q,
+     * pairs i = 2 (s % 2) (a0 / a1: rows g / g + 8) and i + 1 (a2 / a3) */
+    auto convert = [&](int c, uint32_t (&A)[8][4]) {
+        const uint8_t *stg = wring + (c % WT_STAGES) * WT_WSTAGE;
+        const uint4 ra = *(const uint4 *)(stg + g * 64 + 16 * q), rb = *(const uint4 *)(stg + (8 + g) * 64 + 16 * q);
+        const uint32_t ba = stg[1024 + 4 * g + q], bb = stg[1024 + 32 + 4 * g + q];
+        /* 2^(b - 1) as bf16 while b <= 128; above, 2^126 then 2^(b - 127) (b = 255: NaN, as dtype.c) */
+        const bool big = __any_sync(0xffffffffu, ba > 128u || bb > 128u);
+        const uint32_t ma = (ba <= 128u ? ba + 126u : 253u) << 7, mb = (bb <= 128u ? bb + 126u : 253u) << 7;
+        const uint32_t m2a = ba <= 128u ? 127u << 7 : ba == 255u ? 0x7fc0u : ba << 7;
+        const uint32_t m2b = bb <= 128u ? 127u << 7 : bb == 255u ? 0x7fc0u : bb << 7;
+        const uint32_t wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint32_t pa = bf2_mul(wt_place(wa[m] >> (4 * i)), ma | ma << 16);
+                uint32_t pb = bf2_mul(wt_place(wb[m] >> (4 * i)), mb | mb << 16);
+                if (big) {
+                    pa = bf2_mul(pa, m2a | m2a << 16);
+                    pb = bf2_mul(pb, m2b | m2b << 16);
+                }
+                A[2 * m + (i >> 1)][(i & 1) * 2] = pa;
+                A[2 * m + (i >> 1)][(i & 1) * 2 + 1] = pb;
+            }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    uint32_t A0[8][4], A1[8][4];
+    for (int c = 0; c < WT_STAGES - 1; c++) issue(c);
+    cp_wait<WT_STAGES - 2>(); /* chunk 0 */
+    __syncwarp();
+    convert(0, A0);
+    /* chunk c: its B visible to all (each thread waited for its own copies), every warp done with chunk c - 1
+     * (so its stage takes chunk c + WT_STAGES - 1); its eight wgmmas, then chunk c + 1's fragments decoded while
+     * they run */
+    const uint32_t b0 = smem_u32(bring);
+    auto chunk = [&](int c, uint32_t (&Ac)[8][4], uint32_t (&An)[8][4]) {
+        fence_async_smem();
+        __syncthreads();
+        issue(c + WT_STAGES - 1);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 8; s++)
+            wt_mma(acc, Ac[s], wg_desc(b0 + (c % WT_STAGES) * WT_BSTAGE + s * (WT_N * 32), WT_N * 16, 128));
+        wg_commit();
+        if (c + 1 < nch) {
+            cp_wait<WT_STAGES - 2>(); /* chunk c + 1 */
+            __syncwarp();
+            convert(c + 1, An);
+        }
+        wg_wait<0>();
+    };
+    for (int c = 0; c < nch; c += 2) {
+        chunk(c, A0, A1);
+        if (c + 1 < nch) chunk(c + 1, A1, A0);
+    }
+    cp_wait<0>(); /* the empty tail groups */
+#pragma unroll
+    for (int i = 0; i < 64; i += 4) {
+        float d4[4] = {acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
+        wg_hold(d4);
+        acc[i] = d4[0];
+        acc[i + 1] = d4[1];
+        acc[i + 2] = d4[2];
+        acc[i + 3] = d4[3];
+    }
+
+    /* acc[4 j + i]: row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
+#pragma unroll
+    for (int j = 0; j < WT_N / 8; j++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int tk = 8 * j + 2 * q + u;
+            if (tk >= ntk) continue;
+            const int64_t row = r0 + tk;
+            if (G == 1) {
+                float hv = swiglu1(acc[4 * j + u], acc[4 * j + 2 + u], a.limit);
+                if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                a.h[row * a.I + fA] = hv;
+            } else {
+                a.yp[row * a.D + fA] = acc[4 * j + u];
+                a.yp[row * a.D + fB] = acc[4 * j + 2 + u];
+            }
+        }
+#endif
+}
+
+template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, cudaStream_t st)
+{
+    static int attr_done;
+    if (!attr_done) {
+        cudaError_t r = cudaFuncSetAttribute(wt_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM);
+        if (r != cudaSuccess) return r;
+        attr_done = 1;
+    }
+    const unsigned gx = (unsigned)(G == 1 ? a->I / 64 : a->D / 128);
+    wt_kernel<G><<<dim3(gx, n_tiles), WT_THREADS, WT_SMEM, st>>>(*a);
+    return cudaGetLastError();
+}
+
 size_t wg_smem_bytes(int64_t K, int f16)
 {
     return (size_t)(WG_WIN / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 +
@@ -411,14 +637,16 @@ extern "C" int bcu_wg_available(void)
     return ok;
 }
 
-extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int f16, uint8_t *codes, float *scales,
+extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mode, uint8_t *codes, float *scales,
                                    float *writeback, cudaStream_t st)
 {
-    if (R < 0 || K <= 0 || K % 128 || !x || !codes || !scales) return cudaErrorInvalidValue;
+    if (R < 0 || K <= 0 || K % 128 || !x || !codes || (mode != 2 && !scales) || mode < 0 || mode > 2)
+        return cudaErrorInvalidValue;
     if (R == 0) return cudaSuccess;
     const int64_t threads = R * (K / 128) * 32;
     const unsigned grid = (unsigned)((threads + 255) / 256);
-    if (f16) wg_code_kernel<1><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
+    if (mode == 2) wg_code_kernel<2><<<grid, 256, 0, st>>>(x, R, K, codes, NULL, writeback);
+    else if (mode == 1) wg_code_kernel<1><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
     else wg_code_kernel<0><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
     return cudaGetLastError();
 }
@@ -429,6 +657,15 @@ extern "C" cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slot
     if (!n_slots) return cudaSuccess;
     if (g == 1) return a->f16 ? wg_launch<1, 1>(a, n_slots, st) : wg_launch<1, 0>(a, n_slots, st);
     return a->f16 ? wg_launch<2, 1>(a, n_slots, st) : wg_launch<2, 0>(a, n_slots, st);
+}
+
+extern "C" cudaError_t bcu_wg_tiles(const bcu_wg_args *a, int g, unsigned n_tiles, cudaStream_t st)
+{
+    if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % 128 || a->I % 128 || !a->tile_e ||
+        !a->tile_r0)
+        return cudaErrorInvalidValue;
+    if (!n_tiles) return cudaSuccess;
+    return g == 1 ? wt_launch<1>(a, n_tiles, st) : wt_launch<2>(a, n_tiles, st);
 }
 
 extern "C" cudaError_t bcu_wg_probe(int f16, const uint32_t *a, const uint8_t *b, float *d)

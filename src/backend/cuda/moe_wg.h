@@ -9,7 +9,8 @@
  * products and fp32 sums; e4m3 is faster but the FP8 tensor core keeps ~13 bits of its sums.
  *
  * The weights are the A operand (64 rows a warpgroup, in registers), the activations the B operand (8 tokens a
- * pass, in shared memory, no swizzle).  moe.cu's bcu_moe_forward calls these between its routing and combine
+ * pass, in shared memory, no swizzle).  For prefill-sized batches bcu_wg_tiles runs tiles of 128 tokens, the
+ * weights decoded to bf16 with their scale (each element once per tile), the activations as bf16 values.  moe.cu's bcu_moe_forward calls these between its routing and combine
  * kernels (path BCU_MOE_WGMMA); docs/CUDA.md, "Routed experts on wgmma", tells the layouts and the numbers. */
 #ifndef BACKEND_CUDA_MOE_WG_H
 #define BACKEND_CUDA_MOE_WG_H
@@ -32,6 +33,7 @@ typedef struct {
     float limit;
     const float *w;                          /* routing weights [T * topk] */
     const int32_t *off, *act, *sorted;       /* the routing plan (moe.cu's route_kernel) */
+    const int32_t *tile_e, *tile_r0;         /* its tiles of up to 128 rows (bcu_wg_tiles only) */
     const uint8_t *xc; const float *xs;      /* x codes [T][D], scales [T][D / 128] */
     const uint8_t *hc; const float *hs;      /* h codes [P][I], scales [P][I / 128] */
     float *h, *yp;                           /* stage 1 writes h [P][I] (fp32), stage 2 yp [P][D] */
@@ -42,15 +44,22 @@ typedef struct {
 /* 1 when this build has the sm_90a kernels and the current device runs them (compute capability 9.0) */
 int bcu_wg_available(void);
 
-/* act_quant (v4.c fq_fp8, blocks of 128) of rows x [R][K] into codes (f16 = 0: e4m3 bytes [R][K]; 1: their
- * values as f16 [R][K]) and scales [R][K / 128]; writeback (may be NULL or x itself) gets the quantised values,
+/* act_quant (v4.c fq_fp8, blocks of 128) of rows x [R][K] into codes (mode 0: e4m3 bytes [R][K]; 1: their
+ * values as f16 [R][K]; 2: the quantised values, code x scale, as bf16 [R][K] in bcu_wg_tiles' order) and scales
+ * [R][K / 128] (modes 0 and 1; mode 2 takes NULL); writeback (may be NULL or x itself) gets the quantised values,
  * as bcu_fq_fp8 would leave them.  K % 128 == 0. */
-cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int f16, uint8_t *codes, float *scales,
+cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mode, uint8_t *codes, float *scales,
                         float *writeback, cudaStream_t st);
 
 /* Stage g (1: h = swiglu(W1 x, W3 x) [* w]; 2: yp = W2 h) over the n_slots active-expert slots.  D and I
  * multiples of 128. */
 cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st);
+
+/* Stage g as bcu_wg_stage, for prefill-sized batches: over the routing plan's n_tiles tiles (up to 128 rows of one
+ * expert each) against 128 weight rows a block, on bf16 wgmma m64n128k16 with both scales inside the operands
+ * (exact products, one fp32 sum over K); xc / hc are mode-2 codes, xs / hs unused, f16 ignored.  D and I
+ * multiples of 128. */
+cudaError_t bcu_wg_tiles(const bcu_wg_args *a, int g, unsigned n_tiles, cudaStream_t st);
 
 /* The probe behind the layouts: one wgmma with A from registers, m64n8k32 e4m3 (f16 = 0) or m64n8k16 f16.
  * a: [128 threads][4] words, thread t's A registers as they go into the instruction; b: [8][32] bytes, row n =
