@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #define WT_N 128       /* tokens a tile: moe.cu's BCU_MOE_TILE_M, the wgmma's n */
 #define WT_THREADS 256 /* two warpgroups: 128 weight rows */
 #ifndef WT_STAGES
-#define WT_STAGES 4 /* chunks of B and of the weights in flight */
+#define WT_STAGES 4 /* stages of B and of the weights: two chunks loading while one is read and one is decoded */
 #endif
 #define WT_BSTAGE (WT_N * 256)    /* a chunk of B: [step 8][k half 2][token WT_N][8 bf16] */
 #define WT_WSTAGE (16 * 64 + 64)  /* a warp's chunk of weights: 16 rows x 64 bytes, then their 4 scale bytes each */
@@ -527,34 +527,36 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     uint32_t A0[8][4], A1[8][4];
-    for (int c = 0; c < WT_STAGES - 1; c++) issue(c);
-    cp_wait<WT_STAGES - 2>(); /* chunk 0 */
+    for (int c = 0; c < WT_STAGES - 2; c++) issue(c);
+    cp_wait<WT_STAGES - 3>(); /* chunk 0 */
     __syncwarp();
     convert(0, A0);
-    /* chunk c: its B visible to all (each thread waited for its own copies), every warp done with chunk c - 1
-     * (so its stage takes chunk c + WT_STAGES - 1); its eight wgmmas, then chunk c + 1's fragments decoded while
-     * they run */
+    /* chunk c: its B visible to all (each thread waited for its own copies); its eight wgmmas queued behind chunk
+     * c - 1's; then once chunk c - 1's are done (in every warp by the next barrier: so the stage of chunk c - 2
+     * takes chunk c + WT_STAGES - 2 here), chunk c + 1's fragments are decoded into chunk c - 1's registers while
+     * chunk c's run */
     const uint32_t b0 = smem_u32(bring);
     auto chunk = [&](int c, uint32_t (&Ac)[8][4], uint32_t (&An)[8][4]) {
         fence_async_smem();
         __syncthreads();
-        issue(c + WT_STAGES - 1);
         wg_fence();
 #pragma unroll
         for (int s = 0; s < 8; s++)
             wt_mma(acc, Ac[s], wg_desc(b0 + (c % WT_STAGES) * WT_BSTAGE + s * (WT_N * 32), WT_N * 16, 128));
         wg_commit();
+        issue(c + WT_STAGES - 2);
+        wg_wait<1>(); /* chunk c - 1 */
         if (c + 1 < nch) {
-            cp_wait<WT_STAGES - 2>(); /* chunk c + 1 */
+            cp_wait<WT_STAGES - 3>(); /* chunk c + 1 */
             __syncwarp();
             convert(c + 1, An);
         }
-        wg_wait<0>();
     };
     for (int c = 0; c < nch; c += 2) {
         chunk(c, A0, A1);
         if (c + 1 < nch) chunk(c + 1, A1, A0);
     }
+    wg_wait<0>();
     cp_wait<0>(); /* the empty tail groups */
 #pragma unroll
     for (int i = 0; i < 64; i += 4) {
