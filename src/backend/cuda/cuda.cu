@@ -822,7 +822,7 @@ run:
         if ((int64_t)T * topk <= 8 * E) { /* passes of 8 rows re-read the weights: at most one per expert on average */
             mp = BCU_MOE_WGMMA;
             mm = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
-        } else {
+        } else if (D % 256 == 0) {
             mp = BCU_MOE_WGTILES; /* bf16 values with their scales: exact products under either maths */
         }
     }
@@ -1914,7 +1914,7 @@ static int dv_moe(be_backend *be, float *y, const float *x, size_t T, const int3
     const cuda_be *cb = get(be);
     const int one_plane = cb->x8_kernel && (flags & BE_MOE_ACT_FP8_X) && (flags & BE_MOE_ACT_FP8_H);
     if (T >= cb->moe_loop_T * (one_plane ? 4 : 1) && cb->math != BCU_MATH_FP32 &&
-        !(one_plane && wg_ok(cb, w1[0].cols, w1[0].rows)))
+        !(one_plane && w1[0].cols % 256 == 0 && wg_ok(cb, w1[0].cols, w1[0].rows)))
         return 1;
     DV_ENTER(BCU_PROF_MOE);
     rc = T ? moe_locked(c, y, x, T, ids, w, topk, w1, w3, w2, n_experts, swiglu_limit, flags, 1) : 0;

@@ -68,7 +68,8 @@ typedef enum {
                             device that runs the sm_90a kernels (moe_wg.h) */
     BCU_MOE_WGTILES = 5, /* sm_90a wgmma over the tiles of BCU_MOE_TILE_M rows (prefill-sized batches): the FP4
                             weights decoded to bf16 with their scales, x and h as bf16 values of their codes; exact
-                            products, fp32 sums, either tensor-core maths; the same conditions as BCU_MOE_WGMMA */
+                            products, fp32 sums, either tensor-core maths; the same conditions as BCU_MOE_WGMMA, and
+                            dim a multiple of 256 */
 } bcu_moe_path;
 /* AUTO with bf16 / bf16x3 maths takes the mma rows while T * topk <= this * n_experts */
 #define BCU_MOE_MMAROWS_MAX 32

@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #endif
 }
 
-/* ---- the tiles: a prefill-sized batch, up to WT_N of an expert's rows against 128 weight rows a block.
+/* ---- the tiles: a prefill-sized batch, up to WT_N of an expert's rows against 256 weight rows a block.
  *
  * Each weight element is decoded once per tile, so its cost is spread over up to 128 tokens and the decode may
  * take the scale with it: an e2m1 code's bits placed in a bf16 (sign to bit 15, E1 E0 m to bits 8..6) are the
@@ -410,16 +410,23 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
  * 2^(b - 1) (b the ue8m0 byte) makes it the weight's value, exactly.  The activations come as bf16 values of their
  * codes times their scales (also exact), so both scales are inside the operands: a k16 wgmma takes any four
  * columns of a thread's scale block, every product is exact and one fp32 accumulator set sums the whole K.  That
- * frees the k order: lane q takes scale block q of each 128-column chunk whole (one 16-byte load a row), and the
- * activations are stored in the matching order (wg_code_kernel MODE 2). */
+ * frees the k order: lane q takes scale block q of each 128-column chunk whole (16 bytes a row), and the
+ * activations are stored in the matching order (wg_code_kernel MODE 2).
+ *
+ * Four warpgroups a block share each chunk of B (128 tokens x 128 columns, 32 KB): the decode of the next half
+ * chunk (four k16 steps) runs while the wgmmas of the current one do, and with four warps a scheduler the decode's
+ * latency is hidden (two warpgroups of 128 rows each measured 20% of the tensor peak: their warps were the critical
+ * path, and the B traffic per FLOP twice this). */
 #define WT_N 128       /* tokens a tile: moe.cu's BCU_MOE_TILE_M, the wgmma's n */
-#define WT_THREADS 256 /* two warpgroups: 128 weight rows */
+#define WT_WARPS 16
+#define WT_THREADS (32 * WT_WARPS) /* four warpgroups: 256 weight rows (G = 1: 128 features, W1 and W3) */
+#define WT_ROWS (16 * WT_WARPS)
 #ifndef WT_STAGES
 #define WT_STAGES 4 /* stages of B and of the weights: two chunks loading while one is read and one is decoded */
 #endif
 #define WT_BSTAGE (WT_N * 256)    /* a chunk of B: [step 8][k half 2][token WT_N][8 bf16] */
 #define WT_WSTAGE (16 * 64 + 64)  /* a warp's chunk of weights: 16 rows x 64 bytes, then their 4 scale bytes each */
-#define WT_SMEM (WT_STAGES * (WT_BSTAGE + 8 * WT_WSTAGE) + WT_N * 8)
+#define WT_SMEM (WT_STAGES * (WT_BSTAGE + WT_WARPS * WT_WSTAGE) + WT_N * 8)
 
 /* 4 e2m1 codes' pairs (n_i, n_{i+4}) of x = w >> 4 i as bf16 values code * 2^-126 */
 __device__ __forceinline__ uint32_t wt_place(uint32_t x) { return ((x << 12) & 0x80008000u) | ((x << 6) & 0x01c001c0u); }
@@ -430,7 +437,7 @@ __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t b)
     return d;
 }
 
-/* grid: x = groups of 128 weight rows (G = 1: 64 features, W1 and W3), y = tiles (moe.cu's tile_e / tile_r0) */
+/* grid: x = groups of WT_ROWS weight rows, y = tiles (moe.cu's tile_e / tile_r0) */
 template <int G>
 __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
 {
@@ -445,18 +452,18 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
     const int ntk = a.off[e + 1] - r0 < WT_N ? (int)(a.off[e + 1] - r0) : WT_N;
     uint8_t *bring = smem;
     uint8_t *wring = smem + WT_STAGES * WT_BSTAGE + warp * WT_STAGES * WT_WSTAGE;
-    const uint8_t **brow = (const uint8_t **)(smem + WT_STAGES * (WT_BSTAGE + 8 * WT_WSTAGE));
+    const uint8_t **brow = (const uint8_t **)(smem + WT_STAGES * (WT_BSTAGE + WT_WARPS * WT_WSTAGE));
 
     int64_t fA, fB;
     const uint8_t *wA, *wB, *sA, *sB;
-    if (G == 1) { /* warp w: features 8 w + g of the block's 64, W1's row as A row g, W3's as g + 8 */
-        fA = fB = (int64_t)blockIdx.x * 64 + warp * 8 + g;
+    if (G == 1) { /* warp w: features 8 w + g of the block's WT_ROWS / 2, W1's row as A row g, W3's as g + 8 */
+        fA = fB = (int64_t)blockIdx.x * (WT_ROWS / 2) + warp * 8 + g;
         wA = a.w1[e] + fA * (K / 2);
         wB = a.w3[e] + fA * (K / 2);
         sA = a.s1[e] + fA * nkb;
         sB = a.s3[e] + fA * nkb;
     } else {
-        fA = (int64_t)blockIdx.x * 128 + warp * 16 + g;
+        fA = (int64_t)blockIdx.x * WT_ROWS + warp * 16 + g;
         fB = fA + 8;
         wA = a.w2[e] + fA * (K / 2);
         wB = a.w2[e] + fB * (K / 2);
@@ -474,8 +481,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
     __syncthreads();
 
     /* chunk c into stage c % WT_STAGES, one cp.async group per thread: B (16 bytes of 8 tokens' (step, half)
-     * rows a unit, 8 units a thread) and this warp's weights (lane (g, q): bytes 16 q.. of rows g and g + 8,
-     * lanes q = 0 / 1 the four scale bytes of row g / g + 8) */
+     * rows a unit) and this warp's weights (lane (g, q): bytes 16 q.. of rows g and g + 8, lanes q = 0 / 1 the
+     * four scale bytes of row g / g + 8) */
     auto issue = [&](int c) {
         if (c < nch) {
             const uint32_t bs = smem_u32(bring + (c % WT_STAGES) * WT_BSTAGE);
@@ -496,25 +503,26 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
         }
         cp_commit();
     };
-    /* chunk c's A fragments, scales inside: step s of the chunk takes word s / 2 of this lane's scale block q,
-     * pairs i = 2 (s % 2) (a0 / a1: rows g / g + 8) and i + 1 (a2 / a3) */
-    auto convert = [&](int c, uint32_t (&A)[8][4]) {
-        const uint8_t *stg = wring + (c % WT_STAGES) * WT_WSTAGE;
-        const uint4 ra = *(const uint4 *)(stg + g * 64 + 16 * q), rb = *(const uint4 *)(stg + (8 + g) * 64 + 16 * q);
+    /* half chunk k's A fragments (chunk k / 2, steps 4 (k % 2) ..), scales inside: step s of the chunk takes word
+     * s / 2 of this lane's scale block q, pairs i = 2 (s % 2) (a0 / a1: rows g / g + 8) and i + 1 (a2 / a3) */
+    auto convert = [&](int k, uint32_t (&A)[4][4]) {
+        const uint8_t *stg = wring + ((k >> 1) % WT_STAGES) * WT_WSTAGE;
+        const uint2 ra = *(const uint2 *)(stg + g * 64 + 16 * q + 8 * (k & 1));
+        const uint2 rb = *(const uint2 *)(stg + (8 + g) * 64 + 16 * q + 8 * (k & 1));
         const uint32_t ba = stg[1024 + 4 * g + q], bb = stg[1024 + 32 + 4 * g + q];
         /* 2^(b - 1) as bf16 while b <= 128; above, 2^126 then 2^(b - 127) (b = 255: NaN, as dtype.c) */
         const bool big = __any_sync(0xffffffffu, ba > 128u || bb > 128u);
         const uint32_t ma = (ba <= 128u ? ba + 126u : 253u) << 7, mb = (bb <= 128u ? bb + 126u : 253u) << 7;
-        const uint32_t m2a = ba <= 128u ? 127u << 7 : ba == 255u ? 0x7fc0u : ba << 7;
-        const uint32_t m2b = bb <= 128u ? 127u << 7 : bb == 255u ? 0x7fc0u : bb << 7;
-        const uint32_t wa[4] = {ra.x, ra.y, ra.z, ra.w}, wb[4] = {rb.x, rb.y, rb.z, rb.w};
+        const uint32_t wa[2] = {ra.x, ra.y}, wb[2] = {rb.x, rb.y};
 #pragma unroll
-        for (int m = 0; m < 4; m++)
+        for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 uint32_t pa = bf2_mul(wt_place(wa[m] >> (4 * i)), ma | ma << 16);
                 uint32_t pb = bf2_mul(wt_place(wb[m] >> (4 * i)), mb | mb << 16);
                 if (big) {
+                    const uint32_t m2a = ba <= 128u ? 127u << 7 : ba == 255u ? 0x7fc0u : ba << 7;
+                    const uint32_t m2b = bb <= 128u ? 127u << 7 : bb == 255u ? 0x7fc0u : bb << 7;
                     pa = bf2_mul(pa, m2a | m2a << 16);
                     pb = bf2_mul(pb, m2b | m2b << 16);
                 }
@@ -526,35 +534,42 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    uint32_t A0[8][4], A1[8][4];
+    uint32_t A0[4][4], A1[4][4];
     for (int c = 0; c < WT_STAGES - 2; c++) issue(c);
     cp_wait<WT_STAGES - 3>(); /* chunk 0 */
     __syncwarp();
     convert(0, A0);
-    /* chunk c: its B visible to all (each thread waited for its own copies); its eight wgmmas queued behind chunk
-     * c - 1's; then once chunk c - 1's are done (in every warp by the next barrier: so the stage of chunk c - 2
-     * takes chunk c + WT_STAGES - 2 here), chunk c + 1's fragments are decoded into chunk c - 1's registers while
-     * chunk c's run */
+    /* half chunk k: on entering chunk c = k / 2 its B is made visible to all (each thread waited for its own
+     * copies) and the stage of chunk c - 2 (every warp is done with it: each waited for half k - 1's wgmmas before
+     * this barrier) takes chunk c + WT_STAGES - 2; k's four wgmmas queue behind k - 1's, and once those are done
+     * half k + 1 is decoded into their registers while k's run */
     const uint32_t b0 = smem_u32(bring);
-    auto chunk = [&](int c, uint32_t (&Ac)[8][4], uint32_t (&An)[8][4]) {
-        fence_async_smem();
-        __syncthreads();
+    const int nk = 2 * nch;
+    auto half = [&](int k, uint32_t (&Ac)[4][4], uint32_t (&An)[4][4]) {
+        const int c = k >> 1;
+        if (!(k & 1)) {
+            fence_async_smem();
+            __syncthreads();
+        }
         wg_fence();
 #pragma unroll
-        for (int s = 0; s < 8; s++)
-            wt_mma(acc, Ac[s], wg_desc(b0 + (c % WT_STAGES) * WT_BSTAGE + s * (WT_N * 32), WT_N * 16, 128));
+        for (int s = 0; s < 4; s++)
+            wt_mma(acc, Ac[s],
+                   wg_desc(b0 + (c % WT_STAGES) * WT_BSTAGE + (4 * (k & 1) + s) * (WT_N * 32), WT_N * 16, 128));
         wg_commit();
-        issue(c + WT_STAGES - 2);
-        wg_wait<1>(); /* chunk c - 1 */
-        if (c + 1 < nch) {
-            cp_wait<WT_STAGES - 3>(); /* chunk c + 1 */
-            __syncwarp();
-            convert(c + 1, An);
+        if (!(k & 1)) issue(c + WT_STAGES - 2);
+        wg_wait<1>(); /* half k - 1 */
+        if (k + 1 < nk) {
+            if (k & 1) {
+                cp_wait<WT_STAGES - 3>(); /* chunk c + 1 */
+                __syncwarp();
+            }
+            convert(k + 1, An);
         }
     };
-    for (int c = 0; c < nch; c += 2) {
-        chunk(c, A0, A1);
-        if (c + 1 < nch) chunk(c + 1, A1, A0);
+    for (int k = 0; k < nk; k += 2) {
+        half(k, A0, A1);
+        half(k + 1, A1, A0);
     }
     wg_wait<0>();
     cp_wait<0>(); /* the empty tail groups */
@@ -596,7 +611,7 @@ template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, c
         if (r != cudaSuccess) return r;
         attr_done = 1;
     }
-    const unsigned gx = (unsigned)(G == 1 ? a->I / 64 : a->D / 128);
+    const unsigned gx = (unsigned)(G == 1 ? a->I / (WT_ROWS / 2) : a->D / WT_ROWS);
     wt_kernel<G><<<dim3(gx, n_tiles), WT_THREADS, WT_SMEM, st>>>(*a);
     return cudaGetLastError();
 }
@@ -663,8 +678,8 @@ extern "C" cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slot
 
 extern "C" cudaError_t bcu_wg_tiles(const bcu_wg_args *a, int g, unsigned n_tiles, cudaStream_t st)
 {
-    if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % 128 || a->I % 128 || !a->tile_e ||
-        !a->tile_r0)
+    if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % WT_ROWS || a->I % (WT_ROWS / 2) ||
+        !a->tile_e || !a->tile_r0)
         return cudaErrorInvalidValue;
     if (!n_tiles) return cudaSuccess;
     return g == 1 ? wt_launch<1>(a, n_tiles, st) : wt_launch<2>(a, n_tiles, st);

@@ -56,9 +56,9 @@ cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mode, uint8_t 
 cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st);
 
 /* Stage g as bcu_wg_stage, for prefill-sized batches: over the routing plan's n_tiles tiles (up to 128 rows of one
- * expert each) against 128 weight rows a block, on bf16 wgmma m64n128k16 with both scales inside the operands
- * (exact products, one fp32 sum over K); xc / hc are mode-2 codes, xs / hs unused, f16 ignored.  D and I
- * multiples of 128. */
+ * expert each) against 256 weight rows a block, on bf16 wgmma m64n128k16 with both scales inside the operands
+ * (exact products, one fp32 sum over K); xc / hc are mode-2 codes, xs / hs unused, f16 ignored.  D a multiple
+ * of 256, I of 128. */
 cudaError_t bcu_wg_tiles(const bcu_wg_args *a, int g, unsigned n_tiles, cudaStream_t st);
 
 /* The probe behind the layouts: one wgmma with A from registers, m64n8k32 e4m3 (f16 = 0) or m64n8k16 f16.
