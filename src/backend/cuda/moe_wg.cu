@@ -426,7 +426,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #endif
 #define WT_BSTAGE (WT_N * 256)    /* a chunk of B: [step 8][k half 2][token WT_N][8 bf16] */
 #define WT_WSTAGE (16 * 64 + 64)  /* a warp's chunk of weights: 16 rows x 64 bytes, then their 4 scale bytes each */
-#define WT_SMEM (WT_STAGES * (WT_BSTAGE + WT_WARPS * WT_WSTAGE) + WT_N * 8)
+#define WT_SMEM (WT_STAGES * (WT_BSTAGE + WT_WARPS * WT_WSTAGE))
+static_assert(WT_THREADS == 4 * WT_N, "a chunk of B is four 16-byte units a thread");
 
 /* 4 e2m1 codes' pairs (n_i, n_{i+4}) of x = w >> 4 i as bf16 values code * 2^-126 */
 __device__ __forceinline__ uint32_t wt_place(uint32_t x) { return ((x << 12) & 0x80008000u) | ((x << 6) & 0x01c001c0u); }
@@ -452,7 +453,6 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
     const int ntk = a.off[e + 1] - r0 < WT_N ? (int)(a.off[e + 1] - r0) : WT_N;
     uint8_t *bring = smem;
     uint8_t *wring = smem + WT_STAGES * WT_BSTAGE + warp * WT_STAGES * WT_WSTAGE;
-    const uint8_t **brow = (const uint8_t **)(smem + WT_STAGES * (WT_BSTAGE + WT_WARPS * WT_WSTAGE));
 
     int64_t fA, fB;
     const uint8_t *wA, *wB, *sA, *sB;
@@ -470,31 +470,30 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
         sA = a.s2[e] + fA * nkb;
         sB = a.s2[e] + fB * nkb;
     }
-    if (tid < WT_N) { /* B's source row of each token of the tile (NULL past the tile's end: zeros) */
-        const uint8_t *src = NULL;
-        if (tid < ntk) {
-            const int64_t row = r0 + tid;
-            src = (G == 1 ? a.xc + (int64_t)(a.sorted[row] / a.topk) * K * 2 : a.hc + row * K * 2);
-        }
-        brow[tid] = src;
+    /* B: thread t copies 16-byte units of token t / 4 (rows past the tile's end: zeros), units 4 i + t % 4 of its
+     * chunk row (16 (step, half) units of 8 bf16), so a warp reads 64 contiguous bytes of 8 tokens and writes 128
+     * contiguous bytes for each t % 4 */
+    const int bn = tid >> 2, bq = tid & 3;
+    const uint8_t *bsrc = a.xc;
+    uint32_t bsz = 0;
+    if (bn < ntk) {
+        const int64_t row = r0 + bn;
+        bsrc = (G == 1 ? a.xc + (int64_t)(a.sorted[row] / a.topk) * K * 2 : a.hc + row * K * 2) + 16 * bq;
+        bsz = 16;
     }
-    __syncthreads();
+    const uint32_t bdst = smem_u32(bring) + bq * (WT_N * 16) + bn * 16;
 
-    /* chunk c into stage c % WT_STAGES, one cp.async group per thread: B (16 bytes of 8 tokens' (step, half)
-     * rows a unit) and this warp's weights (lane (g, q): bytes 16 q.. of rows g and g + 8, lanes q = 0 / 1 the
-     * four scale bytes of row g / g + 8) */
+    /* chunk c into stage c % WT_STAGES, one cp.async group per thread: B, and this warp's weights (lane (g, q):
+     * bytes 16 q.. of rows g and g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8) */
     auto issue = [&](int c) {
         if (c < nch) {
-            const uint32_t bs = smem_u32(bring + (c % WT_STAGES) * WT_BSTAGE);
+            const uint8_t *src = bsz ? bsrc + 256 * (int64_t)c : bsrc;
+            const uint32_t dst = bdst + (c % WT_STAGES) * WT_BSTAGE;
 #pragma unroll
-            for (int i = 0; i < WT_N * 16 / WT_THREADS; i++) {
-                const int u = tid + WT_THREADS * i, n = (u >> 7) * 8 + (u & 7), sh = (u >> 3) & 15;
-                const uint8_t *src = brow[n];
-                const uint32_t dst = bs + sh * (WT_N * 16) + n * 16;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                             "l"(src ? src + 256 * (int64_t)c + 16 * sh : a.xc), "r"(src ? 16 : 0)
+            for (int i = 0; i < 4; i++)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + i * 4 * (WT_N * 16)),
+                             "l"(src + 64 * i), "r"(bsz)
                              : "memory");
-            }
             const uint32_t s = smem_u32(wring + (c % WT_STAGES) * WT_WSTAGE);
             cp16(s + g * 64 + 16 * q, wA + 64 * (int64_t)c + 16 * q);
             cp16(s + (8 + g) * 64 + 16 * q, wB + 64 * (int64_t)c + 16 * q);
