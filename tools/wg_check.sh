@@ -4,8 +4,8 @@
 # slice with the wgmma path off and on (two runs each, alternating), then test_cuda and test_cuda_graph.
 # From the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/wg_check.sh", carry=[".carry"])
-# WG_CHECK_ONLY="probe moe bench slice logits san unit" picks steps (default: all); WG_BENCH_T, WG_SLICE_RUNS,
-# WG_SLICE_B and WG_PREFILL set the benchmark's sizes.
+# WG_CHECK_ONLY="probe moe bench slice logits plogits san unit" picks steps (default: all); WG_BENCH_T,
+# WG_SLICE_RUNS, WG_SLICE_B, WG_PREFILL and WG_PL_N (plogits' tokens) set the sizes.
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -72,6 +72,35 @@ def cmp(a, b, what):
     print(f"{what}: max |diff| / max |ref| {rel:.3g}, top-1 same at {top}/24 positions")
 for v in (0, 1, 2): cmp(g[v], c, f"gpu wg={v} vs cpu")
 cmp(g[1], g[0], "gpu wg=1 vs wg=0"); cmp(g[2], g[0], "gpu wg=2 vs wg=0")
+PY
+fi
+if want plogits; then
+    step "logits of a ${WG_PL_N:-400}-token prefill in one shot (the wgmma tiles from 342 tokens): CPU, GPU with the path off / on"
+    S=/tmp/slice
+    [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
+    P=/tmp/wg_pl
+    mkdir -p $P
+    IDS=$(python3 -c "import random; random.seed(11); print(','.join(str(random.randrange(1000, 120000)) for _ in range(${WG_PL_N:-400})))")
+    timeout 300 $B/deepinfer logits --model $S --input-ids $IDS --out-f32 "$P/cpu.f32" > /dev/null 2> "$P/cpu.err"
+    echo "cpu rc=$?"
+    for v in 0 1; do
+        DEEPINFER_CUDA_MOE_WG=$v timeout 120 $B/deepinfer logits --model $S --input-ids $IDS --backend cuda \
+            --out-f32 "$P/wg$v.f32" > /dev/null 2> "$P/wg$v.err"
+        echo "wg=$v rc=$?"
+    done
+    python3 - "$P" "${WG_PL_N:-400}" <<'PY'
+import sys, numpy as np
+o, n = sys.argv[1], int(sys.argv[2])
+def load(f):
+    try: return np.fromfile(f"{o}/{f}.f32", dtype=np.float32).reshape(n, -1)
+    except Exception as e: print(f, "missing", e); return None
+c, g0, g1 = load("cpu"), load("wg0"), load("wg1")
+def cmp(a, b, what):
+    if a is None or b is None: return
+    rel = np.abs(a - b).max(1) / np.abs(b).max(1)
+    top = (a.argmax(1) == b.argmax(1)).sum()
+    print(f"{what}: per-position max |diff| / max |ref| median {np.median(rel):.3g}, max {rel.max():.3g}; top-1 same at {top}/{n}")
+cmp(g0, c, "gpu wg=0 vs cpu"); cmp(g1, c, "gpu wg=1 (tiles) vs cpu"); cmp(g1, g0, "gpu wg=1 vs wg=0")
 PY
 fi
 if want san; then
