@@ -26,7 +26,11 @@
  * conflict-free 4-byte shared loads (rows 80 bytes apart), and issues a chunk's wgmmas (each scale block's from
  * zero) into four accumulator sets; while they run it decodes the next chunk; then each block's sums are scaled by
  * their weight scale and the chunk's by the activation scale (x 2^6 or 2^14; powers of two, exact), so every
- * output is a fixed-order sum over the blocks, independent of the other tokens of the pass. */
+ * output is a fixed-order sum over the blocks, independent of the other tokens of the pass.
+ *
+ * Prefill-sized batches take the tiles instead (wt_kernel, bcu_wg_tiles, below): 128 tokens of one expert against
+ * 256 weight rows a block, the weights decoded to bf16 with their scale, the activations as bf16 values, so one
+ * fp32 accumulator set sums the whole K. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
