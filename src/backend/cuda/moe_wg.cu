@@ -103,8 +103,10 @@ template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
-/* d += A B: m64n128k16, A (bf16) from registers, B (bf16, K-major) through a descriptor */
-__device__ __forceinline__ void wt_mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+/* d[0 .. NN / 2) += A B: m64nNNk16, A (bf16) from registers, B (bf16, K-major) through a descriptor; NN = 32 and 64
+ * read the first tokens of a tile's B (for tiles of at most that many rows) */
+template <int NN> __device__ __forceinline__ void wt_mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc);
+template <> __device__ __forceinline__ void wt_mma<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
 {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -120,6 +122,27 @@ __device__ __forceinline__ void wt_mma(float (&d)[64], const uint32_t (&a)[4], u
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <> __device__ __forceinline__ void wt_mma<64>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <> __device__ __forceinline__ void wt_mma<32>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 #endif
@@ -568,9 +591,17 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             __syncthreads();
         }
         wg_fence();
+        const uint32_t bk = b0 + (c % WT_STAGES) * WT_BSTAGE + (k & 1) * (WT_N * 128);
+        if (ntk > 64) {
 #pragma unroll
-        for (int s = 0; s < 4; s++)
-            wt_mma(acc, Ac[s], wt_desc(b0 + (c % WT_STAGES) * WT_BSTAGE + (k & 1) * (WT_N * 128) + s * 32));
+            for (int s = 0; s < 4; s++) wt_mma<128>(acc, Ac[s], wt_desc(bk + s * 32));
+        } else if (ntk > 32) {
+#pragma unroll
+            for (int s = 0; s < 4; s++) wt_mma<64>(acc, Ac[s], wt_desc(bk + s * 32));
+        } else {
+#pragma unroll
+            for (int s = 0; s < 4; s++) wt_mma<32>(acc, Ac[s], wt_desc(bk + s * 32));
+        }
         wg_commit();
         if (!(k & 1)) issue(c + WT_STAGES - 2);
         wg_wait<1>(); /* half k - 1 */
