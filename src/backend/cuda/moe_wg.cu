@@ -37,6 +37,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/moe_ops.cuh"
 #include "backend/cuda/moe_wg.h"
@@ -570,82 +572,82 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             }
     };
 
-    float acc[64];
+    /* the loop and the epilogue for wgmmas of NN tokens: the tile's rows rounded up to 32, 64 or 128 (the
+     * instruction's n is fixed; one variant a block keeps the loop free of branches) */
+    auto run = [&](auto nn) {
+        constexpr int NN = decltype(nn)::value;
+        float acc[64];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    uint32_t A0[4][4], A1[4][4];
-    for (int c = 0; c < WT_STAGES - 2; c++) issue(c);
-    cp_wait<WT_STAGES - 3>(); /* chunk 0 */
-    __syncwarp();
-    convert(0, A0);
-    /* half chunk k: on entering chunk c = k / 2 its B is made visible to all (each thread waited for its own
-     * copies) and the stage of chunk c - 2 (every warp is done with it: each waited for half k - 1's wgmmas before
-     * this barrier) takes chunk c + WT_STAGES - 2; k's four wgmmas queue behind k - 1's, and once those are done
-     * half k + 1 is decoded into their registers while k's run */
-    const uint32_t b0 = smem_u32(bring);
-    const int nk = 2 * nch;
-    auto half = [&](int k, uint32_t (&Ac)[4][4], uint32_t (&An)[4][4]) {
-        const int c = k >> 1;
-        if (!(k & 1)) {
-            fence_async_smem();
-            __syncthreads();
-        }
-        wg_fence();
-        const uint32_t bk = b0 + (c % WT_STAGES) * WT_BSTAGE + (k & 1) * (WT_N * 128);
-        if (ntk > 64) {
-#pragma unroll
-            for (int s = 0; s < 4; s++) wt_mma<128>(acc, Ac[s], wt_desc(bk + s * 32));
-        } else if (ntk > 32) {
-#pragma unroll
-            for (int s = 0; s < 4; s++) wt_mma<64>(acc, Ac[s], wt_desc(bk + s * 32));
-        } else {
-#pragma unroll
-            for (int s = 0; s < 4; s++) wt_mma<32>(acc, Ac[s], wt_desc(bk + s * 32));
-        }
-        wg_commit();
-        if (!(k & 1)) issue(c + WT_STAGES - 2);
-        wg_wait<1>(); /* half k - 1 */
-        if (k + 1 < nk) {
-            if (k & 1) {
-                cp_wait<WT_STAGES - 3>(); /* chunk c + 1 */
-                __syncwarp();
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        uint32_t A0[4][4], A1[4][4];
+        for (int c = 0; c < WT_STAGES - 2; c++) issue(c);
+        cp_wait<WT_STAGES - 3>(); /* chunk 0 */
+        __syncwarp();
+        convert(0, A0);
+        /* half chunk k: on entering chunk c = k / 2 its B is made visible to all (each thread waited for its own
+         * copies) and the stage of chunk c - 2 (every warp is done with it: each waited for half k - 1's wgmmas before
+         * this barrier) takes chunk c + WT_STAGES - 2; k's four wgmmas queue behind k - 1's, and once those are done
+         * half k + 1 is decoded into their registers while k's run */
+        const uint32_t b0 = smem_u32(bring);
+        const int nk = 2 * nch;
+        auto half = [&](int k, uint32_t (&Ac)[4][4], uint32_t (&An)[4][4]) {
+            const int c = k >> 1;
+            if (!(k & 1)) {
+                fence_async_smem();
+                __syncthreads();
             }
-            convert(k + 1, An);
-        }
-    };
-    for (int k = 0; k < nk; k += 2) {
-        half(k, A0, A1);
-        half(k + 1, A1, A0);
-    }
-    wg_wait<0>();
-    cp_wait<0>(); /* the empty tail groups */
+            wg_fence();
+            const uint32_t bk = b0 + (c % WT_STAGES) * WT_BSTAGE + (k & 1) * (WT_N * 128);
 #pragma unroll
-    for (int i = 0; i < 64; i += 4) {
-        float d4[4] = {acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
-        wg_hold(d4);
-        acc[i] = d4[0];
-        acc[i + 1] = d4[1];
-        acc[i + 2] = d4[2];
-        acc[i + 3] = d4[3];
-    }
+            for (int s = 0; s < 4; s++) wt_mma<NN>(acc, Ac[s], wt_desc(bk + s * 32));
+            wg_commit();
+            if (!(k & 1)) issue(c + WT_STAGES - 2);
+            wg_wait<1>(); /* half k - 1 */
+            if (k + 1 < nk) {
+                if (k & 1) {
+                    cp_wait<WT_STAGES - 3>(); /* chunk c + 1 */
+                    __syncwarp();
+                }
+                convert(k + 1, An);
+            }
+        };
+        for (int k = 0; k < nk; k += 2) {
+            half(k, A0, A1);
+            half(k + 1, A1, A0);
+        }
+        wg_wait<0>();
+        cp_wait<0>(); /* the empty tail groups */
+#pragma unroll
+        for (int i = 0; i < 64; i += 4) {
+            float d4[4] = {acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
+            wg_hold(d4);
+            acc[i] = d4[0];
+            acc[i + 1] = d4[1];
+            acc[i + 2] = d4[2];
+            acc[i + 3] = d4[3];
+        }
 
-    /* acc[4 j + i]: row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
+        /* acc[4 j + i]: row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
 #pragma unroll
-    for (int j = 0; j < WT_N / 8; j++)
+        for (int j = 0; j < WT_N / 8; j++)
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int tk = 8 * j + 2 * q + u;
-            if (tk >= ntk) continue;
-            const int64_t row = r0 + tk;
-            if (G == 1) {
-                float hv = swiglu1(acc[4 * j + u], acc[4 * j + 2 + u], a.limit);
-                if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
-                a.h[row * a.I + fA] = hv;
-            } else {
-                a.yp[row * a.D + fA] = acc[4 * j + u];
-                a.yp[row * a.D + fB] = acc[4 * j + 2 + u];
+            for (int u = 0; u < 2; u++) {
+                const int tk = 8 * j + 2 * q + u;
+                if (tk >= ntk) continue;
+                const int64_t row = r0 + tk;
+                if (G == 1) {
+                    float hv = swiglu1(acc[4 * j + u], acc[4 * j + 2 + u], a.limit);
+                    if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+                    a.h[row * a.I + fA] = hv;
+                } else {
+                    a.yp[row * a.D + fA] = acc[4 * j + u];
+                    a.yp[row * a.D + fB] = acc[4 * j + 2 + u];
+                }
             }
-        }
+    };
+    if (ntk > 64) run(std::integral_constant<int, 128>{});
+    else if (ntk > 32) run(std::integral_constant<int, 64>{});
+    else run(std::integral_constant<int, 32>{});
 #endif
 }
 
