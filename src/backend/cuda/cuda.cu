@@ -816,8 +816,10 @@ run:
                             : c->math == BCU_MATH_BF16X3                                  ? BCU_MOE_BF16X3
                                                                                           : BCU_MOE_FP32;
     bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
-    /* act_quant'd x and h: the mma rows' batches go to wgmma where the device runs sm_90a; bf16x3 on f16 values
-     * (fp32-exact products, like the planes), the bf16 maths on the e4m3 codes (faster; FP8 tensor-core sums) */
+    /* act_quant'd x and h go to wgmma where the device runs sm_90a: up to 8 pairs per expert on average the decode
+     * kernel (bf16x3 on f16 values, fp32-exact products like the planes; the bf16 maths on the e4m3 codes, faster,
+     * FP8 tensor-core sums), above that the tiles (H200, bench_gpu_moe: the decode kernel's f16 2.0 ms against the
+     * tiles' 2.5 ms at 6 pairs per expert, 3.4 against 2.6 at 12; docs/BENCHMARKS.md) */
     if (x8 && mm != BCU_MOE_FP32 && wg_ok(c, D, I)) {
         if ((int64_t)T * topk <= 8 * E) { /* passes of 8 rows re-read the weights: at most one per expert on average */
             mp = BCU_MOE_WGMMA;

@@ -1212,8 +1212,8 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
     if (path == BCU_MOE_WGTILES && ex->dim % 256) return cudaErrorInvalidValue; /* 256 weight rows a block */
-    if ((path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES) && (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 ||
-                                  !bcu_wg_available()))
+    if ((path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES) &&
+        (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 || !bcu_wg_available()))
         return cudaErrorInvalidValue;
 
     RouteArgs r;

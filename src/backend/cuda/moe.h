@@ -33,8 +33,8 @@ extern "C" {
  *   w1[e], w3[e]: packed e2m1 [inter, dim/2] (element 2k in the low nibble of
  *                 byte k, as dtype.c); s1[e], s3[e]: ue8m0 [inter, dim/32]
  *   w2[e]:        packed e2m1 [dim, inter/2]; s2[e]: ue8m0 [dim, inter/32]
- * dim and inter must be multiples of 32; weight pointers 16-byte aligned (and, for BCU_MOE_WGMMA, which copies
- * scales four bytes at a time, scale pointers 4-byte aligned). */
+ * dim and inter must be multiples of 32; weight pointers 16-byte aligned (and, for BCU_MOE_WGMMA and
+ * BCU_MOE_WGTILES, which copy scales four bytes at a time, scale pointers 4-byte aligned). */
 typedef struct {
     int n_experts;
     int64_t dim, inter;
