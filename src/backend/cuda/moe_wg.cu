@@ -217,7 +217,8 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
         const uint32_t cs[4] = {c0, c1, c2, c3};
 #pragma unroll
         for (int t = 0; t < 4; t++)
-            o[(2 * (s0 + (t >> 1)) + (t & 1)) * 8] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(cs[t]), sc)));
+            o[(2 * (s0 + (t >> 1)) + (t & 1)) * 8] =
+                __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(cs[t]), sc)));
     } else if (MODE == 1) {
         const int m0 = 4 * (lane & 7), q = m0 >> 3, h = (m0 >> 2) & 1;
         uint8_t *o = codes + 2 * (r * K + (c * 4 + (lane >> 3)) * 32) + 2 * (8 * h + 2 * q);
@@ -234,6 +235,49 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
         *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
             make_float4(__fmul_rn(gr_dec_e4m3(c0), sc), __fmul_rn(gr_dec_e4m3(c1), sc),
                         __fmul_rn(gr_dec_e4m3(c2), sc), __fmul_rn(gr_dec_e4m3(c3), sc));
+}
+
+/* A warp's two weight rows g and g + 8 of a block of `rows` weight rows (G = 1: rows / 2 features, W1's row of
+ * feature fA as A row g and W3's as g + 8, fB = fA; G = 2: W2's rows fA and fB = fA + 8): codes and ue8m0 scales */
+struct wg_rows {
+    int64_t fA, fB;
+    const uint8_t *wA, *wB, *sA, *sB;
+};
+template <int G>
+__device__ __forceinline__ wg_rows wg_rows_of(const bcu_wg_args &a, int e, int64_t K, int rows, int warp, int g)
+{
+    const int nkb = (int)(K / 32);
+    wg_rows r;
+    if (G == 1) {
+        r.fA = r.fB = (int64_t)blockIdx.x * (rows / 2) + warp * 8 + g;
+        r.wA = a.w1[e] + r.fA * (K / 2);
+        r.wB = a.w3[e] + r.fA * (K / 2);
+        r.sA = a.s1[e] + r.fA * nkb;
+        r.sB = a.s3[e] + r.fA * nkb;
+    } else {
+        r.fA = (int64_t)blockIdx.x * rows + warp * 16 + g;
+        r.fB = r.fA + 8;
+        r.wA = a.w2[e] + r.fA * (K / 2);
+        r.wB = a.w2[e] + r.fB * (K / 2);
+        r.sA = a.s2[e] + r.fA * nkb;
+        r.sB = a.s2[e] + r.fB * nkb;
+    }
+    return r;
+}
+
+/* a stage's output for (row, rows fA / fB): G = 1, h = swiglu(gate vA, up vB) (times the routing weight under
+ * official semantics); G = 2, yp */
+template <int G>
+__device__ __forceinline__ void wg_store(const bcu_wg_args &a, int64_t row, const wg_rows &w, float vA, float vB)
+{
+    if (G == 1) {
+        float hv = swiglu1(vA, vB, a.limit);
+        if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+        a.h[row * a.I + w.fA] = hv;
+    } else {
+        a.yp[row * a.D + w.fA] = vA;
+        a.yp[row * a.D + w.fB] = vB;
+    }
 }
 
 /* grid: x = groups of 64 weight rows (G = 1: 32 features), y = active-expert slot.  F16 = 0: one e4m3 k32
@@ -255,22 +299,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
     float *xsm = (float *)(smem + WSTEPS * 256);      /* activation scales: [chunk][token] */
     uint8_t *ring = smem + WSTEPS * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
 
-    int64_t fA, fB;
-    const uint8_t *wA, *wB, *sA, *sB;
-    if (G == 1) {
-        fA = fB = (int64_t)blockIdx.x * 32 + warp * 8 + g;
-        wA = a.w1[e] + fA * (K / 2);
-        wB = a.w3[e] + fA * (K / 2);
-        sA = a.s1[e] + fA * nkb;
-        sB = a.s3[e] + fA * nkb;
-    } else {
-        fA = (int64_t)blockIdx.x * 64 + warp * 16 + g;
-        fB = fA + 8;
-        wA = a.w2[e] + fA * (K / 2);
-        wB = a.w2[e] + fB * (K / 2);
-        sA = a.s2[e] + fA * nkb;
-        sB = a.s2[e] + fB * nkb;
-    }
+    const wg_rows wr = wg_rows_of<G>(a, e, K, 64, warp, g);
+    const uint8_t *const wA = wr.wA, *const wB = wr.wB, *const sA = wr.sA, *const sB = wr.sB;
     /* chunk c of this warp's 16 rows into stage c % WG_STAGES: lane (g, q) copies bytes 16q.. of rows g and
      * g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8; one cp.async group per chunk, empty or not */
     auto issue = [&](int c) {
@@ -417,15 +447,7 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
         for (int u = 0; u < 2; u++) {
             const int tk = 2 * q + u;
             if (tk >= ntk) continue;
-            const int64_t row = r0 + t0 + tk;
-            if (G == 1) {
-                float hv = swiglu1(acc[u], acc[2 + u], a.limit);
-                if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
-                a.h[row * a.I + fA] = hv;
-            } else {
-                a.yp[row * a.D + fA] = acc[u];
-                a.yp[row * a.D + fB] = acc[2 + u];
-            }
+            wg_store<G>(a, r0 + t0 + tk, wr, acc[u], acc[2 + u]);
         }
     }
 #endif
@@ -491,22 +513,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
     uint8_t *bring = smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u); /* 128B-swizzle atoms: 1 KB aligned */
     uint8_t *wring = bring + WT_STAGES * WT_BSTAGE + warp * WT_STAGES * WT_WSTAGE;
 
-    int64_t fA, fB;
-    const uint8_t *wA, *wB, *sA, *sB;
-    if (G == 1) { /* warp w: features 8 w + g of the block's WT_ROWS / 2, W1's row as A row g, W3's as g + 8 */
-        fA = fB = (int64_t)blockIdx.x * (WT_ROWS / 2) + warp * 8 + g;
-        wA = a.w1[e] + fA * (K / 2);
-        wB = a.w3[e] + fA * (K / 2);
-        sA = a.s1[e] + fA * nkb;
-        sB = a.s3[e] + fA * nkb;
-    } else {
-        fA = (int64_t)blockIdx.x * WT_ROWS + warp * 16 + g;
-        fB = fA + 8;
-        wA = a.w2[e] + fA * (K / 2);
-        wB = a.w2[e] + fB * (K / 2);
-        sA = a.s2[e] + fA * nkb;
-        sB = a.s2[e] + fB * nkb;
-    }
+    const wg_rows wr = wg_rows_of<G>(a, e, K, WT_ROWS, warp, g);
+    const uint8_t *const wA = wr.wA, *const wB = wr.wB, *const sA = wr.sA, *const sB = wr.sB;
     /* B: thread t copies 16-byte units of token t / 4 (rows past the tile's end: zeros), units 4 i + t % 4 of its
      * chunk row (16 (step, half) units of 8 bf16), so a warp reads 64 contiguous bytes of 8 tokens and writes 128
      * contiguous bytes for each t % 4 */
@@ -634,15 +642,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             for (int u = 0; u < 2; u++) {
                 const int tk = 8 * j + 2 * q + u;
                 if (tk >= ntk) continue;
-                const int64_t row = r0 + tk;
-                if (G == 1) {
-                    float hv = swiglu1(acc[4 * j + u], acc[4 * j + 2 + u], a.limit);
-                    if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
-                    a.h[row * a.I + fA] = hv;
-                } else {
-                    a.yp[row * a.D + fA] = acc[4 * j + u];
-                    a.yp[row * a.D + fB] = acc[4 * j + 2 + u];
-                }
+                wg_store<G>(a, r0 + tk, wr, acc[4 * j + u], acc[4 * j + 2 + u]);
             }
     };
     if (ntk > 64) run(std::integral_constant<int, 128>{});
