@@ -30,6 +30,9 @@ if want moe; then
     step "wgmma tiles, weight scales far from the usual range"
     TEST_CUDA_FILTER=test_gpu_wgtiles_scales timeout 120 $B/test_cuda_moe > "$OUT/moe_scales.txt" 2>&1
     grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_scales.txt" | tail -8
+    step "wgmma tiles of every width (skewed routing)"
+    TEST_CUDA_FILTER=test_gpu_wgtiles_sizes timeout 120 $B/test_cuda_moe > "$OUT/moe_sizes.txt" 2>&1
+    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_sizes.txt" | tail -14
 fi
 if want bench; then
     step "bench_gpu_moe, act_quant'd runs"

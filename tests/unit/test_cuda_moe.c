@@ -67,13 +67,15 @@ static void *xmalloc(size_t n)
 
 /* ------------------------------------------------------------------ routings */
 
-enum { R_UNIFORM, R_HOT, R_DUP, R_BAD };
-static const char *kind_name[] = {"uniform", "hot", "dup", "bad-ids"};
+enum { R_UNIFORM, R_HOT, R_DUP, R_BAD, R_SKEW, R_KINDS };
+static const char *kind_name[] = {"uniform", "hot", "dup", "bad-ids", "skew"};
 
 /* ids [T, topk], w [T, topk].  UNIFORM: k distinct experts per token, as a
  * top-k gives.  HOT: the same, but every token's first slot is expert 1.
  * DUP: experts drawn with replacement (a token may hold one twice).  BAD:
- * UNIFORM with a few ids out of range. */
+ * UNIFORM with a few ids out of range.  SKEW: k distinct experts, expert e
+ * drawn with weight e + 1, so the experts' row counts spread over a range
+ * (the tiles' sizes with them). */
 static void make_routing(int32_t *ids, float *w, int64_t T, int topk, int E, int kind)
 {
     int32_t perm[BCU_MOE_MAX_EXPERTS];
@@ -89,6 +91,14 @@ static void make_routing(int32_t *ids, float *w, int64_t T, int topk, int E, int
             int32_t e;
             if (kind == R_DUP) {
                 e = (int32_t)(rnd() % (uint64_t)E);
+            } else if (kind == R_SKEW && topk <= E) {
+                int taken;
+                do { /* weight e + 1 of E (E + 1) / 2, again while the token has e */
+                    int64_t r = (int64_t)(rnd() % (uint64_t)((int64_t)E * (E + 1) / 2));
+                    for (e = 0; r > e; e++) r -= e + 1;
+                    taken = 0;
+                    for (int j = 0; j < k; j++) taken |= ids[t * topk + j] == e;
+                } while (taken);
             } else if (k < k0) {
                 e = perm[k];
             } else { /* partial Fisher-Yates: k distinct */
@@ -146,7 +156,9 @@ static void naive_plan(const int32_t *ids, const float *w, int64_t T, int topk, 
         p->cnt[e] = c;
         if (c) {
             p->act[n_act++] = e;
-            for (int r = 0; r < c; r += BCU_MOE_TILE_M) {
+            /* ceil(c / 128) tiles of ceil(c / tiles) rows, the last one takes the rest */
+            const int n = (c + BCU_MOE_TILE_M - 1) / BCU_MOE_TILE_M, span = (c + n - 1) / n;
+            for (int j = 0, r = 0; j < n; r += span, j++) {
                 p->tile_e[n_tiles] = e;
                 p->tile_r0[n_tiles++] = run + r;
             }
@@ -222,7 +234,7 @@ static void test_route_host_matches_stable_sort(void **st)
     for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
         for (size_t b = 0; b < sizeof Es / sizeof Es[0]; b++)
             for (size_t c = 0; c < sizeof ks / sizeof ks[0]; c++)
-                for (int kind = 0; kind < 4; kind++) {
+                for (int kind = 0; kind < R_KINDS; kind++) {
                     const int64_t T = Ts[a];
                     const int E = Es[b], topk = ks[c];
                     if (topk > E && kind != R_DUP) continue;
@@ -735,6 +747,8 @@ static void test_gpu_v4dims(void **st)
  *     midpoint, where the device may round the other way (then exactly one step apart; at most 1 in 2000);
  *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
  *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
+static int fp8_h_routing = R_UNIFORM;
+static unsigned fp8_h_widths; /* bit n / 16 - 1: some tile had n - 15 .. n rows */
 static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t *Ts, size_t nT, const variant *vs,
                          size_t nv)
 {
@@ -745,7 +759,7 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
         const int64_t T = Ts[ti], P = T * topk;
         int32_t *ids = xmalloc((size_t)P * sizeof *ids);
         float *w = xmalloc((size_t)P * sizeof *w), *x = xmalloc((size_t)(T * D) * sizeof *x);
-        make_routing(ids, w, T, topk, X.E, R_UNIFORM);
+        make_routing(ids, w, T, topk, X.E, fp8_h_routing);
         for (int64_t i = 0; i < T * D; i++) x[i] = unif();
         for (int64_t t = 0; t < T; t++) aq_ref_row(x + t * D, D, NULL); /* the caller hands x over quantised */
         X.ex.swiglu_limit = 0.0f;
@@ -754,6 +768,10 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
         hplan hp;
         hplan_make(&hp, T, topk, X.E);
         bcu_moe_route_host(ids, w, T, topk, X.E, &hp.p);
+        for (int e = 0; e < X.E; e++) { /* the wgmma widths these tiles take (16 a step: the tile's rows rounded up) */
+            const int64_t span = hp.p.cnt[e] < 1 ? 0 : (hp.p.cnt[e] + (hp.p.cnt[e] + 127) / 128 - 1) / ((hp.p.cnt[e] + 127) / 128);
+            if (span) fp8_h_widths |= 1u << ((span + 15) / 16 - 1);
+        }
         /* the reference h of every row, unquantised (hr) and quantised (hq), with the midpoint gaps */
         float *hr = xmalloc((size_t)(P * I) * sizeof *hr), *hq = xmalloc((size_t)(P * I) * sizeof *hq);
         double *gap = xmalloc((size_t)(P * I) * sizeof *gap);
@@ -890,6 +908,22 @@ static void test_gpu_wgtiles_scales(void **st)
     scale_range = 1;
     act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, 2);
     scale_range = 0;
+}
+
+/* The wgmma tiles over experts of 5 to 270 rows (skewed routing): tiles of every wgmma width (16, 32, .., 128 tokens)
+ * and experts cut into two and three tiles, beside the one-plane tiles */
+static void test_gpu_wgtiles_sizes(void **st)
+{
+    (void)st;
+    if (!bcu_wg_available()) skip();
+    const int64_t Ts[] = {64, 120, 250, 400, 700};
+    const variant vs[] = {{BCU_MOE_TILED, BCU_MOE_BF16, 5e-5, 0, 0}, {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0}};
+    fp8_h_routing = R_SKEW;
+    fp8_h_widths = 0;
+    act_fp8_h_run(8, 512, 384, 3, Ts, 5, vs, 2);
+    fp8_h_routing = R_UNIFORM;
+    printf("  [moe] wgtiles sizes: tile widths covered 0x%02x (all eight: 0xff)\n", fp8_h_widths);
+    assert_int_equal(fp8_h_widths, 0xffu);
 }
 
 /* The wgmma path at V4-Flash sizes (dim 4096, inter 2048, top-6), beside the mma rows on the same inputs */
@@ -1063,6 +1097,7 @@ int main(void)
         cmocka_unit_test(test_gpu_wg_probe),
         cmocka_unit_test(test_gpu_wgmma_v4dims),
         cmocka_unit_test(test_gpu_wgtiles_scales),
+        cmocka_unit_test(test_gpu_wgtiles_sizes),
     };
     return cmocka_run_group_tests_name("moe_gpu", gpu, NULL, NULL);
 }

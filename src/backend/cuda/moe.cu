@@ -180,9 +180,10 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
         for (int w = 0; w < RT_WARPS; w++) hist[w * E + tid] += off;
         if (cnt > 0) {
             a.act[ai] = tid;
+            const int span = (int)bcu_moe_tile_span(cnt);
             for (int j = 0; j < nt; j++) {
                 a.tile_e[ti + j] = tid;
-                a.tile_r0[ti + j] = off + j * TL_M;
+                a.tile_r0[ti + j] = off + j * span;
             }
         }
     }
@@ -397,8 +398,8 @@ __device__ __forceinline__ Tile tile_of(const MoeArgs &a)
     t.r0 = t.n = t.n0 = 0;
     if (t.e < 0) return t;
     t.r0 = a.tile_r0[blockIdx.y];
-    const int64_t end = a.off[t.e + 1];
-    t.n = end - t.r0 < TL_M ? end - t.r0 : TL_M;
+    const int64_t end = a.off[t.e + 1], span = bcu_moe_tile_span(end - a.off[t.e]);
+    t.n = end - t.r0 < span ? end - t.r0 : span;
     t.n0 = (int64_t)blockIdx.x * (G == 1 ? TL_W / 2 : TL_W);
     return t;
 }
@@ -1095,9 +1096,10 @@ extern "C" void bcu_moe_route_host(const int32_t *ids, const float *w, int64_t T
         p->off[e] = run;
         if (cnt > 0) {
             p->act[n_act++] = e;
+            const int span = (int)bcu_moe_tile_span(cnt);
             for (int j = 0; j < (cnt + TL_M - 1) / TL_M; j++) {
                 p->tile_e[n_tiles] = e;
-                p->tile_r0[n_tiles++] = run + j * TL_M;
+                p->tile_r0[n_tiles++] = run + j * span;
             }
         }
         run += cnt;

@@ -25,7 +25,18 @@ extern "C" {
 #define BCU_MOE_BLOCK 32        /* ue8m0 scale block along the input dim (V4: 1 x 32) */
 #define BCU_MOE_MAX_EXPERTS 512 /* the routing kernel keeps one counter per expert and per chunk */
 #define BCU_MOE_MAX_TOPK 16
-#define BCU_MOE_TILE_M 128      /* rows (token, expert pairs) per tile of the tiled kernels */
+#define BCU_MOE_TILE_M 128      /* rows (token, expert pairs) per tile of the tiled kernels, at most */
+
+/* An expert's cnt rows are cut into ceil(cnt / BCU_MOE_TILE_M) tiles of this many rows each (the last one shorter by
+ * fewer rows than there are tiles): 130 rows are 65 + 65, not 128 + 2, so no tile wastes a weight pass on a few rows */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int64_t bcu_moe_tile_span(int64_t cnt)
+{
+    const int64_t nt = (cnt + BCU_MOE_TILE_M - 1) / BCU_MOE_TILE_M;
+    return nt > 0 ? (cnt + nt - 1) / nt : 0;
+}
 
 /* One layer's routed experts, resident on the device in checkpoint format.
  * Each of w1..s2 is a DEVICE array of n_experts DEVICE pointers, so the
@@ -107,7 +118,7 @@ typedef struct {
     int32_t *cnt;     /* [E] pairs per expert */
     int32_t *off;     /* [E + 1] first row of each expert; off[E] = valid pairs */
     int32_t *act;     /* [n_slots] active experts, ascending, then -1 */
-    int32_t *tile_e;  /* [max_tiles] expert of each tile of BCU_MOE_TILE_M rows, then -1 */
+    int32_t *tile_e;  /* [max_tiles] expert of each tile (bcu_moe_tile_span rows), then -1 */
     int32_t *tile_r0; /* [max_tiles] its first row */
     int32_t *sorted;  /* [P] the pair at each row: by expert, pairs ascending within one */
     int32_t *pos;     /* [P] the row of each pair (-1: invalid id) */

@@ -40,6 +40,7 @@
 #include <type_traits>
 
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/moe_ops.cuh"
 #include "backend/cuda/moe_wg.h"
 
@@ -107,45 +108,35 @@ template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const
 }
 /* d[0 .. NN / 2) += A B: m64nNNk16, A (bf16) from registers, B (bf16, K-major) through a descriptor; NN = 32 and 64
  * read the first tokens of a tile's B (for tiles of at most that many rows) */
-template <int NN> __device__ __forceinline__ void wt_mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc);
-template <> __device__ __forceinline__ void wt_mma<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+/* m64nNNk16 for NN = 16, 32, .., 128: the instruction names the first NN / 2 accumulators; the rest are operands it
+ * leaves alone (they are the same registers in every variant) */
+#define WT_D8(a, b, c, d, e, f, g, h) "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h
+#define WT_D16 WT_D8(0, 1, 2, 3, 4, 5, 6, 7)
+#define WT_D32 WT_D16 ", " WT_D8(8, 9, 10, 11, 12, 13, 14, 15)
+#define WT_D48 WT_D32 ", " WT_D8(16, 17, 18, 19, 20, 21, 22, 23)
+#define WT_D64 WT_D48 ", " WT_D8(24, 25, 26, 27, 28, 29, 30, 31)
+#define WT_D80 WT_D64 ", " WT_D8(32, 33, 34, 35, 36, 37, 38, 39)
+#define WT_D96 WT_D80 ", " WT_D8(40, 41, 42, 43, 44, 45, 46, 47)
+#define WT_D112 WT_D96 ", " WT_D8(48, 49, 50, 51, 52, 53, 54, 55)
+#define WT_D128 WT_D112 ", " WT_D8(56, 57, 58, 59, 60, 61, 62, 63)
+#define WT_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WT_MMA(n)                                                                                                    \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 {" WT_D##n "}, "                         \
+                 "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"                                                        \
+                 : WT_F8(0), WT_F8(8), WT_F8(16), WT_F8(24), WT_F8(32), WT_F8(40), WT_F8(48), WT_F8(56)             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+template <int NN> __device__ __forceinline__ void wt_mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
 {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <> __device__ __forceinline__ void wt_mma<64>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
-{
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <> __device__ __forceinline__ void wt_mma<32>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
-{
-    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-                 "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    static_assert(NN % 16 == 0 && NN >= 16 && NN <= 128, "n: a multiple of 16 up to 128");
+    if constexpr (NN == 16) WT_MMA(16);
+    else if constexpr (NN == 32) WT_MMA(32);
+    else if constexpr (NN == 48) WT_MMA(48);
+    else if constexpr (NN == 64) WT_MMA(64);
+    else if constexpr (NN == 80) WT_MMA(80);
+    else if constexpr (NN == 96) WT_MMA(96);
+    else if constexpr (NN == 112) WT_MMA(112);
+    else WT_MMA(128);
 }
 #endif
 
@@ -265,14 +256,15 @@ __device__ __forceinline__ wg_rows wg_rows_of(const bcu_wg_args &a, int e, int64
     return r;
 }
 
-/* a stage's output for (row, rows fA / fB): G = 1, h = swiglu(gate vA, up vB) (times the routing weight under
- * official semantics); G = 2, yp */
+/* a stage's output for (row, rows fA / fB): G = 1, h = swiglu(gate vA, up vB) (times the row's routing weight rw
+ * under official semantics); G = 2, yp */
 template <int G>
-__device__ __forceinline__ void wg_store(const bcu_wg_args &a, int64_t row, const wg_rows &w, float vA, float vB)
+__device__ __forceinline__ void wg_store(const bcu_wg_args &a, int64_t row, const wg_rows &w, float vA, float vB,
+                                         float rw)
 {
     if (G == 1) {
         float hv = swiglu1(vA, vB, a.limit);
-        if (a.official) hv = __fmul_rn(hv, a.w[a.sorted[row]]);
+        if (a.official) hv = __fmul_rn(hv, rw);
         a.h[row * a.I + w.fA] = hv;
     } else {
         a.yp[row * a.D + w.fA] = vA;
@@ -447,7 +439,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
         for (int u = 0; u < 2; u++) {
             const int tk = 2 * q + u;
             if (tk >= ntk) continue;
-            wg_store<G>(a, r0 + t0 + tk, wr, acc[u], acc[2 + u]);
+            wg_store<G>(a, r0 + t0 + tk, wr, acc[u], acc[2 + u],
+                        G == 1 && a.official ? a.w[a.sorted[r0 + t0 + tk]] : 1.0f);
         }
     }
 #endif
@@ -509,22 +502,27 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
     const int64_t K = G == 1 ? a.D : a.I;
     const int nkb = (int)(K / 32), nch = nkb / 4;
     const int64_t r0 = a.tile_r0[blockIdx.y];
-    const int ntk = a.off[e + 1] - r0 < WT_N ? (int)(a.off[e + 1] - r0) : WT_N;
+    const int64_t span = bcu_moe_tile_span(a.off[e + 1] - a.off[e]);
+    const int ntk = (int)(a.off[e + 1] - r0 < span ? a.off[e + 1] - r0 : span);
+
     uint8_t *bring = smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u); /* 128B-swizzle atoms: 1 KB aligned */
     uint8_t *wring = bring + WT_STAGES * WT_BSTAGE + warp * WT_STAGES * WT_WSTAGE;
 
     const wg_rows wr = wg_rows_of<G>(a, e, K, WT_ROWS, warp, g);
     const uint8_t *const wA = wr.wA, *const wB = wr.wB, *const sA = wr.sA, *const sB = wr.sB;
-    /* B: thread t copies 16-byte units of token t / 4 (rows past the tile's end: zeros), units 4 i + t % 4 of its
-     * chunk row (16 (step, half) units of 8 bf16), so a warp reads 64 contiguous bytes of 8 tokens and writes 128
-     * contiguous bytes for each t % 4 */
+    /* the tile's routing weights (stage 1, official semantics) for the epilogue, fetched now: read there from
+     * global memory, each behind the stores before it, they were a third of stage 1's time */
+    __shared__ float rws[WT_N];
+    if (tid < WT_N) rws[tid] = G == 1 && a.official && tid < ntk ? a.w[a.sorted[r0 + tid]] : 1.0f;
+    /* B: thread t copies 16-byte units of token t / 4, units 4 i + t % 4 of its chunk row (16 (step, half) units of
+     * 8 bf16), so a warp reads 64 contiguous bytes of 8 tokens and writes 128 contiguous bytes for each t % 4.  Rows
+     * past the tile's end are not copied: the wgmma reads them (its n rounds up) into sums no one stores */
     const int bn = tid >> 2, bq = tid & 3;
+    const bool bcopy = bn < ntk;
     const uint8_t *bsrc = a.xc;
-    uint32_t bsz = 0;
-    if (bn < ntk) {
+    if (bcopy) {
         const int64_t row = r0 + bn;
         bsrc = (G == 1 ? a.xc + (int64_t)(a.sorted[row] / a.topk) * K * 2 : a.hc + row * K * 2) + 16 * bq;
-        bsz = 16;
     }
     /* unit u = 2 step + half of a chunk (8 k positions) is 16-byte piece u % 8 of k atom u / 8 (64 k positions,
      * a 128-byte row per token), stored at piece (u % 8) ^ (token % 8): the 128-byte swizzle, so the wgmma's
@@ -536,14 +534,12 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
      * bytes 16 q.. of rows g and g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8) */
     auto issue = [&](int c) {
         if (c < nch) {
-            const uint8_t *src = bsz ? bsrc + 256 * (int64_t)c : bsrc;
+            const uint8_t *src = bsrc + 256 * (int64_t)c;
             const uint32_t so = (c % WT_STAGES) * WT_BSTAGE;
+            if (bcopy)
 #pragma unroll
-            for (int i = 0; i < 4; i++) /* unit 4 i + bq: k atom i / 2, piece 4 (i % 2) + bq */
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                                 (i & 1 ? bdst1 : bdst0) + so + (i >> 1) * (WT_N * 128)),
-                             "l"(src + 64 * i), "r"(bsz)
-                             : "memory");
+                for (int i = 0; i < 4; i++) /* unit 4 i + bq: k atom i / 2, piece 4 (i % 2) + bq */
+                    cp16((i & 1 ? bdst1 : bdst0) + so + (i >> 1) * (WT_N * 128), src + 64 * i);
             const uint32_t s = smem_u32(wring + (c % WT_STAGES) * WT_WSTAGE);
             cp16(s + g * 64 + 16 * q, wA + 64 * (int64_t)c + 16 * q);
             cp16(s + (8 + g) * 64 + 16 * q, wB + 64 * (int64_t)c + 16 * q);
@@ -580,7 +576,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             }
     };
 
-    /* the loop and the epilogue for wgmmas of NN tokens: the tile's rows rounded up to 32, 64 or 128 (the
+    /* the loop and the epilogue for wgmmas of NN tokens: the tile's rows rounded up to a multiple of 16 (the
      * instruction's n is fixed; one variant a block keeps the loop free of branches) */
     auto run = [&](auto nn) {
         constexpr int NN = decltype(nn)::value;
@@ -637,17 +633,24 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
 
         /* acc[4 j + i]: row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
 #pragma unroll
-        for (int j = 0; j < WT_N / 8; j++)
+        for (int j = 0; j < NN / 8; j++)
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int tk = 8 * j + 2 * q + u;
                 if (tk >= ntk) continue;
-                wg_store<G>(a, r0 + tk, wr, acc[4 * j + u], acc[4 * j + 2 + u]);
+                wg_store<G>(a, r0 + tk, wr, acc[4 * j + u], acc[4 * j + 2 + u], rws[tk]);
             }
     };
-    if (ntk > 64) run(std::integral_constant<int, 128>{});
-    else if (ntk > 32) run(std::integral_constant<int, 64>{});
-    else run(std::integral_constant<int, 32>{});
+    switch ((ntk + 15) >> 4) { /* the wgmma's n */
+    case 1: run(std::integral_constant<int, 16>{}); break;
+    case 2: run(std::integral_constant<int, 32>{}); break;
+    case 3: run(std::integral_constant<int, 48>{}); break;
+    case 4: run(std::integral_constant<int, 64>{}); break;
+    case 5: run(std::integral_constant<int, 80>{}); break;
+    case 6: run(std::integral_constant<int, 96>{}); break;
+    case 7: run(std::integral_constant<int, 112>{}); break;
+    default: run(std::integral_constant<int, 128>{}); break;
+    }
 #endif
 }
 
