@@ -473,8 +473,14 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #define WT_SMEM (WT_STAGES * (WT_BSTAGE + WT_WARPS * WT_WSTAGE) + 1024) /* + the swizzle atoms' alignment */
 static_assert(WT_THREADS == 4 * WT_N, "a chunk of B is four 16-byte units a thread");
 
-/* 4 e2m1 codes' pairs (n_i, n_{i+4}) of x = w >> 4 i as bf16 values code * 2^-126 */
-__device__ __forceinline__ uint32_t wt_place(uint32_t x) { return ((x << 12) & 0x80008000u) | ((x << 6) & 0x01c001c0u); }
+/* the pair of e2m1 codes (n_i, n_{i+4}) of a word w (nibble n_j at bits 4 j), i = 0..3, as bf16 values code * 2^-126
+ * (sign to bit 15 / 31, E1 E0 m to bits 6..8 / 22..24).  The two shifts are one multiply: the nibbles masked out of
+ * w (i >= 2: out of w >> 8, passed as w8) times 2^a + 2^b land on bits that do not overlap, so nothing carries */
+template <int I> __device__ __forceinline__ uint32_t wt_pair(uint32_t w, uint32_t w8)
+{
+    const uint32_t x = I < 2 ? w : w8;
+    return I & 1 ? ((x & 0x00f000f0u) * 0x104u) & 0x81c081c0u : ((x & 0x000f000fu) * 0x1040u) & 0x81c081c0u;
+}
 __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t b)
 {
     uint32_t d;
@@ -559,21 +565,31 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
         const bool big = __any_sync(0xffffffffu, ba > 128u || bb > 128u);
         const uint32_t ma = (ba <= 128u ? ba + 126u : 253u) << 7, mb = (bb <= 128u ? bb + 126u : 253u) << 7;
         const uint32_t wa[2] = {ra.x, ra.y}, wb[2] = {rb.x, rb.y};
+        const uint32_t sa = ma | ma << 16, sb = mb | mb << 16;
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++) {
+            const uint32_t a8 = wa[m] >> 8, b8 = wb[m] >> 8;
+            A[2 * m][0] = bf2_mul(wt_pair<0>(wa[m], a8), sa);
+            A[2 * m][1] = bf2_mul(wt_pair<0>(wb[m], b8), sb);
+            A[2 * m][2] = bf2_mul(wt_pair<1>(wa[m], a8), sa);
+            A[2 * m][3] = bf2_mul(wt_pair<1>(wb[m], b8), sb);
+            A[2 * m + 1][0] = bf2_mul(wt_pair<2>(wa[m], a8), sa);
+            A[2 * m + 1][1] = bf2_mul(wt_pair<2>(wb[m], b8), sb);
+            A[2 * m + 1][2] = bf2_mul(wt_pair<3>(wa[m], a8), sa);
+            A[2 * m + 1][3] = bf2_mul(wt_pair<3>(wb[m], b8), sb);
+        }
+        if (big) { /* rare (scales above 2): a branch, not 16 predicated multiplies in every half chunk */
+            const uint32_t m2a = ba <= 128u ? 127u << 7 : ba == 255u ? 0x7fc0u : ba << 7;
+            const uint32_t m2b = bb <= 128u ? 127u << 7 : bb == 255u ? 0x7fc0u : bb << 7;
+            const uint32_t s2a = m2a | m2a << 16, s2b = m2b | m2b << 16;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint32_t pa = bf2_mul(wt_place(wa[m] >> (4 * i)), ma | ma << 16);
-                uint32_t pb = bf2_mul(wt_place(wb[m] >> (4 * i)), mb | mb << 16);
-                if (big) {
-                    const uint32_t m2a = ba <= 128u ? 127u << 7 : ba == 255u ? 0x7fc0u : ba << 7;
-                    const uint32_t m2b = bb <= 128u ? 127u << 7 : bb == 255u ? 0x7fc0u : bb << 7;
-                    pa = bf2_mul(pa, m2a | m2a << 16);
-                    pb = bf2_mul(pb, m2b | m2b << 16);
-                }
-                A[2 * m + (i >> 1)][(i & 1) * 2] = pa;
-                A[2 * m + (i >> 1)][(i & 1) * 2 + 1] = pb;
+            for (int r = 0; r < 4; r++) {
+                A[r][0] = bf2_mul(A[r][0], s2a);
+                A[r][1] = bf2_mul(A[r][1], s2b);
+                A[r][2] = bf2_mul(A[r][2], s2a);
+                A[r][3] = bf2_mul(A[r][3], s2b);
             }
+        }
     };
 
     /* the loop and the epilogue for wgmmas of NN tokens: the tile's rows rounded up to a multiple of 16 (the
