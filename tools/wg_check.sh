@@ -33,6 +33,9 @@ if want moe; then
     step "wgmma tiles of every width (skewed routing)"
     TEST_CUDA_FILTER=test_gpu_wgtiles_sizes timeout 120 $B/test_cuda_moe > "$OUT/moe_sizes.txt" 2>&1
     grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_sizes.txt" | tail -14
+    step "device routing (one block, chunked)"
+    TEST_CUDA_FILTER=test_gpu_route timeout 300 $B/test_cuda_moe > "$OUT/moe_route.txt" 2>&1
+    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_route.txt" | tail -6
 fi
 if want bench; then
     step "bench_gpu_moe, act_quant'd runs"

@@ -747,6 +747,75 @@ static void test_gpu_v4dims(void **st)
  *     midpoint, where the device may round the other way (then exactly one step apart; at most 1 in 2000);
  *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
  *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
+/* The routing plan on the device, bcu_moe_route alone: one block below 4096 pairs, the four chunked launches from
+ * there (prefill-sized batches), each against the host emulation (itself checked against a stable sort above) */
+static void test_gpu_route(void **st)
+{
+    (void)st;
+    const int64_t Ts[] = {2, 300, 682, 683, 5000, 20000}; /* top-6: 4092 and 4098 pairs around the switch */
+    const int Es[] = {8, 256, 512};
+    const int ks[] = {1, 6};
+    int n = 0;
+    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
+        for (size_t b = 0; b < sizeof Es / sizeof Es[0]; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof ks[0]; c++)
+                for (int kind = 0; kind < R_KINDS; kind++) {
+                    const int64_t T = Ts[a], P = T * ks[c];
+                    const int E = Es[b], topk = ks[c];
+                    int32_t *ids = xmalloc((size_t)P * sizeof *ids);
+                    float *w = xmalloc((size_t)P * sizeof *w);
+                    make_routing(ids, w, T, topk, E, kind);
+                    hplan h, g;
+                    hplan_make(&h, T, topk, E);
+                    hplan_make(&g, T, topk, E);
+                    bcu_moe_route_host(ids, w, T, topk, E, &h.p);
+                    bcu_moe_plan dp;
+                    assert_int_equal(bcu_moe_plan_layout(NULL, T, topk, E, 32, 32, &dp), 0);
+                    void *ws;
+                    int32_t *dids;
+                    float *dw;
+                    CK(cudaMalloc(&ws, dp.bytes));
+                    CK(cudaMalloc((void **)&dids, (size_t)P * sizeof *dids));
+                    CK(cudaMalloc((void **)&dw, (size_t)P * sizeof *dw));
+                    CK(cudaMemcpy(dids, ids, (size_t)P * sizeof *dids, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(dw, w, (size_t)P * sizeof *dw, cudaMemcpyHostToDevice));
+                    CK(cudaMemset(ws, 0xFF, dp.bytes));
+                    CK(bcu_moe_route(dids, dw, T, topk, E, 32, 32, ws, dp.bytes, 0));
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaMemcpy(g.buf, ws, g.p.route_bytes, cudaMemcpyDeviceToHost));
+                    char what[128];
+                    snprintf(what, sizeof what, "device routing T=%lld E=%d topk=%d %s (%s)", (long long)T, E, topk,
+                             kind_name[kind], P < 4096 ? "one block" : "chunked");
+                    if (plan_differs(what, &g.p, &h.p, T, topk, E)) fail_msg("%s differs from the host plan", what);
+                    CK(cudaFree(ws));
+                    CK(cudaFree(dids));
+                    CK(cudaFree(dw));
+                    free(h.buf);
+                    free(g.buf);
+                    free(ids);
+                    free(w);
+                    n++;
+                }
+    printf("  [moe] device routing == host emulation on %d routings (one block and chunked)\n", n);
+}
+
+/* The wgmma tiles leave the quantised h only as stage 2's operand: bf16 values in the tiles' k order (moe_wg.h).
+ * Within each 128 columns, step s (16 values) holds at k position 8 h + 2 q + j the column 32 q + 8 (s / 2) +
+ * 2 (s % 2) + h + 4 j; this reads them back into h [P][I]. */
+static void hd_of_tiles(float *hd, const uint16_t *dhq, int64_t P, int64_t I)
+{
+    uint16_t *b = xmalloc((size_t)(P * I) * sizeof *b);
+    CK(cudaMemcpy(b, dhq, (size_t)(P * I) * sizeof *b, cudaMemcpyDeviceToHost));
+    for (int64_t r = 0; r < P; r++)
+        for (int64_t c = 0; c < I; c += 128)
+            for (int m = 0; m < 128; m++) {
+                const int q = m / 32, s = 2 * (m % 32 / 8) + m % 4 / 2, h = m % 2, j = m % 8 / 4;
+                const uint32_t u = (uint32_t)b[r * I + c + 16 * s + 8 * h + 2 * q + j] << 16;
+                memcpy(&hd[r * I + c + m], &u, sizeof u);
+            }
+    free(b);
+}
+
 static int fp8_h_routing = R_UNIFORM;
 static unsigned fp8_h_widths; /* bit n / 16 - 1: some tile had n - 15 .. n rows */
 static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t *Ts, size_t nT, const variant *vs,
@@ -811,7 +880,8 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
             if (r != cudaSuccess) fail_msg("%s: bcu_moe_forward: %s", what, cudaGetErrorString(r));
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(y, dy, (size_t)(T * D) * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(hd, dp.h, (size_t)(P * I) * 4, cudaMemcpyDeviceToHost));
+            if (vs[v].path == BCU_MOE_WGTILES) hd_of_tiles(hd, dp.hq, P, I);
+            else CK(cudaMemcpy(hd, dp.h, (size_t)(P * I) * 4, cudaMemcpyDeviceToHost));
             memcpy(ys + v * (size_t)(T * D), y, (size_t)(T * D) * sizeof *y);
             if (vs[v].path == BCU_MOE_MMAROWS && vs[v].math == BCU_MOE_BF16) {
                 /* one plane of exact bf16 values: the three-plane variant of the same tiling, bit for bit */
@@ -1091,6 +1161,7 @@ int main(void)
     if (!cuda_device_present()) return 77;
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_gpu_refuses_bad_calls),
+        cmocka_unit_test(test_gpu_route),
         cmocka_unit_test(test_gpu_small),
         cmocka_unit_test(test_gpu_v4dims),
         cmocka_unit_test(test_gpu_act_fp8_h),

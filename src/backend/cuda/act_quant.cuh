@@ -46,6 +46,11 @@ __device__ __forceinline__ float gr_pow2_ceil(float v)
  * multiply by 1/448) */
 __device__ __forceinline__ float aq_scale_e4m3(float amax) { return gr_pow2_ceil(__fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f)); }
 
+/* 1 / sc for a scale of gr_pow2_ceil: a power of two, so its reciprocal is exact (2^-127 included, a subnormal)
+ * and x * aq_inv(sc) rounds the same real number as x / sc does; one multiply where IEEE division costs a dozen
+ * instructions (for sc = inf or NaN the two agree as well) */
+__device__ __forceinline__ float aq_inv(float sc) { return __frcp_rn(sc); }
+
 /* round(x / sc) to e4m3, decoded: the code's value (|v| <= 448, or NaN) */
 __device__ __forceinline__ float aq_code_e4m3(float x, float sc) { return gr_dec_e4m3(gr_enc_e4m3(__fdiv_rn(x, sc))); }
 

@@ -549,8 +549,9 @@ __global__ void __launch_bounds__(GR_NT)
 #pragma unroll
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float sc = gr_pow2_ceil(__fmul_rn(amax, FP4 ? 1.0f / 6.0f : 1.0f / 448.0f)); /* the kernels multiply */
+    const float inv = aq_inv(sc); /* xr[i] / sc, exactly */
     for (size_t i = b0 + lane; i < b1; i += 32) {
-        const float v = __fdiv_rn(xr[i], sc);
+        const float v = __fmul_rn(xr[i], inv);
         xr[i] = __fmul_rn(FP4 ? gr_dec_fp4(gr_enc_fp4(v)) : gr_dec_e4m3(gr_enc_e4m3(v)), sc);
     }
 }

@@ -54,6 +54,8 @@
 
 #define RT_THREADS 512 /* routing kernel: threads, >= BCU_MOE_MAX_EXPERTS */
 #define RT_WARPS 16    /* routing kernel: chunks of pairs */
+#define RM_PAIRS 512   /* multi-block routing: pairs a chunk (a one-warp block) */
+#define RM_MIN_P 4096  /* from this many pairs the routing runs on many blocks */
 #define RW_WARPS 8     /* rows kernel: warps per block */
 #define TL_M BCU_MOE_TILE_M
 #define TL_W 128 /* weight rows per tile */
@@ -126,29 +128,17 @@ __device__ int block_scan_excl(int v, int *total, int *buf)
     return excl;
 }
 
-__global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
+/* a warp's chunk [c0, c1) of pairs, 32 at a time: per-expert counts into h (shared); returns the pairs with an
+ * out-of-range id (on every lane) */
+__device__ int count_chunk(const RouteArgs &a, int64_t c0, int64_t c1, int *h, int lane)
 {
-    extern __shared__ int hist[]; /* [RT_WARPS][E]: per chunk, counts, then running rows */
-    __shared__ int buf[32];
-    __shared__ int s_bad;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E;
-    for (int i = tid; i < RT_WARPS * E; i += RT_THREADS) hist[i] = 0;
-    if (tid == 0) s_bad = 0;
-    __syncthreads();
-
-    /* 1: per-chunk counts.  Warps >= RT_WARPS have no chunk. */
-    const int64_t C = (a.P + RT_WARPS - 1) / RT_WARPS;
-    int64_t c0 = (int64_t)warp * C, c1;
-    if (warp >= RT_WARPS || c0 > a.P) c0 = a.P;
-    c1 = c0 + C < a.P ? c0 + C : a.P;
-    int *h = hist + (warp < RT_WARPS ? warp : 0) * E;
     int bad = 0;
     for (int64_t base = c0; base < c1; base += 32) { /* the same trip count on every lane */
         const int64_t i = base + lane;
         int e = -1;
         if (i < c1) {
             e = a.ids[i];
-            if (e < 0 || e >= E) {
+            if (e < 0 || e >= a.E) {
                 e = -1;
                 bad++;
             }
@@ -157,56 +147,21 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
         if (e >= 0 && lane == 31 - __clz(m)) h[e] += __popc(m);
         __syncwarp();
     }
-    if (bad) atomicAdd(&s_bad, bad); /* an integer count: order does not matter */
-    __syncthreads();
+#pragma unroll
+    for (int o = 16; o; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
+    return bad;
+}
 
-    /* 2: thread e turns its column into chunk offsets; scans over experts */
-    int cnt = 0;
-    if (tid < E)
-        for (int w = 0; w < RT_WARPS; w++) {
-            const int v = hist[w * E + tid];
-            hist[w * E + tid] = cnt;
-            cnt += v;
-        }
-    int total, n_act, n_tiles;
-    const int off = block_scan_excl(cnt, &total, buf);
-    const int ai = block_scan_excl(cnt > 0, &n_act, buf);
-    const int nt = (cnt + TL_M - 1) / TL_M;
-    const int ti = block_scan_excl(nt, &n_tiles, buf);
-    if (tid < E) {
-        a.cnt[tid] = cnt;
-        a.off[tid] = off;
-        if (tid == E - 1) a.off[E] = off + cnt;
-        for (int w = 0; w < RT_WARPS; w++) hist[w * E + tid] += off;
-        if (cnt > 0) {
-            a.act[ai] = tid;
-            const int span = (int)bcu_moe_tile_span(cnt);
-            for (int j = 0; j < nt; j++) {
-                a.tile_e[ti + j] = tid;
-                a.tile_r0[ti + j] = off + j * span;
-            }
-        }
-    }
-    for (int64_t s = n_act + tid; s < a.n_slots; s += RT_THREADS) a.act[s] = -1;
-    for (int64_t s = n_tiles + tid; s < a.max_tiles; s += RT_THREADS) {
-        a.tile_e[s] = -1;
-        a.tile_r0[s] = 0;
-    }
-    if (tid == 0) {
-        a.hdr[0] = n_act;
-        a.hdr[1] = n_tiles;
-        a.hdr[2] = s_bad;
-    }
-    (void)total;
-    __syncthreads();
-
-    /* 3: stable scatter; a group of equal ids in one step ranks by lane */
+/* the stable scatter of a warp's chunk: h[e] holds the row of the chunk's first pair of expert e (and moves on);
+ * a group of equal ids in one step ranks by lane */
+__device__ void scatter_chunk(const RouteArgs &a, int64_t c0, int64_t c1, int *h, int lane)
+{
     for (int64_t base = c0; base < c1; base += 32) {
         const int64_t i = base + lane;
         int e = -1;
         if (i < c1) {
             e = a.ids[i];
-            if (e < 0 || e >= E) e = -1;
+            if (e < 0 || e >= a.E) e = -1;
         }
         const unsigned m = __match_any_sync(0xffffffffu, e);
         const int b = e >= 0 ? h[e] : 0;
@@ -223,29 +178,159 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
         if (e >= 0 && lane == 31 - __clz(m)) h[e] = b + __popc(m);
         __syncwarp();
     }
-    __syncthreads(); /* pos is read back below by other threads (plain loads, not __ldg) */
+}
 
-    /* 4: per token, the rows of its pairs ascending: ascending expert, then k */
-    for (int64_t t = tid; t < a.T; t += RT_THREADS) {
-        int32_t r[BCU_MOE_MAX_TOPK];
-        float f[BCU_MOE_MAX_TOPK];
-        int n = 0;
-        for (int k = 0; k < a.topk; k++) {
-            const int32_t rk = a.pos[t * a.topk + k];
-            if (rk < 0) continue;
-            int j = n++;
-            for (; j > 0 && r[j - 1] > rk; j--) {
-                r[j] = r[j - 1];
-                f[j] = f[j - 1];
+/* thread e < E of the block holds cnt, the pairs of expert e: writes cnt, off, act, the tiles and hdr; returns
+ * off[e].  Every thread of the block calls it. */
+__device__ int plan_experts(const RouteArgs &a, int cnt, int bad, int *buf)
+{
+    const int tid = threadIdx.x;
+    int total, n_act, n_tiles;
+    const int off = block_scan_excl(cnt, &total, buf);
+    const int ai = block_scan_excl(cnt > 0, &n_act, buf);
+    const int nt = (cnt + TL_M - 1) / TL_M;
+    const int ti = block_scan_excl(nt, &n_tiles, buf);
+    if (tid < a.E) {
+        a.cnt[tid] = cnt;
+        a.off[tid] = off;
+        if (tid == a.E - 1) a.off[a.E] = off + cnt;
+        if (cnt > 0) {
+            a.act[ai] = tid;
+            const int span = (int)bcu_moe_tile_span(cnt);
+            for (int j = 0; j < nt; j++) {
+                a.tile_e[ti + j] = tid;
+                a.tile_r0[ti + j] = off + j * span;
             }
-            r[j] = rk;
-            f[j] = a.w[t * a.topk + k];
-        }
-        for (int k = 0; k < a.topk; k++) {
-            a.comb[t * a.topk + k] = k < n ? r[k] : -1;
-            a.combw[t * a.topk + k] = k < n ? f[k] : 0.0f;
         }
     }
+    for (int64_t s = n_act + tid; s < a.n_slots; s += blockDim.x) a.act[s] = -1;
+    for (int64_t s = n_tiles + tid; s < a.max_tiles; s += blockDim.x) {
+        a.tile_e[s] = -1;
+        a.tile_r0[s] = 0;
+    }
+    if (tid == 0) {
+        a.hdr[0] = n_act;
+        a.hdr[1] = n_tiles;
+        a.hdr[2] = bad;
+    }
+    (void)total;
+    return off;
+}
+
+/* token t's rows of its pairs ascending (ascending expert, then k) and their routing weights */
+__device__ void comb_token(const RouteArgs &a, int64_t t)
+{
+    int32_t r[BCU_MOE_MAX_TOPK];
+    float f[BCU_MOE_MAX_TOPK];
+    int n = 0;
+    for (int k = 0; k < a.topk; k++) {
+        const int32_t rk = a.pos[t * a.topk + k];
+        if (rk < 0) continue;
+        int j = n++;
+        for (; j > 0 && r[j - 1] > rk; j--) {
+            r[j] = r[j - 1];
+            f[j] = f[j - 1];
+        }
+        r[j] = rk;
+        f[j] = a.w[t * a.topk + k];
+    }
+    for (int k = 0; k < a.topk; k++) {
+        a.comb[t * a.topk + k] = k < n ? r[k] : -1;
+        a.combw[t * a.topk + k] = k < n ? f[k] : 0.0f;
+    }
+}
+
+/* the routing plan in one block (decode-sized batches: one launch) */
+__global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
+{
+    extern __shared__ int hist[]; /* [RT_WARPS][E]: per chunk, counts, then running rows */
+    __shared__ int buf[32];
+    __shared__ int s_bad;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E;
+    for (int i = tid; i < RT_WARPS * E; i += RT_THREADS) hist[i] = 0;
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+
+    /* 1: per-chunk counts.  Warps >= RT_WARPS have no chunk. */
+    const int64_t C = (a.P + RT_WARPS - 1) / RT_WARPS;
+    int64_t c0 = (int64_t)warp * C, c1;
+    if (warp >= RT_WARPS || c0 > a.P) c0 = a.P;
+    c1 = c0 + C < a.P ? c0 + C : a.P;
+    int *h = hist + (warp < RT_WARPS ? warp : 0) * E;
+    const int bad = count_chunk(a, c0, c1, h, lane);
+    if (bad && lane == 0) atomicAdd(&s_bad, bad); /* an integer count: order does not matter */
+    __syncthreads();
+
+    /* 2: thread e turns its column into chunk offsets; scans over experts */
+    int cnt = 0;
+    if (tid < E)
+        for (int w = 0; w < RT_WARPS; w++) {
+            const int v = hist[w * E + tid];
+            hist[w * E + tid] = cnt;
+            cnt += v;
+        }
+    const int off = plan_experts(a, cnt, s_bad, buf);
+    if (tid < E)
+        for (int w = 0; w < RT_WARPS; w++) hist[w * E + tid] += off;
+    __syncthreads();
+
+    /* 3: stable scatter */
+    scatter_chunk(a, c0, c1, h, lane);
+    __syncthreads(); /* pos is read back below by other threads (plain loads, not __ldg) */
+
+    /* 4: per token, the rows of its pairs ascending */
+    for (int64_t t = tid; t < a.T; t += RT_THREADS) comb_token(a, t);
+}
+
+/* The same plan from prefill-sized batches (route_kernel's one block took ~100 us at 24576 pairs) in four launches:
+ * counts per chunk of RM_PAIRS pairs (a warp a block), one block turning them into each chunk's first row per
+ * expert (bh: [chunks][E], then the chunks' bad counts), the scatter per chunk, the combine lists per token. */
+__global__ void __launch_bounds__(32) rm_count_kernel(RouteArgs a, int32_t *bh)
+{
+    extern __shared__ int hc[]; /* [E] */
+    const int lane = threadIdx.x, E = a.E;
+    for (int i = lane; i < E; i += 32) hc[i] = 0;
+    __syncwarp();
+    const int64_t c0 = (int64_t)blockIdx.x * RM_PAIRS, c1 = c0 + RM_PAIRS < a.P ? c0 + RM_PAIRS : a.P;
+    const int bad = count_chunk(a, c0, c1, hc, lane);
+    __syncwarp();
+    for (int i = lane; i < E; i += 32) bh[(int64_t)blockIdx.x * E + i] = hc[i];
+    if (lane == 0) bh[(int64_t)gridDim.x * E + blockIdx.x] = bad;
+}
+
+__global__ void __launch_bounds__(RT_THREADS) rm_scan_kernel(RouteArgs a, int32_t *bh, int nb)
+{
+    __shared__ int buf[32];
+    const int tid = threadIdx.x, E = a.E;
+    int cnt = 0;
+    if (tid < E)
+        for (int b = 0; b < nb; b++) {
+            const int v = bh[(int64_t)b * E + tid];
+            bh[(int64_t)b * E + tid] = cnt;
+            cnt += v;
+        }
+    int bad = 0, bad_all;
+    for (int b = tid; b < nb; b += RT_THREADS) bad += bh[(int64_t)nb * E + b];
+    block_scan_excl(bad, &bad_all, buf);
+    const int off = plan_experts(a, cnt, bad_all, buf);
+    if (tid < E)
+        for (int b = 0; b < nb; b++) bh[(int64_t)b * E + tid] += off;
+}
+
+__global__ void __launch_bounds__(32) rm_scatter_kernel(RouteArgs a, const int32_t *bh)
+{
+    extern __shared__ int hc[]; /* [E] */
+    const int lane = threadIdx.x, E = a.E;
+    for (int i = lane; i < E; i += 32) hc[i] = bh[(int64_t)blockIdx.x * E + i];
+    __syncwarp();
+    const int64_t c0 = (int64_t)blockIdx.x * RM_PAIRS, c1 = c0 + RM_PAIRS < a.P ? c0 + RM_PAIRS : a.P;
+    scatter_chunk(a, c0, c1, hc, lane);
+}
+
+__global__ void rm_comb_kernel(RouteArgs a)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < a.T) comb_token(a, t);
 }
 
 /* ---------------------------------------------------------------- GEMM arguments */
@@ -1196,6 +1281,53 @@ extern "C" bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bc
     return T * topk <= (int64_t)mmarows_max * n_experts ? BCU_MOE_MMAROWS : BCU_MOE_TILED;
 }
 
+/* the routing plan p of ids / w on the device: route_kernel below RM_MIN_P pairs, else the four rm_ kernels, whose
+ * scratch is p's h (stage 1 writes it afterwards) */
+static void route_launch(const bcu_moe_plan &p, const int32_t *ids, const float *w, int64_t T, int topk, int E,
+                         cudaStream_t st)
+{
+    RouteArgs r;
+    r.ids = ids;
+    r.w = w;
+    r.T = T;
+    r.P = p.P;
+    r.n_slots = p.n_slots;
+    r.max_tiles = p.max_tiles;
+    r.topk = topk;
+    r.E = E;
+    r.hdr = p.hdr;
+    r.cnt = p.cnt;
+    r.off = p.off;
+    r.act = p.act;
+    r.tile_e = p.tile_e;
+    r.tile_r0 = p.tile_r0;
+    r.sorted = p.sorted;
+    r.pos = p.pos;
+    r.comb = p.comb;
+    r.combw = p.combw;
+    if (p.P < RM_MIN_P) {
+        route_kernel<<<1, RT_THREADS, (size_t)RT_WARPS * (size_t)E * sizeof(int), st>>>(r);
+        return;
+    }
+    const int64_t nb = (p.P + RM_PAIRS - 1) / RM_PAIRS;
+    int32_t *bh = (int32_t *)p.h; /* (nb + 1) E ints at most: P / 512 (E + 1) <= P inter floats */
+    rm_count_kernel<<<(unsigned)nb, 32, (size_t)E * sizeof(int), st>>>(r, bh);
+    rm_scan_kernel<<<1, RT_THREADS, 0, st>>>(r, bh, (int)nb);
+    rm_scatter_kernel<<<(unsigned)nb, 32, (size_t)E * sizeof(int), st>>>(r, bh);
+    rm_comb_kernel<<<(unsigned)((T + 255) / 256), 256, 0, st>>>(r);
+}
+
+extern "C" cudaError_t bcu_moe_route(const int32_t *ids, const float *w, int64_t T, int topk, int n_experts,
+                                     int64_t dim, int64_t inter, void *ws, size_t ws_bytes, cudaStream_t st)
+{
+    bcu_moe_plan p;
+    if (bcu_moe_plan_layout(ws, T, topk, n_experts, dim, inter, &p)) return cudaErrorInvalidValue;
+    if (T == 0) return cudaSuccess;
+    if (!ids || !w || !ws || ws_bytes < p.bytes || (uintptr_t)ws % 256) return cudaErrorInvalidValue;
+    route_launch(p, ids, w, T, topk, n_experts, st);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, const float *x, const int32_t *ids,
                                        const float *w, int64_t T, int topk, bcu_moe_math math, bcu_moe_path path,
                                        void *ws, size_t ws_bytes, cudaStream_t st)
@@ -1218,26 +1350,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 || !bcu_wg_available()))
         return cudaErrorInvalidValue;
 
-    RouteArgs r;
-    r.ids = ids;
-    r.w = w;
-    r.T = T;
-    r.P = p.P;
-    r.n_slots = p.n_slots;
-    r.max_tiles = p.max_tiles;
-    r.topk = topk;
-    r.E = ex->n_experts;
-    r.hdr = p.hdr;
-    r.cnt = p.cnt;
-    r.off = p.off;
-    r.act = p.act;
-    r.tile_e = p.tile_e;
-    r.tile_r0 = p.tile_r0;
-    r.sorted = p.sorted;
-    r.pos = p.pos;
-    r.comb = p.comb;
-    r.combw = p.combw;
-    route_kernel<<<1, RT_THREADS, (size_t)RT_WARPS * (size_t)ex->n_experts * sizeof(int), st>>>(r);
+    route_launch(p, ids, w, T, topk, ex->n_experts, st);
 
     MoeArgs a;
     a.w1 = ex->w1;
@@ -1298,9 +1411,10 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         const unsigned nt = (unsigned)p.max_tiles;
         cudaError_t e = bcu_wg_code(x, T, a.D, mode, (uint8_t *)g.xc, tiles ? NULL : (float *)g.xs, NULL, st);
         if (e == cudaSuccess) e = tiles ? bcu_wg_tiles(&g, 1, nt, st) : bcu_wg_stage(&g, 1, ny, st);
-        /* h: quantised in place (as bcu_fq_fp8 leaves it) and coded for stage 2 */
+        /* h coded for stage 2 (and, for the decode kernel, quantised in place as bcu_fq_fp8 leaves it; the tiles'
+         * bf16 values are the quantised h themselves, so they skip that write of P x I floats) */
         if (e == cudaSuccess)
-            e = bcu_wg_code(p.h, p.P, a.I, mode, (uint8_t *)g.hc, tiles ? NULL : (float *)g.hs, p.h, st);
+            e = bcu_wg_code(p.h, p.P, a.I, mode, (uint8_t *)g.hc, tiles ? NULL : (float *)g.hs, tiles ? NULL : p.h, st);
         if (e == cudaSuccess) e = tiles ? bcu_wg_tiles(&g, 2, nt, st) : bcu_wg_stage(&g, 2, ny, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_MMAROWS) {

@@ -199,17 +199,24 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
 #pragma unroll
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float sc = aq_scale_e4m3(amax);
-    const uint32_t c0 = gr_enc_e4m3(__fdiv_rn(v.x, sc)), c1 = gr_enc_e4m3(__fdiv_rn(v.y, sc)),
-                   c2 = gr_enc_e4m3(__fdiv_rn(v.z, sc)), c3 = gr_enc_e4m3(__fdiv_rn(v.w, sc));
+    const float inv = aq_inv(sc); /* v / sc, exactly */
+    const uint32_t c0 = gr_enc_e4m3(__fmul_rn(v.x, inv)), c1 = gr_enc_e4m3(__fmul_rn(v.y, inv)),
+                   c2 = gr_enc_e4m3(__fmul_rn(v.z, inv)), c3 = gr_enc_e4m3(__fmul_rn(v.w, inv));
     /* columns m0 .. m0 + 3 of block c * 4 + lane / 8, m0 = 4 (lane % 8) */
-    if (MODE == 2) { /* column 4 lane + t: q = lane / 8, j = lane % 2, s = 2 (lane / 2 % 4) + t / 2, h = t % 2 */
-        uint16_t *o = (uint16_t *)codes + r * K + c * 128 + 2 * (lane >> 3) + (lane & 1);
-        const int s0 = 2 * ((lane >> 1) & 3);
-        const uint32_t cs[4] = {c0, c1, c2, c3};
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-            o[(2 * (s0 + (t >> 1)) + (t & 1)) * 8] =
-                __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(cs[t]), sc)));
+    if (MODE == 2) {
+        /* column 4 lane + t is k position 8 h + 2 q + j of step s: q = lane / 8, j = lane % 2, s = s0 + t / 2
+         * (s0 = 2 (lane / 2 % 4)), h = t % 2.  Lanes l and l ^ 1 hold the two j of each (s, h): they swap halves
+         * so that each stores two 4-byte words (j = 0, 1) of its h, for steps s0 and s0 + 1 */
+        uint32_t b[4];
+        b[0] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(c0), sc)));
+        b[1] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(c1), sc)));
+        b[2] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(c2), sc)));
+        b[3] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(gr_dec_e4m3(c3), sc)));
+        const int j = lane & 1, s0 = 2 * ((lane >> 1) & 3);
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, j ? b[0] | b[2] << 16 : b[1] | b[3] << 16, 1);
+        uint32_t *o = (uint32_t *)((uint16_t *)codes + r * K + c * 128 + 2 * (lane >> 3) + 8 * j);
+        o[8 * s0] = j ? (got & 0xffffu) | b[1] << 16 : b[0] | got << 16;
+        o[8 * (s0 + 1)] = j ? (got >> 16) | b[3] << 16 : b[2] | (got >> 16) << 16;
     } else if (MODE == 1) {
         const int m0 = 4 * (lane & 7), q = m0 >> 3, h = (m0 >> 2) & 1;
         uint8_t *o = codes + 2 * (r * K + (c * 4 + (lane >> 3)) * 32) + 2 * (8 * h + 2 * q);
