@@ -763,6 +763,28 @@ int main(int argc, char **argv)
                 fprintf(f, " %.1f |\n", r->step_ms - sum);
             }
             fprintf(f, "\n(in parentheses: calls per step)\n");
+            /* the issue's "prefill GEMM time against the peak": the GEMM classes' time in the profiled prefill
+             * against 2 x tokens x the layers' weight parameters (the dense ones and top-k experts a token) */
+            for (int k = 0; k < nres; k++) {
+                result *r = &res[k];
+                if (!r->done || !r->prefill) continue;
+                double fixed = 0, routed = 0;
+                for (int l = 0; l < c->n_layers; l++) {
+                    layer_cost lc = cost_of(M, l);
+                    fixed += 2.0 * r->P * lc.fixed_params;
+                    routed += 2.0 * r->P * c->top_k * lc.expert_params;
+                }
+                const double *sec = r->prof.seconds, n = r->prof_reps;
+                const double g_s = (sec[BCU_PROF_LINEAR_BF16] + sec[BCU_PROF_LINEAR_FP8] + sec[BCU_PROF_LINEAR_FP4] +
+                                    sec[BCU_PROF_ROWS] + sec[BCU_PROF_MOE]) / n,
+                             m_s = sec[BCU_PROF_MOE] / n, d_s = g_s - m_s;
+                fprintf(f, "prefill %ld tokens, GEMM time: the GEMM classes (linear bf16 / FP8 / FP4, grouped wo_a, "
+                           "moe) %.2f ms for %.2f TFLOP = %.0f TFLOP/s, %.1f%% of the bf16 peak; the routed experts "
+                           "(moe, with routing and combine) %.2f ms, %.1f%%; the dense ones %.2f ms, %.1f%%\n",
+                        r->P, 1e3 * g_s, (fixed + routed) / 1e12, (fixed + routed) / g_s / 1e12,
+                        100 * (fixed + routed) / g_s / pk, 1e3 * m_s, 100 * routed / m_s / pk, 1e3 * d_s,
+                        100 * fixed / d_s / pk);
+            }
         }
         fprintf(f, "\nwhole steps (all layers + embedding + head):\n");
         for (int k = 0; k < nres; k++) {

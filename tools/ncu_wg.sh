@@ -13,10 +13,10 @@ KEYS="wg_kernel|wt_kernel|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occup
 if [ "${NCU_KERNEL:-wg_kernel}" = forward ]; then
     # every kernel of the wg-tiles forwards (the last rows of the aq runs): GPU time each, the last forward's
     BENCH_GPU_MOE_AQ=1 BENCH_GPU_MOE_T=${NCU_T:-4096} timeout 400 $NCU --clock-control none --metrics gpu__time_duration.sum \
-        --kernel-name regex:"route|wg_code|wt_kernel|combine" .carry/bin/bench_gpu_moe > $OUT/ncu_fwd.txt 2>&1
+        --kernel-name regex:"route|rm_|wg_code|wt_kernel|combine" .carry/bin/bench_gpu_moe > $OUT/ncu_fwd.txt 2>&1
     echo "#### ncu_fwd (the last forward's kernels)"
     grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" $OUT/ncu_fwd.txt | sed -E 's/^  (void )?//; s/\(.*//; s/ +gpu__time_duration.sum +/ /' |
-        paste -d' ' - - | tail -6
+        paste -d' ' - - | tail -${NCU_FWD_N:-9}
     exit 0
 fi
 if [ "${NCU_KERNEL:-wg_kernel}" = wt_kernel ]; then

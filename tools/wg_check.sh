@@ -5,7 +5,8 @@
 # From the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/wg_check.sh", carry=[".carry"])
 # WG_CHECK_ONLY="probe moe bench slice logits plogits san unit" picks steps (default: all); WG_BENCH_T,
-# WG_SLICE_RUNS, WG_SLICE_B, WG_PREFILL and WG_PL_N (plogits' tokens) set the sizes.
+# WG_SLICE_RUNS, WG_SLICE_B, WG_PREFILL and WG_PL_N (plogits' tokens) set the sizes, WG_SAN_TESTS the tests
+# compute-sanitizer runs (test_gpu_act_fp8_h).
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -112,9 +113,11 @@ fi
 if want san; then
     step "compute-sanitizer memcheck and racecheck on the wgmma tests (small dims)"
     for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/compute-sanitizer" ] && PATH=$PATH:$d && break; done
-    for tool in memcheck racecheck; do
-        TEST_CUDA_FILTER=test_gpu_act_fp8_h timeout 240 compute-sanitizer --tool $tool $B/test_cuda_moe > "$OUT/san_$tool.txt" 2>&1
-        echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/san_$tool.txt" | tr '\n' ' ')"
+    for t in ${WG_SAN_TESTS:-test_gpu_act_fp8_h}; do
+        for tool in memcheck racecheck; do
+            TEST_CUDA_FILTER=$t timeout 240 compute-sanitizer --tool $tool $B/test_cuda_moe > "$OUT/san_${tool}_$t.txt" 2>&1
+            echo "$t $tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/san_${tool}_$t.txt" | tr '\n' ' ')"
+        done
     done
 fi
 if want unit; then
