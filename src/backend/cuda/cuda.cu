@@ -816,14 +816,17 @@ run:
                             : c->math == BCU_MATH_BF16X3                                  ? BCU_MOE_BF16X3
                                                                                           : BCU_MOE_FP32;
     bcu_moe_path mp = bcu_moe_auto_path((int64_t)T, topk, E, mm, (int)c->moe_mmarows_max);
-    /* act_quant'd x and h go to wgmma where the device runs sm_90a: up to 8 pairs per expert on average the decode
-     * kernel (bf16x3 on f16 values, fp32-exact products like the planes; the bf16 maths on the e4m3 codes, faster,
-     * FP8 tensor-core sums), above that the tiles (H200, bench_gpu_moe: the decode kernel's f16 2.0 ms against the
-     * tiles' 2.5 ms at 6 pairs per expert, 3.4 against 2.6 at 12; docs/BENCHMARKS.md) */
+    /* act_quant'd x and h go to wgmma where the device runs sm_90a: small batches to the decode kernel (bf16x3 on
+     * f16 values, fp32-exact products like the planes; the bf16 maths on the e4m3 codes, faster, FP8 tensor-core
+     * sums), larger ones to the tiles.  Where they cross (H200, bench_gpu_moe, V4-Flash dims, ninth session): f16
+     * 1.77 ms against the tiles' 1.91 at 4.5 pairs per expert, 2.02 against 1.94 at 6, 2.50 against 1.98 at 8;
+     * e4m3 1.83 against 1.98 at 8, so up to 5 pairs per expert for f16, 8 for e4m3 (its passes of 8 rows re-read
+     * the weights: at most one per expert on average) */
     if (x8 && mm != BCU_MOE_FP32 && wg_ok(c, D, I)) {
-        if ((int64_t)T * topk <= 8 * E) { /* passes of 8 rows re-read the weights: at most one per expert on average */
+        const int f16 = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2;
+        if ((int64_t)T * topk <= (f16 ? 5 : 8) * (int64_t)E) {
             mp = BCU_MOE_WGMMA;
-            mm = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
+            mm = f16 ? BCU_MOE_BF16X3 : BCU_MOE_BF16;
         } else if (D % 256 == 0) {
             mp = BCU_MOE_WGTILES; /* bf16 values with their scales: exact products under either maths */
         }
