@@ -21,22 +21,18 @@ if want probe; then
     step probe
     TEST_CUDA_FILTER=test_gpu_wg_probe timeout 60 $B/test_cuda_moe 2>&1 | tail -6
 fi
+# moe_test TITLE TEST SECONDS FILE LINES: one test of test_cuda_moe, its report lines
+moe_test() {
+    step "$1"
+    TEST_CUDA_FILTER=$2 timeout $3 $B/test_cuda_moe > "$OUT/$4" 2>&1
+    grep -E "\[moe\]|wgmma|wg-tiles|FAIL|PASSED|fail|rror" "$OUT/$4" | tail -$5
+}
 if want moe; then
-    step "act_fp8_h (every path, small dims)"
-    TEST_CUDA_FILTER=test_gpu_act_fp8_h timeout 150 $B/test_cuda_moe > "$OUT/moe_act.txt" 2>&1
-    grep -E "wgmma|wg-tiles|FAIL|PASSED|fail|rror" "$OUT/moe_act.txt" | tail -16
-    step "wgmma at V4 dims"
-    TEST_CUDA_FILTER=test_gpu_wgmma_v4dims timeout 200 $B/test_cuda_moe > "$OUT/moe_v4.txt" 2>&1
-    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_v4.txt" | tail -12
-    step "wgmma tiles, weight scales far from the usual range"
-    TEST_CUDA_FILTER=test_gpu_wgtiles_scales timeout 120 $B/test_cuda_moe > "$OUT/moe_scales.txt" 2>&1
-    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_scales.txt" | tail -8
-    step "wgmma tiles of every width (skewed routing)"
-    TEST_CUDA_FILTER=test_gpu_wgtiles_sizes timeout 120 $B/test_cuda_moe > "$OUT/moe_sizes.txt" 2>&1
-    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_sizes.txt" | tail -14
-    step "device routing (one block, chunked)"
-    TEST_CUDA_FILTER=test_gpu_route timeout 300 $B/test_cuda_moe > "$OUT/moe_route.txt" 2>&1
-    grep -E "\[moe\]|FAIL|PASSED|fail|rror" "$OUT/moe_route.txt" | tail -6
+    moe_test "act_fp8_h (every path, small dims)" test_gpu_act_fp8_h 150 moe_act.txt 16
+    moe_test "wgmma at V4 dims" test_gpu_wgmma_v4dims 200 moe_v4.txt 12
+    moe_test "wgmma tiles, weight scales far from the usual range" test_gpu_wgtiles_scales 120 moe_scales.txt 8
+    moe_test "wgmma tiles of every width (skewed routing)" test_gpu_wgtiles_sizes 120 moe_sizes.txt 14
+    moe_test "device routing (one block, chunked)" test_gpu_route 300 moe_route.txt 6
 fi
 if want bench; then
     step "bench_gpu_moe, act_quant'd runs"

@@ -217,14 +217,16 @@ __device__ int plan_experts(const RouteArgs &a, int cnt, int bad, int *buf)
     return off;
 }
 
-/* token t's rows of its pairs ascending (ascending expert, then k) and their routing weights */
-__device__ void comb_token(const RouteArgs &a, int64_t t)
+/* token t's rows of its pairs ascending (ascending expert, then k) and their routing weights, from pos (on the
+ * device, and in bcu_moe_route_host) */
+__host__ __device__ void comb_token(const int32_t *pos, const float *w, int topk, int64_t t, int32_t *comb,
+                                    float *combw)
 {
     int32_t r[BCU_MOE_MAX_TOPK];
     float f[BCU_MOE_MAX_TOPK];
     int n = 0;
-    for (int k = 0; k < a.topk; k++) {
-        const int32_t rk = a.pos[t * a.topk + k];
+    for (int k = 0; k < topk; k++) {
+        const int32_t rk = pos[t * topk + k];
         if (rk < 0) continue;
         int j = n++;
         for (; j > 0 && r[j - 1] > rk; j--) {
@@ -232,11 +234,11 @@ __device__ void comb_token(const RouteArgs &a, int64_t t)
             f[j] = f[j - 1];
         }
         r[j] = rk;
-        f[j] = a.w[t * a.topk + k];
+        f[j] = w[t * topk + k];
     }
-    for (int k = 0; k < a.topk; k++) {
-        a.comb[t * a.topk + k] = k < n ? r[k] : -1;
-        a.combw[t * a.topk + k] = k < n ? f[k] : 0.0f;
+    for (int k = 0; k < topk; k++) {
+        comb[t * topk + k] = k < n ? r[k] : -1;
+        combw[t * topk + k] = k < n ? f[k] : 0.0f;
     }
 }
 
@@ -279,7 +281,7 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
     __syncthreads(); /* pos is read back below by other threads (plain loads, not __ldg) */
 
     /* 4: per token, the rows of its pairs ascending */
-    for (int64_t t = tid; t < a.T; t += RT_THREADS) comb_token(a, t);
+    for (int64_t t = tid; t < a.T; t += RT_THREADS) comb_token(a.pos, a.w, a.topk, t, a.comb, a.combw);
 }
 
 /* The same plan from prefill-sized batches (route_kernel's one block took ~100 us at 24576 pairs) in four launches:
@@ -330,7 +332,7 @@ __global__ void __launch_bounds__(32) rm_scatter_kernel(RouteArgs a, const int32
 __global__ void rm_comb_kernel(RouteArgs a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < a.T) comb_token(a, t);
+    if (t < a.T) comb_token(a.pos, a.w, a.topk, t, a.comb, a.combw);
 }
 
 /* ---------------------------------------------------------------- GEMM arguments */
@@ -1210,26 +1212,7 @@ extern "C" void bcu_moe_route_host(const int32_t *ids, const float *w, int64_t T
             p->pos[i] = r;
         }
     }
-    for (int64_t t = 0; t < T; t++) {
-        int32_t r[BCU_MOE_MAX_TOPK];
-        float f[BCU_MOE_MAX_TOPK];
-        int n = 0;
-        for (int k = 0; k < topk; k++) {
-            const int32_t rk = p->pos[t * topk + k];
-            if (rk < 0) continue;
-            int j = n++;
-            for (; j > 0 && r[j - 1] > rk; j--) {
-                r[j] = r[j - 1];
-                f[j] = f[j - 1];
-            }
-            r[j] = rk;
-            f[j] = w[t * topk + k];
-        }
-        for (int k = 0; k < topk; k++) {
-            p->comb[t * topk + k] = k < n ? r[k] : -1;
-            p->combw[t * topk + k] = k < n ? f[k] : 0.0f;
-        }
-    }
+    for (int64_t t = 0; t < T; t++) comb_token(p->pos, w, topk, t, p->comb, p->combw);
     free(hist);
 }
 
