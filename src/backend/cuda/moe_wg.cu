@@ -106,10 +106,9 @@ template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
-/* d[0 .. NN / 2) += A B: m64nNNk16, A (bf16) from registers, B (bf16, K-major) through a descriptor; NN = 32 and 64
- * read the first tokens of a tile's B (for tiles of at most that many rows) */
-/* m64nNNk16 for NN = 16, 32, .., 128: the instruction names the first NN / 2 accumulators; the rest are operands it
- * leaves alone (they are the same registers in every variant) */
+/* d[0 .. NN / 2) += A B: m64nNNk16 for NN = 16, 32, .., 128 (the first NN tokens of a tile's B, for tiles of at most
+ * that many rows), A (bf16) from registers, B (bf16, K-major) through a descriptor.  The instruction names the first
+ * NN / 2 accumulators; the rest are operands it leaves alone (the same registers in every variant) */
 #define WT_D8(a, b, c, d, e, f, g, h) "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h
 #define WT_D16 WT_D8(0, 1, 2, 3, 4, 5, 6, 7)
 #define WT_D32 WT_D16 ", " WT_D8(8, 9, 10, 11, 12, 13, 14, 15)
