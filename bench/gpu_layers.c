@@ -778,6 +778,7 @@ int main(int argc, char **argv)
                 const double g_s = (sec[BCU_PROF_LINEAR_BF16] + sec[BCU_PROF_LINEAR_FP8] + sec[BCU_PROF_LINEAR_FP4] +
                                     sec[BCU_PROF_ROWS] + sec[BCU_PROF_MOE]) / n,
                              m_s = sec[BCU_PROF_MOE] / n, d_s = g_s - m_s;
+                if (!(m_s > 0 && d_s > 0)) continue; /* a model without one of the classes: no ratio to print */
                 fprintf(f, "prefill %ld tokens, GEMM time: the GEMM classes (linear bf16 / FP8 / FP4, grouped wo_a, "
                            "moe) %.2f ms for %.2f TFLOP = %.0f TFLOP/s, %.1f%% of the bf16 peak; the routed experts "
                            "(moe, with routing and combine) %.2f ms, %.1f%%; the dense ones %.2f ms, %.1f%%\n",

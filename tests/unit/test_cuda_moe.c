@@ -748,7 +748,8 @@ static void test_gpu_v4dims(void **st)
  *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
  *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
 /* The routing plan on the device, bcu_moe_route alone: one block below 4096 pairs, the four chunked launches from
- * there (prefill-sized batches), each against the host emulation (itself checked against a stable sort above) */
+ * there (prefill-sized batches), each against the plain stable sort (naive_plan, which shares no code with the
+ * kernels) and against the host emulation */
 static void test_gpu_route(void **st)
 {
     (void)st;
@@ -765,10 +766,12 @@ static void test_gpu_route(void **st)
                     int32_t *ids = xmalloc((size_t)P * sizeof *ids);
                     float *w = xmalloc((size_t)P * sizeof *w);
                     make_routing(ids, w, T, topk, E, kind);
-                    hplan h, g;
+                    hplan h, x, g;
                     hplan_make(&h, T, topk, E);
+                    hplan_make(&x, T, topk, E);
                     hplan_make(&g, T, topk, E);
                     bcu_moe_route_host(ids, w, T, topk, E, &h.p);
+                    naive_plan(ids, w, T, topk, E, &x.p);
                     bcu_moe_plan dp;
                     assert_int_equal(bcu_moe_plan_layout(NULL, T, topk, E, 32, 32, &dp), 0);
                     void *ws;
@@ -786,17 +789,19 @@ static void test_gpu_route(void **st)
                     char what[128];
                     snprintf(what, sizeof what, "device routing T=%lld E=%d topk=%d %s (%s)", (long long)T, E, topk,
                              kind_name[kind], P < 4096 ? "one block" : "chunked");
+                    if (plan_differs(what, &g.p, &x.p, T, topk, E)) fail_msg("%s differs from a stable sort", what);
                     if (plan_differs(what, &g.p, &h.p, T, topk, E)) fail_msg("%s differs from the host plan", what);
                     CK(cudaFree(ws));
                     CK(cudaFree(dids));
                     CK(cudaFree(dw));
                     free(h.buf);
+                    free(x.buf);
                     free(g.buf);
                     free(ids);
                     free(w);
                     n++;
                 }
-    printf("  [moe] device routing == host emulation on %d routings (one block and chunked)\n", n);
+    printf("  [moe] device routing == stable sort == host emulation on %d routings (one block and chunked)\n", n);
 }
 
 /* The wgmma tiles leave the quantised h only as stage 2's operand: bf16 values in the tiles' k order (moe_wg.h).
