@@ -49,6 +49,9 @@ pack() {
     # the V4-Flash slice benchmark (bench/gpu_layers.c; the slice is made there by deepinfer make-tiny-model)
     ninja -C "$b" bench_gpu_layers
     cp "$b/bench_gpu_layers" .carry/bin/
+    # the probe of cuBLASLt's block-scaled FP8 GEMM (tools/fp8lt_probe.cu, run by tools/fp8_check.sh)
+    ninja -C "$b" fp8lt_probe
+    cp "$b/fp8lt_probe" .carry/bin/
     ldd .carry/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
         case $(basename "$lib") in
         libjansson.so*|libcmocka.so*|libhttp_parser.so*|libcudart.so*) cp -L "$lib" .carry/lib/ ;;

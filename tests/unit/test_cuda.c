@@ -772,6 +772,92 @@ static void test_linear_grouped(void **st)
     be_destroy(cpu);
 }
 
+/* ------------------------------------------------------------------ the FP8 tensor-core GEMM (fp8_gemm.cu) */
+
+/* y = act_quant(x) . W^T through be_dev_ops.linear_aq (x raw: the code kernel quantises) and linear_x8 (x already
+ * act_quant'd) on a backend of math m, with DEEPINFER_CUDA_FP8GEMM = env (NULL: unset); *calls: FP8 GEMMs run */
+static float *fp8_gemm_run(bcu_math m, const char *env, const be_weight *w, const float *x, const float *xq, size_t T,
+                           float **y_x8, size_t *calls)
+{
+    if (env) setenv("DEEPINFER_CUDA_FP8GEMM", env, 1);
+    else unsetenv("DEEPINFER_CUDA_FP8GEMM");
+    be_backend *g = cuda(m);
+    unsetenv("DEEPINFER_CUDA_FP8GEMM");
+    const be_dev_ops *dv = g->ops->dev;
+    if (!dv) fail_msg("the CUDA backend has no device ops");
+    const size_t K = (size_t)w->cols, n = (size_t)w->rows;
+    dv->reset(g);
+    float *dx = dv->alloc(g, T * K * 4), *dxq = dv->alloc(g, T * K * 4), *dy = dv->alloc(g, T * n * 4),
+          *dy8 = dv->alloc(g, T * n * 4);
+    if (!dx || !dxq || !dy || !dy8) fail_msg("device alloc");
+    dv->upload(g, dx, x, T * K * 4);
+    dv->upload(g, dxq, xq, T * K * 4);
+    dv->linear_aq(g, dy, dx, T, w);
+    dv->linear_x8(g, dy8, dxq, T, w);
+    float *y = nan_rows(T * n);
+    *y_x8 = nan_rows(T * n);
+    if (dv->download(g, y, dy, T * n * 4) || dv->download(g, *y_x8, dy8, T * n * 4))
+        fail_msg("download: %s", be_cuda_error(g) ? be_cuda_error(g) : "?");
+    if (be_cuda_error(g)) fail_msg("%s", be_cuda_error(g));
+    *calls = bcu_fp8_gemm_calls(g);
+    be_cuda_destroy(g);
+    return y;
+}
+
+/* Official semantics' FP8 linears at prefill sizes on the FP8 tensor cores (cuBLASLt block scaling): against the
+ * CPU's linear of the act_quant'd x within 2e-3 (the bf16 class; the FP8 MMA adds each 128-column block with fewer
+ * bits than fp32), the path taken where it should be (bf16 maths by default; bf16x3 only with
+ * DEEPINFER_CUDA_FP8GEMM=1; never with 0), linear_aq on raw x and linear_x8 on the quantised copy bit for bit the
+ * same (the codes are the same values), and the exact path (bf16x3) still within 1e-5.  Shapes: a V4 one, T not a
+ * multiple of 128, the last weight block ragged (200 rows), K / 128 of 5, 2 and 3 (the weight scales' padded rows:
+ * the dense order gave wrong sums there, tools/fp8lt_probe.cu); and two token counts cuBLASLt declines. */
+static void test_linear_fp8_gemm(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4);
+    /* must: 1 the FP8 path runs, 0 it must not (T not a multiple of 4: cuBLASLt has no algorithm) */
+    const struct { int64_t n, K; size_t T; int must; } cs[] = {
+        {1024, 1024, 256, 1}, {384, 2048, 1000, 1}, {200, 640, 64, 1}, {384, 256, 128, 1}, {256, 384, 68, 1},
+        {512, 4096, 333, 0}, {256, 512, 1002, 0}};
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        rweight r = make_fp8(cs[k].n, cs[k].K, 128, MD_F8_E8M0);
+        const be_weight *w = &r.w;
+        const size_t T = cs[k].T, K = (size_t)w->cols, n = (size_t)w->rows;
+        float *x = rand_rows(T * K), *xq = malloc(T * K * sizeof *xq);
+        memcpy(xq, x, T * K * sizeof *xq);
+        for (size_t t = 0; t < T; t++) aq_ref_row(xq + t * K, (int64_t)K, NULL);
+        float *ref = nan_rows(T * n);
+        cpu->ops->linear(cpu, ref, xq, T, w);
+        float *y8, *y8x, *yx, *yxx, *yon, *yonx, *yoff, *yoffx;
+        size_t c8, cx, con, coff;
+        y8 = fp8_gemm_run(BCU_MATH_BF16, NULL, w, x, xq, T, &y8x, &c8);
+        yx = fp8_gemm_run(BCU_MATH_BF16X3, NULL, w, x, xq, T, &yxx, &cx);
+        yon = fp8_gemm_run(BCU_MATH_BF16X3, "1", w, x, xq, T, &yonx, &con);
+        yoff = fp8_gemm_run(BCU_MATH_BF16, "0", w, x, xq, T, &yoffx, &coff);
+        const double e8 = rel_err(y8, n, ref, n, T, n), ex = rel_err(yx, n, ref, n, T, n),
+                     eon = rel_err(yon, n, ref, n, T, n), eoff = rel_err(yoff, n, ref, n, T, n);
+        printf("  fp8 GEMM %lldx%lld T=%zu: bf16 maths %s (%zu calls) %.2e vs the CPU; bf16x3 %.2e (%zu calls); bf16x3 "
+               "+ FP8GEMM=1 %.2e (%zu calls); bf16 + FP8GEMM=0 %.2e (%zu calls)\n",
+               (long long)w->rows, (long long)w->cols, T, c8 ? "FP8 tensor cores" : "dequantised (cuBLASLt declined)", c8,
+               e8, ex, cx, eon, con, eoff, coff);
+        fflush(stdout);
+        if (cs[k].must >= 0 && c8 != (size_t)(2 * cs[k].must))
+            fail_msg("%lldx%lld T=%zu: %zu FP8 GEMMs in the bf16 maths, want %d", (long long)w->rows, (long long)w->cols,
+                     T, c8, 2 * cs[k].must);
+        if (cx || coff) fail_msg("FP8 GEMM taken where it is off (bf16x3 %zu, FP8GEMM=0 %zu)", cx, coff);
+        if (con != c8) fail_msg("FP8GEMM=1 under bf16x3: %zu FP8 GEMMs, the bf16 maths %zu", con, c8);
+        if (!(e8 <= 2e-3) || !(eon <= 2e-3)) fail_msg("FP8 GEMM vs the CPU: %.3g / %.3g > 2e-3", e8, eon);
+        if (!(ex <= 1e-5)) fail_msg("bf16x3 (exact path) vs the CPU: %.3g > 1e-5", ex);
+        if (!(eoff <= 1e-5)) fail_msg("bf16 with FP8GEMM=0 (one exact plane) vs the CPU: %.3g > 1e-5", eoff);
+        if (memcmp(y8, y8x, T * n * sizeof *y8) || memcmp(yon, yonx, T * n * sizeof *yon))
+            fail_msg("linear_aq on raw x and linear_x8 on its act_quant differ");
+        free(y8); free(y8x); free(yx); free(yxx); free(yon); free(yonx); free(yoff); free(yoffx);
+        free(x); free(xq); free(ref);
+        rw_free(&r);
+    }
+    be_destroy(cpu);
+}
+
 /* ------------------------------------------------------------------ bcu_rowdot_x8 */
 
 /* The FP8-activation row-dot (e4m3 x e4m3, official semantics' act_quant'd x): against the CPU backend's
@@ -1263,6 +1349,7 @@ int main(void)
         cmocka_unit_test(test_rowdot_grouped),
         cmocka_unit_test(test_linear_grouped),
         cmocka_unit_test(test_rowdot_x8),
+        cmocka_unit_test(test_linear_fp8_gemm),
         cmocka_unit_test(test_rowdot_xq),
         cmocka_unit_test(test_rowdot_bf16_small),
         cmocka_unit_test(test_rmsnorm),

@@ -52,6 +52,8 @@ typedef struct {
     uint64_t fp;     /* fingerprint; a mismatch uploads again */
     void *d;         /* device data: checkpoint bytes, or fp32 (f32 = 1) */
     void *ds;        /* device scales (FP8 / FP4) */
+    float *ds32;     /* FP8 with ue8m0 scales in 128 x 128 blocks: the scales as fp32, inside ds's allocation (the
+                      * FP8 GEMM's weight scales, fp8_gemm.cu) */
     int f32;
     size_t bytes;
 } wentry;
@@ -131,6 +133,10 @@ typedef struct {
                 * codes); off because it is slower than the bf16 decode kernel (H200, ncu, one batch-1 step of the
                 * V4-Flash slice, 2026-11-30: 569 us in 29 calls against ~350 us; docs/CUDA.md) */
     int grouped_one; /* DEEPINFER_CUDA_GROUPED (default 1; 0: the grouped projection as a launch per group) */
+    int fp8_gemm; /* DEEPINFER_CUDA_FP8GEMM: act_quant'd x on FP8 weights at prefill sizes through the FP8 tensor
+                   * cores (fp8_gemm.cu; default on in the bf16 maths, off in bf16x3, never in fp32) */
+    bcu_fp8lt *f8; /* its cuBLASLt handle and workspace, made at the first such GEMM */
+    size_t fp8_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
@@ -305,6 +311,7 @@ static void entry_free(cuda_be *c, wentry *e)
     if (e->ds) cudaFree(e->ds);
     c->weight_bytes -= e->bytes;
     e->d = e->ds = NULL;
+    e->ds32 = NULL;
     e->bytes = 0;
 }
 
@@ -399,8 +406,12 @@ static const wentry *weight(cuda_be *c, const be_weight *w)
         }
         return e;
     }
+    /* FP8 in 128 x 128 blocks of ue8m0 scales: the scales also as fp32, after the bytes (the FP8 GEMM's) */
+    const int64_t nb = (w->rows + 127) / 128, kb = (w->cols + 127) / 128;
+    const size_t s32 = w->fmt == BE_W_FP8 && w->scale_dtype == MD_F8_E8M0 && w->block == 128 && w->cols % 128 == 0
+                           ? (size_t)nb * (size_t)bcu_fp8lt_sw_ld(w->cols) * 4 : 0;
     cudaError_t r = cudaMalloc(&e->d, b);
-    if (r == cudaSuccess && sb) r = cudaMalloc(&e->ds, sb);
+    if (r == cudaSuccess && sb) r = cudaMalloc(&e->ds, s32 ? up256(sb) + s32 : sb);
     if (r != cudaSuccess) {
         fail(c, "cudaMalloc of %zu + %zu bytes for a [%lld, %lld] weight failed: %s (device memory full?)", b, sb,
              (long long)w->rows, (long long)w->cols, cudaGetErrorString(r));
@@ -408,12 +419,16 @@ static const wentry *weight(cuda_be *c, const be_weight *w)
         e->d = NULL;
         return NULL;
     }
-    e->bytes = b + sb;
+    e->bytes = b + (s32 ? up256(sb) + s32 : sb);
     c->weight_bytes += e->bytes;
     /* on our stream: a pageable cudaMemcpy on the legacy stream may return
      * before its DMA lands, and our non-blocking stream would not wait for it */
     r = cudaMemcpyAsync(e->d, w->data, b, cudaMemcpyHostToDevice, c->st);
     if (r == cudaSuccess && sb) r = cudaMemcpyAsync(e->ds, w->scale, sb, cudaMemcpyHostToDevice, c->st);
+    if (r == cudaSuccess && s32) {
+        e->ds32 = (float *)((char *)e->ds + up256(sb));
+        r = bcu_e8m0_to_f32(e->ds32, bcu_fp8lt_sw_ld(w->cols), (const uint8_t *)e->ds, nb, kb, c->st);
+    }
     if (r != cudaSuccess) {
         fail(c, "uploading a [%lld, %lld] weight: %s", (long long)w->rows, (long long)w->cols, cudaGetErrorString(r));
         entry_free(c, e);
@@ -460,13 +475,51 @@ static int dequant_gemm(const cuda_be *c, const be_weight *w, size_t T, int64_t 
            !(w->block & (w->block - 1)) && (w->fmt == BE_W_FP8 || (w->block <= 64 && K % w->block == 0));
 }
 
+/* the FP8 tensor-core GEMM (fp8_gemm.cu) for act_quant'd x on rows [r0, r0 + n), whole rows, of an FP8 weight
+ * with ue8m0 scales in 128 x 128 blocks, at the sizes that take the dequantised GEMM; T a multiple of 4 (cuBLASLt
+ * has no algorithm for others: the dequantised GEMM) */
+static int fp8_gemm_ok(const cuda_be *c, const be_weight *w, size_t T, int64_t r0, int64_t n, int64_t c0, int64_t K)
+{
+    (void)n;
+    return c->fp8_gemm && w->fmt == BE_W_FP8 && w->block == 128 && K % 128 == 0 && r0 % 128 == 0 && T % 4 == 0 &&
+           dequant_gemm(c, w, T, c0, K);
+}
+
+static size_t fp8_tmp_bytes(size_t T, int64_t K) { return up256(T * (size_t)K) + up256(T * (size_t)(K / 128) * 4); }
+
 static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int64_t n, int64_t K)
 {
     const int deq = dequant_gemm(c, w, T, w->cols - K, K);
     if (!deq && (w->fmt != BE_W_DENSE || w->dtype != MD_BF16 || c->math == BCU_MATH_FP32)) return 0;
     const size_t wb = deq ? up256((size_t)n * (size_t)K * 2) : 0;
-    if (c->math == BCU_MATH_BF16) return wb + up256(T * (size_t)K * 2);
-    return wb + up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
+    size_t b = c->math == BCU_MATH_BF16 ? wb + up256(T * (size_t)K * 2)
+                                        : wb + up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
+    if (fp8_gemm_ok(c, w, T, 0, n, w->cols - K, K) && fp8_tmp_bytes(T, K) > b) b = fp8_tmp_bytes(T, K);
+    return b;
+}
+
+/* dy [T, n] = act_quant(dx) . W[r0 : r0 + n]^T on the FP8 tensor cores, where fp8_gemm_ok: 0 done, -1 failed, 1 not
+ * taken (cuBLASLt has no algorithm for the shape; nothing launched).  dx may be raw or already act_quant'd: the
+ * codes are the same values either way (bcu_code_e4m3) */
+static int fp8_try(cuda_be *c, const wentry *e, const be_weight *w, float *dy, const float *dx, size_t T, int64_t r0,
+                   int64_t n, int64_t K, char *tmp)
+{
+    if (!e->ds32) return 1;
+    if (!c->f8 && !(c->f8 = bcu_fp8lt_create())) {
+        c->fp8_gemm = 0; /* no cuBLASLt handle or workspace: the dequantised GEMM from now on */
+        (void)cudaGetLastError();
+        return 1;
+    }
+    uint8_t *xc = (uint8_t *)tmp;
+    float *sx = (float *)(tmp + up256(T * (size_t)K));
+    CU(bcu_code_e4m3(xc, sx, dx, (int64_t)T, K, K, c->st));
+    const cudaError_t r = bcu_fp8lt_gemm(c->f8, dy, (const uint8_t *)e->d + r0 * w->cols,
+                                         e->ds32 + (r0 / 128) * bcu_fp8lt_sw_ld(w->cols), xc, sx, n, (int64_t)T, K,
+                                         c->st);
+    if (r == cudaErrorNotSupported) return 1;
+    CU(r);
+    c->fp8_calls++;
+    return 0;
 }
 
 /* dy [T, n] = dx [T, K] . A^T for a bf16 A [n, K] (leading dimension lda) in the math mode's planes */
@@ -506,6 +559,10 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16)
         return bf16_gemm(c, (const uint16_t *)e->d + r0 * w->cols + c0, ld, dy, dx, T, n, K, tmp);
+    if (c->x_fp8 && fp8_gemm_ok(c, w, T, r0, n, c0, K)) {
+        const int r = fp8_try(c, e, w, dy, dx, T, r0, n, K, tmp);
+        if (r <= 0) return r;
+    }
     if (dequant_gemm(c, w, T, c0, K)) {
         uint16_t *wb = (uint16_t *)tmp;
         CU(bcu_dequant_bf16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols,
@@ -1705,6 +1762,11 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
             else DV_CU(r);
         }
     }
+    if (e && !done && !c->failed && fp8_gemm_ok(c, w, T, 0, w->rows, 0, w->cols)) {
+        /* prefill sizes on the FP8 tensor cores: the code kernel act_quants x itself (no copy, no fq) */
+        if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
+            done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;
+    }
     if (e && !done && !c->failed) {
         const size_t K = (size_t)w->cols, qb = up256(T * K * 4);
         if (!scratch(c, qb + core_tmp_bytes(c, w, T, w->rows, w->cols) + 256)) {
@@ -2044,6 +2106,7 @@ static void teardown(cuda_be *c)
     free(c->tab);
     if (c->scratch) cudaFree(c->scratch);
     if (c->have_blas) cublasDestroy(c->blas);
+    bcu_fp8lt_destroy(c->f8);
     if (c->have_stream) cudaStreamDestroy(c->st);
     if (c->host) be_destroy(c->host);
     pthread_mutex_destroy(&c->lock);
@@ -2096,6 +2159,10 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
+    {
+        const char *f8 = getenv("DEEPINFER_CUDA_FP8GEMM");
+        c->fp8_gemm = math != BCU_MATH_FP32 && (f8 && *f8 ? strcmp(f8, "0") != 0 : math == BCU_MATH_BF16);
+    }
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;
@@ -2199,3 +2266,4 @@ extern "C" bcu_math bcu_get_math(const be_backend *be) { return get(be)->math; }
 extern "C" cudaStream_t bcu_stream(const be_backend *be) { return get(be)->st; }
 extern "C" const char *bcu_device_name(const be_backend *be) { return get(be)->name; }
 extern "C" size_t bcu_weight_bytes(const be_backend *be) { return get(be)->weight_bytes; }
+extern "C" size_t bcu_fp8_gemm_calls(const be_backend *be) { return get(be)->fp8_calls; }

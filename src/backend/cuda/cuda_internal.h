@@ -143,6 +143,32 @@ cudaError_t bcu_widen(float *dst, const uint16_t *src, size_t n, int is_f16, cud
 cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype, int64_t rows,
                              int64_t cols, int block, int64_t r0, int64_t n, cudaStream_t st);
 
+/* ---- fp8_gemm.cu: prefill GEMMs of FP8 weights on the FP8 tensor cores (cuBLASLt block scaling) */
+
+/* v4.c's act_quant (fq_fp8, blocks of 128 columns) of x [T, K] (row stride ldx floats) as what the FP8 GEMM
+ * reads: codes [T, K] e4m3 (row-major, dense), scales [K / 128][T] fp32 (tokens contiguous).  The codes times the
+ * scales are fq_fp8(x) value for value; on x that already went through fq_fp8 they are x itself.  K % 128 == 0,
+ * ldx % 4 == 0, x 16-byte and codes 4-byte aligned; else cudaErrorInvalidValue. */
+cudaError_t bcu_code_e4m3(uint8_t *codes, float *scales, const float *x, int64_t T, int64_t K, int64_t ldx,
+                          cudaStream_t st);
+/* dst[r * ldd + c] = the ue8m0 scale byte src[r * cols + c] as fp32 (dtype.c's decode), 0 in the padding
+ * columns cols <= c < ldd */
+cudaError_t bcu_e8m0_to_f32(float *dst, int64_t ldd, const uint8_t *src, int64_t rows, int64_t cols, cudaStream_t st);
+/* the row stride, in floats, of bcu_fp8lt_gemm's weight scales for K / 128 blocks of columns */
+static inline int64_t bcu_fp8lt_sw_ld(int64_t K) { return (K / 128 + 3) / 4 * 4; }
+typedef struct bcu_fp8lt bcu_fp8lt; /* a cuBLASLt handle, its workspace, the algorithms of the shapes seen */
+bcu_fp8lt *bcu_fp8lt_create(void);  /* NULL: no cuBLASLt or no device memory */
+void bcu_fp8lt_destroy(bcu_fp8lt *f);
+/* y [T, n] fp32 = (xc with scales sx, bcu_code_e4m3's layout) . (W [n, K] e4m3 with fp32 scales sw
+ * [ceil(n / 128)] rows of bcu_fp8lt_sw_ld(K) floats, the first K / 128 used)^T, every product exact, each
+ * 128-column block's sum on the FP8 tensor core (fewer bits than fp32: ~1e-4 of max |y|).  K % 128 == 0 and
+ * T % 4 == 0.  cudaErrorNotSupported (nothing launched) when
+ * cuBLASLt has no algorithm for the shape; asynchronous on st. */
+cudaError_t bcu_fp8lt_gemm(bcu_fp8lt *f, float *y, const uint8_t *w, const float *sw, const uint8_t *xc,
+                           const float *sx, int64_t n, int64_t T, int64_t K, cudaStream_t st);
+/* FP8 GEMMs the backend ran through bcu_fp8lt_gemm since it was created (tests: the path was taken) */
+size_t bcu_fp8_gemm_calls(const be_backend *be);
+
 #ifdef __cplusplus
 }
 #endif
