@@ -39,6 +39,7 @@
 #include <stdio.h>
 
 #include "backend/cuda/attn.h"
+#include "backend/cuda/mma_frag.cuh"
 
 #define BLOCK_TOKENS 128 /* MD_BLOCK_TOKENS */
 
@@ -782,6 +783,203 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     if (tid < AT_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(mrun[tid], lrun[tid]);
 }
 
+/* ---- the same split attention on bf16 tensor cores (bcu_attention_args.bf16; head_dim 512)
+ *
+ * Block = (row, split, group of 64 heads), 16 warps: warp w owns heads 16 (w % 4) .. + 15 of the group and
+ * channels 128 (w / 4) .. + 127.  Q (64 heads x 512) sits in shared memory as bf16, and each 16-key tile as bf16
+ * twice: K [key][channel] (the B operand of Q.K^T) and V^T [channel][key] (the B operand of P.V; K = V).  Per
+ * tile a warp computes its heads' logits over its 128 channels (m16n8k16, 2 n-tiles x 8 k-steps), the four
+ * partials of a head row are summed through shared memory in channel order (every warp of the row gets the same
+ * sums), the online softmax runs in registers (row max and sum over the quad), and P goes straight from the
+ * logits' accumulator layout into the A operand of P.V (its 16 channels x 8 n-tiles).  O stays in registers, 64
+ * floats a thread.  The partials (ml, po) are at_split's, so at_merge finishes both. */
+#define AM_HB 64   /* heads per block */
+#define AM_NT 512  /* 16 warps */
+#define AM_QLD 520 /* bf16 row stride of Q and K: 260 words, rows 4 banks apart (conflict-free fragment loads) */
+#define AM_VLD 24  /* bf16 row stride of V^T: 12 words */
+#define AM_SMEM ((size_t)(AM_HB * AM_QLD + AT_KT * AM_QLD + 512 * AM_VLD) * 2 + (size_t)16 * 32 * 8 * 4)
+
+__device__ __forceinline__ uint32_t am_pack(float lo, float hi)
+{
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&v;
+}
+
+__global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
+{
+    constexpr int D = 512;
+    extern __shared__ float4 am_sm4[];
+    uint16_t *Qs = (uint16_t *)am_sm4;         /* [AM_HB][AM_QLD] */
+    uint16_t *Ks = Qs + AM_HB * AM_QLD;        /* [AT_KT][AM_QLD] */
+    uint16_t *Vt = Ks + AT_KT * AM_QLD;        /* [D][AM_VLD] */
+    float *Sp = (float *)(Vt + D * AM_VLD);    /* [warp][lane][8]: the logits' partials */
+    __shared__ const float *kp[AT_KT];
+    __shared__ struct {
+        const float *kw;
+        const float *const *blks;
+        const int32_t *selr;
+        int64_t nvis;
+        int nw;
+    } rs;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mt = warp & 3, dq = warp >> 2;
+    const int g = lane >> 2, qq = lane & 3;
+    const int hg = blockIdx.x % a.HG, split = blockIdx.x / a.HG, row = blockIdx.y;
+    const bool lead = blockIdx.x == 0 && tid == 0;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
+    const Cands cd = cands_of(a, s, row, lead);
+    const int n = cd.nw + cd.nc;
+    const int ntile = (n + AT_KT - 1) / AT_KT;
+    const int tps = (ntile + a.S - 1) / a.S;
+    const int t_lo = split * tps, t_hi = t_lo + tps < ntile ? t_lo + tps : ntile;
+    const size_t slot = (size_t)row * a.S + split;
+    const int h0 = hg * AM_HB;
+    if (t_lo >= t_hi) {
+        if (tid < AM_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    const float4 *q4 = (const float4 *)(a.q + (size_t)row * a.H * D);
+    for (int i = tid; i < AM_HB * D / 4; i += AM_NT) {
+        const int h = i / (D / 4), c4 = i % (D / 4);
+        const float4 v = h0 + h < a.H ? q4[(size_t)(h0 + h) * (D / 4) + c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(uint2 *)&Qs[h * AM_QLD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
+    }
+    if (tid == 0) {
+        rs.kw = s.kwin + (size_t)(cd.w0 - s.kstart) * D;
+        rs.blks = s.blocks;
+        rs.selr = a.csa ? a.sel + (size_t)row * a.topk : NULL;
+        rs.nvis = cd.nvis;
+        rs.nw = cd.nw;
+    }
+    float o[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* head rows g and g + 8 of the warp's 16 */
+
+    for (int t = t_lo; t < t_hi; t++) {
+        __syncthreads(); /* the previous tile's K, V^T, kp and partials are consumed */
+        if (tid < AT_KT) {
+            const int c = t * AT_KT + tid;
+            const float *p = NULL;
+            if (c < rs.nw) {
+                p = rs.kw + (size_t)c * D;
+            } else if (c < n) {
+                const int64_t e = rs.selr ? (int64_t)rs.selr[c - rs.nw] : (int64_t)(c - rs.nw);
+                if (e < 0 || e >= rs.nvis) atomicOr(a.flags, BCU_ATTN_FLAG_SEL); /* masked below */
+                else p = rs.blks[e / a.epb] + a.ent_off + (size_t)(e % a.epb) * D;
+            }
+            kp[tid] = p;
+        }
+        __syncthreads();
+        /* the tile as bf16: keys fastest across a warp, so the V^T stores of a warp are 32 contiguous bytes */
+        for (int i = tid; i < AT_KT * D / 4; i += AM_NT) {
+            const int j = i % AT_KT, c4 = i / AT_KT;
+            const float *p = kp[j];
+            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const uint32_t lo = am_pack(v.x, v.y), hi = am_pack(v.z, v.w);
+            *(uint2 *)&Ks[j * AM_QLD + 4 * c4] = make_uint2(lo, hi);
+            Vt[(4 * c4 + 0) * AM_VLD + j] = (uint16_t)lo;
+            Vt[(4 * c4 + 1) * AM_VLD + j] = (uint16_t)(lo >> 16);
+            Vt[(4 * c4 + 2) * AM_VLD + j] = (uint16_t)hi;
+            Vt[(4 * c4 + 3) * AM_VLD + j] = (uint16_t)(hi >> 16);
+        }
+        __syncthreads();
+        /* this warp's part of the logits: its 16 heads x the tile's 16 keys over channels 128 dq .. + 127 */
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        {
+            const uint16_t *qa = Qs + (16 * mt + g) * AM_QLD + 128 * dq + 2 * qq;
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++) {
+                uint32_t af[4];
+                af[0] = *(const uint32_t *)(qa + 16 * ks);
+                af[1] = *(const uint32_t *)(qa + 8 * AM_QLD + 16 * ks);
+                af[2] = *(const uint32_t *)(qa + 16 * ks + 8);
+                af[3] = *(const uint32_t *)(qa + 8 * AM_QLD + 16 * ks + 8);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint16_t *kb = Ks + (8 * nt + g) * AM_QLD + 128 * dq + 16 * ks + 2 * qq;
+                    rd_mma(sc[nt], af, *(const uint32_t *)kb, *(const uint32_t *)(kb + 8));
+                }
+            }
+        }
+        float4 *sp = (float4 *)(Sp + ((size_t)warp * 32 + lane) * 8);
+        sp[0] = make_float4(sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+        sp[1] = make_float4(sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+        __syncthreads();
+        /* the whole logits of the warp's rows: the four channel quarters' partials in order */
+        float x[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 *pp = (const float4 *)(Sp + ((size_t)(mt + 4 * k) * 32 + lane) * 8);
+            const float4 u0 = pp[0], u1 = pp[1];
+            x[0][0] += u0.x; x[0][1] += u0.y; x[0][2] += u0.z; x[0][3] += u0.w;
+            x[1][0] += u1.x; x[1][1] += u1.y; x[1][2] += u1.z; x[1][3] += u1.w;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = 8 * nt + 2 * qq + e;
+                const bool ok = t * AT_KT + j < n && kp[j] != NULL;
+                x[nt][e] = ok ? x[nt][e] * a.scale : -INFINITY;
+                x[nt][2 + e] = ok ? x[nt][2 + e] * a.scale : -INFINITY;
+            }
+        float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
+        float mx1 = fmaxf(fmaxf(x[0][2], x[0][3]), fmaxf(x[1][2], x[1][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float al0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                x[nt][e] = n0 == -INFINITY ? 0.0f : expf(x[nt][e] - n0);
+                x[nt][2 + e] = n1 == -INFINITY ? 0.0f : expf(x[nt][2 + e] - n1);
+                ps0 += x[nt][e];
+                ps1 += x[nt][2 + e];
+            }
+        ps0 += __shfl_xor_sync(FULL, ps0, 1);
+        ps0 += __shfl_xor_sync(FULL, ps0, 2);
+        ps1 += __shfl_xor_sync(FULL, ps1, 1);
+        ps1 += __shfl_xor_sync(FULL, ps1, 2);
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+        m0 = n0;
+        m1 = n1;
+        uint32_t pf[4];
+        pf[0] = am_pack(x[0][0], x[0][1]);
+        pf[1] = am_pack(x[0][2], x[0][3]);
+        pf[2] = am_pack(x[1][0], x[1][1]);
+        pf[3] = am_pack(x[1][2], x[1][3]);
+        const uint16_t *vb = Vt + (128 * dq + g) * AM_VLD + 2 * qq;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+            o[nt][0] *= al0;
+            o[nt][1] *= al0;
+            o[nt][2] *= al1;
+            o[nt][3] *= al1;
+            const uint16_t *v = vb + 8 * nt * AM_VLD;
+            rd_mma(o[nt], pf, *(const uint32_t *)v, *(const uint32_t *)(v + 8));
+        }
+    }
+    const int ha = h0 + 16 * mt + g, hb = ha + 8;
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+        const int c = 128 * dq + 8 * nt + 2 * qq;
+        if (ha < a.H) *(float2 *)&a.po[(slot * a.H + ha) * D + c] = make_float2(o[nt][0], o[nt][1]);
+        if (hb < a.H) *(float2 *)&a.po[(slot * a.H + hb) * D + c] = make_float2(o[nt][2], o[nt][3]);
+    }
+    if (dq == 0 && qq == 0) {
+        if (ha < a.H) a.ml[slot * a.H + ha] = make_float2(m0, l0);
+        if (hb < a.H) a.ml[slot * a.H + hb] = make_float2(m1, l1);
+    }
+}
+
 struct MgArgs {
     const bcu_attn_seq *seqs;
     int nseq;
@@ -880,7 +1078,8 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.epb = a->ratio ? BLOCK_TOKENS / a->ratio : 1;
     aa.ent_off = a->ent_off;
     aa.scale = 1.0f / sqrtf((float)D); /* as v4.c */
-    aa.HG = (a->n_heads + AT_HB - 1) / AT_HB;
+    const int mma = a->bf16 && D == 512;
+    aa.HG = (a->n_heads + (mma ? AM_HB : AT_HB) - 1) / (mma ? AM_HB : AT_HB);
     aa.ml = (float2 *)(base + w.ml);
     aa.po = (float *)(base + w.po);
     aa.flags = (int *)(base + w.flags);
@@ -893,7 +1092,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     }
     const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
     const int64_t per = (int64_t)b->ntok * aa.HG;
-    int64_t S = (2 * (int64_t)sm_count() + per - 1) / per;
+    int64_t S = ((mma ? 1 : 2) * (int64_t)sm_count() + per - 1) / per;
     if (S > tiles) S = tiles;
     if (S > w.slots / b->ntok) S = w.slots / b->ntok;
     if (S < 1) S = 1;
@@ -901,7 +1100,13 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.S = (int)S;
 
     cudaError_t r;
-    switch (D / 128) {
+    if (mma) {
+        r = opt_in_smem(at_mma_kernel, 8, AM_SMEM);
+        if (r == cudaSuccess) {
+            at_mma_kernel<<<dim3((unsigned)(aa.S * aa.HG), (unsigned)b->ntok), AM_NT, AM_SMEM, st>>>(aa);
+            r = cudaGetLastError();
+        }
+    } else switch (D / 128) {
     case 1: r = launch_split<1>(aa, b->ntok, st); break;
     case 2: r = launch_split<2>(aa, b->ntok, st); break;
     case 3: r = launch_split<3>(aa, b->ntok, st); break;

@@ -113,6 +113,8 @@ typedef struct {
     const int32_t *nsel;        /* CSA: [ntok] */
     int topk;                   /* CSA: row stride of sel */
     float *out;                 /* [ntok, n_heads, head_dim] */
+    int bf16;                   /* 1 (head_dim 512): q.k and p.v on the bf16 tensor cores, q, keys and p rounded to
+                                   bf16, fp32 sums (~1e-2 of the output against fp32); 0 or other head_dims: fp32 */
 } bcu_attention_args;
 
 cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_attention_args *a,

@@ -136,6 +136,8 @@ typedef struct {
     int fp8_gemm; /* DEEPINFER_CUDA_FP8GEMM: act_quant'd x on FP8 weights at prefill sizes through the FP8 tensor
                    * cores (fp8_gemm.cu; default on in the bf16 maths, off in bf16x3, never in fp32) */
     bcu_fp8lt *f8; /* its cuBLASLt handle and workspace, made at the first such GEMM */
+    int attn_mma; /* DEEPINFER_CUDA_ATTN_MMA: attention's q.k and p.v on the bf16 tensor cores (head_dim 512;
+                   * default on in the bf16 maths, off in bf16x3, never in fp32) */
     size_t fp8_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
@@ -1507,7 +1509,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 return fail(c, "indexer: %s", msg[0] ? msg : "launch failed");
         }
         bcu_attention_args aa = {H, d, a->rope_dim, a->window, a->ratio, a->csa, a->ent_off, dq, dsink, dfreq,
-                                 a->csa ? dsel : NULL, a->csa ? dnsel : NULL, a->csa ? a->topk : 0, dout};
+                                 a->csa ? dsel : NULL, a->csa ? dnsel : NULL, a->csa ? a->topk : 0, dout,
+                                 c->attn_mma};
         if (bcu_attention(&c->aws, &bt, &aa, c->st, msg, sizeof msg) != cudaSuccess)
             return fail(c, "attention: %s", msg[0] ? msg : "launch failed");
         if (!devio)
@@ -2107,6 +2110,14 @@ static void teardown(cuda_be *c)
     free(c);
 }
 
+/* a path whose sums are of the bf16 class (the FP8 tensor cores, bf16 attention): env name "0" off, anything else
+ * on, unset: on in the bf16 maths; never in fp32 */
+static int bf16_class_path(const char *name, bcu_math math)
+{
+    const char *v = getenv(name);
+    return math != BCU_MATH_FP32 && (v && *v ? strcmp(v, "0") != 0 : math == BCU_MATH_BF16);
+}
+
 extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *err, size_t errlen)
 {
     char dummy[8];
@@ -2153,10 +2164,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
-    {
-        const char *f8 = getenv("DEEPINFER_CUDA_FP8GEMM");
-        c->fp8_gemm = math != BCU_MATH_FP32 && (f8 && *f8 ? strcmp(f8, "0") != 0 : math == BCU_MATH_BF16);
-    }
+    c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
+    c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;
