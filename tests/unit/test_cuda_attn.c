@@ -880,6 +880,9 @@ static void test_v4_window_only(void **st)
     const tcase c = {"v4 window only", V4, 0, 0, 0, 0, 0, D_RANDOM, 2.0f, 4,
                      {{0, 64, 0}, {1000, 7, 0}, {5000, 1, 0}, {3000, 7, 2995}}};
     run_case(&c, 1);
+    /* more rows than SMs: one split a row, which the bf16 kernel finishes itself (no merge) */
+    const tcase p = {"v4 window only 256 rows", V4, 0, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{90, 200, 0}, {7000, 56, 0}}};
+    run_case(&p, 0);
 }
 
 static void test_v4_csa(void **st)
@@ -893,6 +896,8 @@ static void test_v4_csa(void **st)
     run_case(&t7, 0);
     const tcase t64 = {"v4 csa T64 random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{2000, 64, 0}}};
     run_case(&t64, 0);
+    const tcase t160 = {"v4 csa T160 random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{2100, 160, 0}}};
+    run_case(&t160, 0);
     const tcase rep = {"v4 csa replay", V4, V4CSA, D_DYADIC, 2.0f, 2, {{6000, 7, 5990}, {6200, 1, 6100}}};
     run_case(&rep, 0);
     const tcase eq = {"v4 csa equal keys", V4, V4CSA, D_EQUAL, 2.0f, 1, {{12000, 1, 0}}};

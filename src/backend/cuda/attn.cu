@@ -545,6 +545,10 @@ struct AtArgs {
     float2 *ml; /* [slot = row * S + split][H]: running max, running sum */
     float *po;  /* [slot][H][D]: unnormalised output */
     int *flags;
+    /* at_mma_kernel with S = 1 finishes the rows itself (at_merge's sink, normalisation and inverse RoPE) */
+    const float *sink, *inv_freq;
+    int rd;
+    float *out;
 };
 
 /* the candidate list of a row: nw window keys, then nc compressed entries */
@@ -792,12 +796,17 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
  * partials of a head row are summed through shared memory in channel order (every warp of the row gets the same
  * sums), the online softmax runs in registers (row max and sum over the quad), and P goes straight from the
  * logits' accumulator layout into the A operand of P.V (its 16 channels x 8 n-tiles).  O stays in registers, 64
- * floats a thread.  The partials (ml, po) are at_split's, so at_merge finishes both. */
+ * floats a thread.  The next tile's keys come in with cp.async (fp32, two staging buffers) while this tile's
+ * products run.  The partials (ml, po) are at_split's, so at_merge finishes both; with one split a row (S = 1,
+ * prefill) the kernel finishes the row itself. */
 #define AM_HB 64   /* heads per block */
 #define AM_NT 512  /* 16 warps */
 #define AM_QLD 520 /* bf16 row stride of Q and K: 260 words, rows 4 banks apart (conflict-free fragment loads) */
 #define AM_VLD 24  /* bf16 row stride of V^T: 12 words */
-#define AM_SMEM ((size_t)(AM_HB * AM_QLD + AT_KT * AM_QLD + 512 * AM_VLD) * 2 + (size_t)16 * 32 * 8 * 4)
+#define AM_SLD 516  /* fp32 row stride of the staged tiles: 4 banks between keys */
+#define AM_SMEM                                                                                                    \
+    ((size_t)(AM_HB * AM_QLD + AT_KT * AM_QLD + 512 * AM_VLD) * 2 + (size_t)16 * 32 * 8 * 4 +                       \
+     (size_t)2 * AT_KT * AM_SLD * 4)
 
 __device__ __forceinline__ uint32_t am_pack(float lo, float hi)
 {
@@ -813,7 +822,8 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     uint16_t *Ks = Qs + AM_HB * AM_QLD;        /* [AT_KT][AM_QLD] */
     uint16_t *Vt = Ks + AT_KT * AM_QLD;        /* [D][AM_VLD] */
     float *Sp = (float *)(Vt + D * AM_VLD);    /* [warp][lane][8]: the logits' partials */
-    __shared__ const float *kp[AT_KT];
+    float *Stg = Sp + 16 * 32 * 8;             /* [2][AT_KT][AM_SLD]: tiles in flight, fp32 */
+    __shared__ const float *kpb[2][AT_KT];
     __shared__ struct {
         const float *kw;
         const float *const *blks;
@@ -835,7 +845,7 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     const int t_lo = split * tps, t_hi = t_lo + tps < ntile ? t_lo + tps : ntile;
     const size_t slot = (size_t)row * a.S + split;
     const int h0 = hg * AM_HB;
-    if (t_lo >= t_hi) {
+    if (t_lo >= t_hi && a.S > 1) { /* an empty split: the merge skips it (with S = 1 the row is finished below) */
         if (tid < AM_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
         return;
     }
@@ -856,9 +866,9 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* head rows g and g + 8 of the warp's 16 */
-
-    for (int t = t_lo; t < t_hi; t++) {
-        __syncthreads(); /* the previous tile's K, V^T, kp and partials are consumed */
+    /* tile t's key pointers (threads < AT_KT; NULL: masked) and its copies into staging buffer t & 1 (a warp
+     * takes 512 contiguous bytes of one key) */
+    auto key_ptrs = [&](int t) {
         if (tid < AT_KT) {
             const int c = t * AT_KT + tid;
             const float *p = NULL;
@@ -869,14 +879,32 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
                 if (e < 0 || e >= rs.nvis) atomicOr(a.flags, BCU_ATTN_FLAG_SEL); /* masked below */
                 else p = rs.blks[e / a.epb] + a.ent_off + (size_t)(e % a.epb) * D;
             }
-            kp[tid] = p;
+            kpb[t & 1][tid] = p;
         }
+    };
+    auto key_copies = [&](int t) {
+        float *st = Stg + (size_t)(t & 1) * AT_KT * AM_SLD;
+        for (int i = tid; i < AT_KT * D / 4; i += AM_NT) {
+            const int j = i / (D / 4), c4 = i % (D / 4);
+            const float *p = kpb[t & 1][j];
+            rd_cp16z(st + j * AM_SLD + 4 * c4, p ? p + 4 * c4 : a.q, p != NULL);
+        }
+    };
+    __syncthreads(); /* rs */
+    if (t_lo < t_hi) {
+        key_ptrs(t_lo);
         __syncthreads();
+        key_copies(t_lo);
+    }
+
+    for (int t = t_lo; t < t_hi; t++) {
+        rd_cp_wait();
+        __syncthreads(); /* tile t staged; the previous tile's K, V^T and partials are consumed */
         /* the tile as bf16: keys fastest across a warp, so the V^T stores of a warp are 32 contiguous bytes */
+        const float *st = Stg + (size_t)(t & 1) * AT_KT * AM_SLD;
         for (int i = tid; i < AT_KT * D / 4; i += AM_NT) {
             const int j = i % AT_KT, c4 = i / AT_KT;
-            const float *p = kp[j];
-            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 v = *(const float4 *)(st + j * AM_SLD + 4 * c4);
             const uint32_t lo = am_pack(v.x, v.y), hi = am_pack(v.z, v.w);
             *(uint2 *)&Ks[j * AM_QLD + 4 * c4] = make_uint2(lo, hi);
             Vt[(4 * c4 + 0) * AM_VLD + j] = (uint16_t)lo;
@@ -884,7 +912,10 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
             Vt[(4 * c4 + 2) * AM_VLD + j] = (uint16_t)hi;
             Vt[(4 * c4 + 3) * AM_VLD + j] = (uint16_t)(hi >> 16);
         }
+        if (t + 1 < t_hi) key_ptrs(t + 1);
         __syncthreads();
+        if (t + 1 < t_hi) key_copies(t + 1); /* lands while this tile's products run */
+        const float *const *kp = kpb[t & 1];
         /* this warp's part of the logits: its 16 heads x the tile's 16 keys over channels 128 dq .. + 127 */
         float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         {
@@ -968,6 +999,48 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
         }
     }
     const int ha = h0 + 16 * mt + g, hb = ha + 8;
+    if (a.S == 1) {
+        /* the whole row is here: at_merge's arithmetic for one split, then the inverse RoPE, straight to out */
+        const int64_t pos = s.p0 + (row - s.row0);
+        float w[2] = {0.0f, 0.0f}, L[2] = {1.0f, 1.0f};
+        const float mm[2] = {m0, m1}, ll[2] = {l0, l1};
+        const int hh[2] = {ha, hb};
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (hh[r] < a.H) {
+                const float sink = a.sink[hh[r]], M = fmaxf(sink, mm[r]);
+                L[r] = expf(sink - M);
+                if (mm[r] != -INFINITY) {
+                    w[r] = expf(mm[r] - M);
+                    L[r] += ll[r] * w[r];
+                }
+            }
+        const int t0 = D - a.rd;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+            const int c = 128 * dq + 8 * nt + 2 * qq;
+            float cs = 1.0f, sn = 0.0f;
+            if (c >= t0) {
+                const float ang = (float)pos * a.inv_freq[(c - t0) / 2];
+                cs = cosf(ang);
+                sn = -sinf(ang);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (hh[r] >= a.H) continue;
+                float x0 = w[r] * o[nt][2 * r], x1 = w[r] * o[nt][2 * r + 1];
+                x0 /= L[r];
+                x1 /= L[r];
+                if (c >= t0) {
+                    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+                    x0 = y0;
+                    x1 = y1;
+                }
+                *(float2 *)&a.out[((size_t)row * a.H + hh[r]) * D + c] = make_float2(x0, x1);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) {
         const int c = 128 * dq + 8 * nt + 2 * qq;
@@ -1083,6 +1156,10 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.ml = (float2 *)(base + w.ml);
     aa.po = (float *)(base + w.po);
     aa.flags = (int *)(base + w.flags);
+    aa.sink = a->sink;
+    aa.inv_freq = a->inv_freq;
+    aa.rd = a->rope_dim;
+    aa.out = a->out;
     /* splits: enough blocks for two per SM, never more than the longest row has tiles */
     int64_t len = b->max_len > 0 ? b->max_len : 1;
     int64_t maxc = (len < a->window ? len : a->window);
@@ -1113,6 +1190,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     default: r = launch_split<4>(aa, b->ntok, st); break;
     }
     if (r != cudaSuccess) return r;
+    if (mma && aa.S == 1) return cudaSuccess; /* at_mma_kernel finished the rows */
 
     MgArgs ma;
     ma.seqs = b->seqs;

@@ -112,13 +112,6 @@ __device__ __forceinline__ uint4 rd_ldg16_stream(const void *p)
         : "l"(p));
     return v;
 }
-/* global -> shared, 16 bytes, asynchronous; rd_cp_wait waits for every copy this thread issued */
-__device__ __forceinline__ void rd_cp16(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void rd_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* the thread-block cluster of a split launch (cluster dims (gridDim.x, 1, 1)) */
 __device__ __forceinline__ void rd_cluster_sync() { cooperative_groups::this_cluster().sync(); }

@@ -34,6 +34,20 @@ __device__ __forceinline__ void rd_mma_h(float d[4], const uint32_t a[4], uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* global -> shared, 16 bytes, asynchronous; rd_cp_wait waits for every copy this thread issued */
+__device__ __forceinline__ void rd_cp16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+/* the same, zero-filled when !full (gmem is then not read, but must be a valid address) */
+__device__ __forceinline__ void rd_cp16z(void *smem, const void *gmem, bool full)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void rd_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 /* two e4m3 codes (bits 0-7, 8-15) -> two f16 (low half, high half), exact for every code: one instruction */
 __device__ __forceinline__ uint32_t rd_e4m3x2_h(uint32_t v)
 {
