@@ -46,6 +46,16 @@ __device__ __forceinline__ float gr_pow2_ceil(float v)
  * multiply by 1/448) */
 __device__ __forceinline__ float aq_scale_e4m3(float amax) { return gr_pow2_ceil(__fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f)); }
 
+/* the act_quant scale of a block of 128 values a warp holds as one float4 a lane (the warp's amax, then
+ * aq_scale_e4m3); every lane gets it */
+__device__ __forceinline__ float aq_warp_scale_e4m3(float4 v)
+{
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    return aq_scale_e4m3(amax);
+}
+
 /* 1 / sc for a scale of gr_pow2_ceil: a power of two, so its reciprocal is exact (2^-127 included, a subnormal)
  * and x * aq_inv(sc) rounds the same real number as x / sc does; one multiply where IEEE division costs a dozen
  * instructions (for sc = inf or NaN the two agree as well) */

@@ -582,6 +582,63 @@ __device__ __forceinline__ Cands cands_of(const AtArgs &a, const bcu_attn_seq &s
     return c;
 }
 
+/* where a row's candidates come from, kept in shared memory by the attention kernels (rather than registers) */
+struct RowKeys {
+    const float *kw;            /* window key of candidate 0 */
+    const float *const *blks;
+    const int32_t *selr;        /* CSA: this row's selection */
+    int64_t nvis;
+    int nw;
+};
+
+__device__ __forceinline__ void row_keys(RowKeys &rk, const AtArgs &a, const bcu_attn_seq &s, const Cands &cd, int row,
+                                         int D)
+{
+    rk.kw = s.kwin + (size_t)(cd.w0 - s.kstart) * D;
+    rk.blks = s.blocks;
+    rk.selr = a.csa ? a.sel + (size_t)row * a.topk : NULL;
+    rk.nvis = cd.nvis;
+    rk.nw = cd.nw;
+}
+
+/* candidate c of n's key (= value) row; NULL past n and for a selected index out of range (flagged) */
+__device__ __forceinline__ const float *key_of(const RowKeys &rk, const AtArgs &a, int c, int n, int D)
+{
+    if (c < rk.nw) return rk.kw + (size_t)c * D;
+    if (c >= n) return NULL;
+    const int64_t e = rk.selr ? (int64_t)rk.selr[c - rk.nw] : (int64_t)(c - rk.nw);
+    if (e < 0 || e >= rk.nvis) {
+        atomicOr(a.flags, BCU_ATTN_FLAG_SEL); /* masked by the caller */
+        return NULL;
+    }
+    return rk.blks[e / a.epb] + a.ent_off + (size_t)(e % a.epb) * D;
+}
+
+/* what a block of the split kernels works on (blockIdx.x = split * HG + head group, blockIdx.y = row): the row,
+ * its n candidates, and the split's tiles [t_lo, t_hi) of AT_KT of them */
+struct SplitJob {
+    bcu_attn_seq s;
+    Cands cd;
+    int n, t_lo, t_hi, hg, split, row;
+    size_t slot;
+};
+
+/* false: a row outside every sequence (flagged; the block has nothing to do) */
+__device__ __forceinline__ bool split_job(const AtArgs &a, SplitJob &j)
+{
+    j.hg = blockIdx.x % a.HG;
+    j.split = blockIdx.x / a.HG;
+    j.row = blockIdx.y;
+    if (!load_row(a.seqs, a.nseq, j.row, &j.s, blockIdx.x == 0 ? a.flags : NULL)) return false;
+    j.cd = cands_of(a, j.s, j.row, blockIdx.x == 0 && threadIdx.x == 0);
+    j.n = j.cd.nw + j.cd.nc;
+    const int ntile = (j.n + AT_KT - 1) / AT_KT, tps = (ntile + a.S - 1) / a.S;
+    j.t_lo = j.split * tps;
+    j.t_hi = j.t_lo + tps < ntile ? j.t_lo + tps : ntile;
+    j.slot = (size_t)j.row * a.S + j.split;
+    return true;
+}
+
 template <int NG>
 __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
 {
@@ -595,28 +652,15 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     float *mrun = alpha + AT_HB;       /* [AT_HB] running max */
     float *lrun = mrun + AT_HB;        /* [AT_HB] running sum of exp */
     __shared__ const float *kp[AT_KT];
-    /* what the key-pointer step needs, kept here rather than in registers
-     * (the O accumulators take 16 * NG of them) */
-    __shared__ struct {
-        const float *kw;            /* window key of candidate 0 */
-        const float *const *blks;
-        const int32_t *selr;        /* CSA: this row's selection */
-        int64_t nvis;
-        int nw;
-    } rs;
+    __shared__ RowKeys rs; /* here rather than in registers: the O accumulators take 16 * NG of them */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int hg = blockIdx.x % a.HG, split = blockIdx.x / a.HG, row = blockIdx.y;
-    const bool lead = blockIdx.x == 0 && tid == 0;
-    bcu_attn_seq s;
-    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
-    const Cands cd = cands_of(a, s, row, lead);
-    const int n = cd.nw + cd.nc;
-    const int ntile = (n + AT_KT - 1) / AT_KT;
-    const int tps = (ntile + a.S - 1) / a.S;
-    const int t_lo = split * tps, t_hi = t_lo + tps < ntile ? t_lo + tps : ntile;
-    const size_t slot = (size_t)row * a.S + split;
-    const int h0 = hg * AT_HB;
+    SplitJob jb;
+    if (!split_job(a, jb)) return;
+    const bcu_attn_seq &s = jb.s;
+    const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
+    const size_t slot = jb.slot;
+    const int h0 = jb.hg * AT_HB;
     if (t_lo >= t_hi) { /* an empty split: the merge skips it */
         if (tid < AT_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
         return;
@@ -631,13 +675,7 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
         mrun[tid] = -INFINITY;
         lrun[tid] = 0.0f;
     }
-    if (tid == 0) {
-        rs.kw = s.kwin + (size_t)(cd.w0 - s.kstart) * D;
-        rs.blks = s.blocks;
-        rs.selr = a.csa ? a.sel + (size_t)row * a.topk : NULL;
-        rs.nvis = cd.nvis;
-        rs.nw = cd.nw;
-    }
+    if (tid == 0) row_keys(rs, a, s, jb.cd, row, D);
     float4 o[4][NG];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -647,21 +685,7 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     const int cs = lane & 7, jt = lane >> 3; /* QK: channel slice, key quad; warp = head quad */
     for (int t = t_lo; t < t_hi; t++) {
         __syncthreads(); /* Q and the stats are in; the previous tile's Ks, Pt and kp are consumed */
-        if (tid < AT_KT) {
-            const int c = t * AT_KT + tid;
-            const float *p = NULL;
-            if (c < rs.nw) {
-                p = rs.kw + (size_t)c * D;
-            } else if (c < n) {
-                const int64_t e = rs.selr ? (int64_t)rs.selr[c - rs.nw] : (int64_t)(c - rs.nw);
-                if (e < 0 || e >= rs.nvis) {
-                    atomicOr(a.flags, BCU_ATTN_FLAG_SEL); /* masked below */
-                } else {
-                    p = rs.blks[e / a.epb] + a.ent_off + (size_t)(e % a.epb) * D;
-                }
-            }
-            kp[tid] = p;
-        }
+        if (tid < AT_KT) kp[tid] = key_of(rs, a, t * AT_KT + tid, n, D); /* NULL: masked below */
         __syncthreads();
         for (int i = tid; i < AT_KT * D / 4; i += AT_NT) {
             const int j = i / (D / 4), c4 = i % (D / 4);
@@ -824,27 +848,16 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     float *Sp = (float *)(Vt + D * AM_VLD);    /* [warp][lane][8]: the logits' partials */
     float *Stg = Sp + 16 * 32 * 8;             /* [2][AT_KT][AM_SLD]: tiles in flight, fp32 */
     __shared__ const float *kpb[2][AT_KT];
-    __shared__ struct {
-        const float *kw;
-        const float *const *blks;
-        const int32_t *selr;
-        int64_t nvis;
-        int nw;
-    } rs;
+    __shared__ RowKeys rs;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mt = warp & 3, dq = warp >> 2;
     const int g = lane >> 2, qq = lane & 3;
-    const int hg = blockIdx.x % a.HG, split = blockIdx.x / a.HG, row = blockIdx.y;
-    const bool lead = blockIdx.x == 0 && tid == 0;
-    bcu_attn_seq s;
-    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
-    const Cands cd = cands_of(a, s, row, lead);
-    const int n = cd.nw + cd.nc;
-    const int ntile = (n + AT_KT - 1) / AT_KT;
-    const int tps = (ntile + a.S - 1) / a.S;
-    const int t_lo = split * tps, t_hi = t_lo + tps < ntile ? t_lo + tps : ntile;
-    const size_t slot = (size_t)row * a.S + split;
-    const int h0 = hg * AM_HB;
+    SplitJob jb;
+    if (!split_job(a, jb)) return;
+    const bcu_attn_seq &s = jb.s;
+    const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
+    const size_t slot = jb.slot;
+    const int h0 = jb.hg * AM_HB;
     if (t_lo >= t_hi && a.S > 1) { /* an empty split: the merge skips it (with S = 1 the row is finished below) */
         if (tid < AM_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
         return;
@@ -855,13 +868,7 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
         const float4 v = h0 + h < a.H ? q4[(size_t)(h0 + h) * (D / 4) + c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         *(uint2 *)&Qs[h * AM_QLD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
     }
-    if (tid == 0) {
-        rs.kw = s.kwin + (size_t)(cd.w0 - s.kstart) * D;
-        rs.blks = s.blocks;
-        rs.selr = a.csa ? a.sel + (size_t)row * a.topk : NULL;
-        rs.nvis = cd.nvis;
-        rs.nw = cd.nw;
-    }
+    if (tid == 0) row_keys(rs, a, s, jb.cd, row, D);
     float o[16][4];
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -869,18 +876,7 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     /* tile t's key pointers (threads < AT_KT; NULL: masked) and its copies into staging buffer t & 1 (a warp
      * takes 512 contiguous bytes of one key) */
     auto key_ptrs = [&](int t) {
-        if (tid < AT_KT) {
-            const int c = t * AT_KT + tid;
-            const float *p = NULL;
-            if (c < rs.nw) {
-                p = rs.kw + (size_t)c * D;
-            } else if (c < n) {
-                const int64_t e = rs.selr ? (int64_t)rs.selr[c - rs.nw] : (int64_t)(c - rs.nw);
-                if (e < 0 || e >= rs.nvis) atomicOr(a.flags, BCU_ATTN_FLAG_SEL); /* masked below */
-                else p = rs.blks[e / a.epb] + a.ent_off + (size_t)(e % a.epb) * D;
-            }
-            kpb[t & 1][tid] = p;
-        }
+        if (tid < AT_KT) kpb[t & 1][tid] = key_of(rs, a, t * AT_KT + tid, n, D); /* NULL: masked below */
     };
     auto key_copies = [&](int t) {
         float *st = Stg + (size_t)(t & 1) * AT_KT * AM_SLD;

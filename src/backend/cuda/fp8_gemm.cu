@@ -42,10 +42,7 @@ __global__ void f8_code_kernel(const float *x, int64_t T, int64_t K, int64_t ldx
     if (gw >= T * nkb) return; /* warp-uniform */
     const int64_t t = gw / nkb, kb = gw - t * nkb;
     const float4 v = *(const float4 *)(x + t * ldx + kb * 128 + 4 * lane);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sc = aq_scale_e4m3(amax), inv = aq_inv(sc);
+    const float sc = aq_warp_scale_e4m3(v), inv = aq_inv(sc);
     const uint32_t w = gr_enc_e4m3(__fmul_rn(v.x, inv)) | gr_enc_e4m3(__fmul_rn(v.y, inv)) << 8 |
                        gr_enc_e4m3(__fmul_rn(v.z, inv)) << 16 | gr_enc_e4m3(__fmul_rn(v.w, inv)) << 24;
     *(uint32_t *)(codes + t * K + kb * 128 + 4 * lane) = w;

@@ -194,10 +194,7 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
     if (gw >= R * nch) return; /* warp-uniform */
     const int64_t r = gw / nch, c = gw - r * nch;
     const float4 v = *(const float4 *)(x + r * K + c * 128 + 4 * lane);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sc = aq_scale_e4m3(amax);
+    const float sc = aq_warp_scale_e4m3(v);
     const float inv = aq_inv(sc); /* v / sc, exactly */
     const uint32_t c0 = gr_enc_e4m3(__fmul_rn(v.x, inv)), c1 = gr_enc_e4m3(__fmul_rn(v.y, inv)),
                    c2 = gr_enc_e4m3(__fmul_rn(v.z, inv)), c3 = gr_enc_e4m3(__fmul_rn(v.w, inv));
