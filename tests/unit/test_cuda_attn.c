@@ -46,6 +46,9 @@
 #define ATTN_TOL_BF16 2e-2
 static double attn_tol = ATTN_TOL;
 #define SCORE_TOL 1e-5
+/* bcu_indexer_args.bf16: q and keys rounded to bf16 (exact on dyadic data, which must then stay bit-identical) */
+#define SCORE_TOL_BF16 1e-2
+static double score_tol = SCORE_TOL;
 #define MAX_SEQ 10
 #define MAX_REPORT 6
 
@@ -536,7 +539,7 @@ static ix_result check_indexer(const hcase *h, const int32_t *sel, const int32_t
         ref_scores(h, row, nv, rs, &mag);
         /* the GPU's scores */
         const uint32_t *gk = keys + (size_t)row * ks;
-        const double tol = SCORE_TOL * (mag > 0 ? mag : 1);
+        const double tol = score_tol * (mag > 0 ? mag : 1);
         for (int b = 0; b < nv; b++) {
             const double gs = key2f(gk[b]);
             const double e = fabs(gs - rs[b]);
@@ -808,6 +811,32 @@ static void run_case(const tcase *c, int controls)
                ir.bad ? "FAILED" : "identical", ir.near_flips ? " up to near-ties" : "");
     if (ir.near_flips) printf(" (%d)", ir.near_flips);
     printf("\n");
+    /* the indexer on bf16 tensor cores (index_dim a multiple of 16): the same checks, scores to the bf16 bound (exact
+     * on dyadic data); after attention, which read the fp32 kernel's selection */
+    if (c->csa && c->ID % 16 == 0) {
+        bcu_indexer_args ia = {.index_heads = c->IH, .index_dim = c->ID, .ratio = c->ratio, .topk = c->topk,
+                               .key_off = h.key_off, .iq = h.d_iq, .iw = h.d_iw, .sel = h.d_sel, .nsel = h.d_nsel,
+                               .bf16 = 1};
+        cudaError_t r = bcu_indexer_topk(&h.ws, &b, &ia, h.st, err, sizeof err);
+        if (r != cudaSuccess) fail_msg("%s: bcu_indexer_topk (bf16): %s %s", c->name, cudaGetErrorString(r), err);
+        CK(cudaStreamSynchronize(h.st));
+        CK(cudaMemcpy(sel, h.d_sel, (size_t)h.ntok * c->topk * sizeof *sel, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(nsel, h.d_nsel, (size_t)h.ntok * sizeof *nsel, cudaMemcpyDeviceToHost));
+        size_t ks = 0;
+        const uint32_t *dkeys = bcu_attn_ws_index_keys(&h.ws, &ks);
+        uint32_t *keys = malloc((size_t)h.ntok * ks * sizeof *keys + 4);
+        CK(cudaMemcpy(keys, dkeys, (size_t)h.ntok * ks * sizeof *keys, cudaMemcpyDeviceToHost));
+        score_tol = SCORE_TOL_BF16;
+        const ix_result ib = check_indexer(&h, sel, nsel, keys, ks, 1);
+        score_tol = SCORE_TOL;
+        free(keys);
+        printf("  %-26s indexer on bf16 tensor cores: scores max err %.1e of magnitude (bound %.0e), top-k %s%s",
+               c->name, ib.worst_score, SCORE_TOL_BF16, ib.bad ? "FAILED" : "identical",
+               ib.near_flips ? " up to near-ties" : "");
+        if (ib.near_flips) printf(" (%d)", ib.near_flips);
+        printf("\n");
+        if (ib.bad) fail_msg("%s: the bf16 indexer: %d failures", c->name, ib.bad);
+    }
     free(out);
     free(out2);
     free(sel);

@@ -185,6 +185,13 @@ __device__ __forceinline__ bool load_row(const bcu_attn_seq *seqs, int nseq, int
     return ok;
 }
 
+/* two floats as a bf16 pair (lo in the low half), nearest even */
+__device__ __forceinline__ uint32_t am_pack(float lo, float hi)
+{
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&v;
+}
+
 /* higher score -> higher key; -0 and +0 are one key (they compare equal) */
 __device__ __forceinline__ uint32_t f2key(float s)
 {
@@ -284,6 +291,94 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
             for (int i = 0; i < 16; i++) sc += red[i * IX_KT + tid];
             keys[k0 + tid] = f2key(sc);
         }
+    }
+}
+
+/* The same scores on bf16 tensor cores (bcu_indexer_args.bf16; index_dim a multiple of 16).  Same grid and output
+ * as ix_score_kernel; 8 warps, warp w: heads 16 (w % 4) .. + 15, keys 32 (w / 4) .. + 31 of the 64-key tile.  Q and
+ * the tile sit in shared memory as bf16 [row][channel] (rows 4 banks apart); q.k as m16n8k16 MMAs over the
+ * channels; then w relu(.) of a lane's two heads, summed over the 16 heads of the warp by a butterfly across g, and
+ * the four head tiles' sums added in order.  Under official semantics q and the keys went through fq_fp4 (e2m1
+ * times a power of two): bf16 holds them exactly and only the order of the fp32 sums differs from ix_score_kernel. */
+__global__ void __launch_bounds__(IX_NT) ix_mma_kernel(IxArgs a)
+{
+    extern __shared__ float4 im_sm4[];
+    const int LD = a.ID + 8;                /* bf16 row stride */
+    uint16_t *Qs = (uint16_t *)im_sm4;      /* [IX_HT][LD] */
+    uint16_t *Ks = Qs + IX_HT * LD;         /* [IX_KT][LD] */
+    float *red = (float *)(Ks + IX_KT * LD); /* [4][IX_KT]: the head tiles' sums */
+    float *wsm = red + 4 * IX_KT;           /* [IX_HT] */
+    __shared__ const float *kp[IX_KT];
+
+    const int tid = threadIdx.x, row = blockIdx.y, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, qq = lane & 3, mt = warp & 3, nh = warp >> 2;
+    bcu_attn_seq s;
+    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
+    const int64_t pos = s.p0 + (row - s.row0);
+    int64_t nv = (pos + 1) / a.ratio;
+    if (nv > a.vis_cap) {
+        if (tid == 0 && blockIdx.x == 0) atomicOr(a.flags, BCU_ATTN_FLAG_VIS);
+        nv = a.vis_cap;
+    }
+    const int64_t ntiles = (nv + IX_KT - 1) / IX_KT;
+    if ((int64_t)blockIdx.x >= ntiles) return;
+
+    const int nc4 = a.ID / 4;
+    const float4 *q4 = (const float4 *)(a.iq + (size_t)row * a.IH * a.ID);
+    for (int i = tid; i < IX_HT * nc4; i += IX_NT) {
+        const int h = i / nc4, c4 = i % nc4;
+        const float4 v = h < a.IH ? q4[(size_t)h * nc4 + c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(uint2 *)&Qs[h * LD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
+    }
+    if (tid < IX_HT) wsm[tid] = tid < a.IH ? a.iw[(size_t)row * a.IH + tid] : 0.0f;
+
+    uint32_t *keys = a.keys + (size_t)row * a.vis_cap;
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int64_t k0 = tile * IX_KT;
+        __syncthreads(); /* Q and w are in; the previous tile's Ks, red and kp are consumed */
+        if (tid < IX_KT) {
+            const int64_t b = k0 + tid;
+            kp[tid] = b < nv ? s.blocks[b / a.epb] + a.key_off + (size_t)(b % a.epb) * a.ID : NULL;
+        }
+        __syncthreads();
+        for (int i = tid; i < IX_KT * nc4; i += IX_NT) {
+            const int k = i / nc4, c4 = i % nc4;
+            const float *p = kp[k];
+            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(uint2 *)&Ks[k * LD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
+        }
+        __syncthreads();
+        float acc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        const uint16_t *qa = Qs + (16 * mt + g) * LD + 2 * qq;
+        for (int ks = 0; ks < a.ID / 16; ks++) {
+            uint32_t af[4];
+            af[0] = *(const uint32_t *)(qa + 16 * ks);
+            af[1] = *(const uint32_t *)(qa + 8 * LD + 16 * ks);
+            af[2] = *(const uint32_t *)(qa + 16 * ks + 8);
+            af[3] = *(const uint32_t *)(qa + 8 * LD + 16 * ks + 8);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint16_t *kb = Ks + (32 * nh + 8 * j + g) * LD + 16 * ks + 2 * qq;
+                rd_mma(acc[j], af, *(const uint32_t *)kb, *(const uint32_t *)(kb + 8));
+            }
+        }
+        const float wa = wsm[16 * mt + g], wb = wsm[16 * mt + g + 8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float p0 = (acc[j][0] > 0.0f ? acc[j][0] * wa : 0.0f) + (acc[j][2] > 0.0f ? acc[j][2] * wb : 0.0f);
+            float p1 = (acc[j][1] > 0.0f ? acc[j][1] * wa : 0.0f) + (acc[j][3] > 0.0f ? acc[j][3] * wb : 0.0f);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                p0 += __shfl_xor_sync(FULL, p0, o);
+                p1 += __shfl_xor_sync(FULL, p1, o);
+            }
+            if (g == 0) *(float2 *)&red[mt * IX_KT + 32 * nh + 8 * j + 2 * qq] = make_float2(p0, p1);
+        }
+        __syncthreads();
+        if (tid < IX_KT && k0 + tid < nv)
+            keys[k0 + tid] = f2key(red[tid] + red[IX_KT + tid] + red[2 * IX_KT + tid] + red[3 * IX_KT + tid]);
     }
 }
 
@@ -501,11 +596,18 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     int64_t gx = (4 * (int64_t)sms + b->ntok - 1) / b->ntok;
     if (gx > tiles) gx = tiles;
     if (gx < 1) gx = 1;
-    const size_t smem = (size_t)(2 * a->index_dim * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
-    const size_t smem_max = (size_t)(2 * IX_MAX_ID * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
-    cudaError_t r = opt_in_smem(ix_score_kernel, 0, smem_max);
-    if (r != cudaSuccess) return r;
-    ix_score_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
+    cudaError_t r;
+    if (a->bf16 && a->index_dim % 16 == 0) {
+        const size_t smem = (size_t)2 * IX_KT * (a->index_dim + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
+        const size_t smem_max = (size_t)2 * IX_KT * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
+        if ((r = opt_in_smem(ix_mma_kernel, 9, smem_max)) != cudaSuccess) return r;
+        ix_mma_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
+    } else {
+        const size_t smem = (size_t)(2 * a->index_dim * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
+        const size_t smem_max = (size_t)(2 * IX_MAX_ID * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
+        if ((r = opt_in_smem(ix_score_kernel, 0, smem_max)) != cudaSuccess) return r;
+        ix_score_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
+    }
     if ((r = cudaGetLastError()) != cudaSuccess) return r;
 
     SelArgs sa;
@@ -831,12 +933,6 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
 #define AM_SMEM                                                                                                    \
     ((size_t)(AM_HB * AM_QLD + AT_KT * AM_QLD + 512 * AM_VLD) * 2 + (size_t)16 * 32 * 8 * 4 +                       \
      (size_t)2 * AT_KT * AM_SLD * 4)
-
-__device__ __forceinline__ uint32_t am_pack(float lo, float hi)
-{
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(const uint32_t *)&v;
-}
 
 __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
 {

@@ -92,6 +92,8 @@ typedef struct {
     const float *iw;            /* [ntok, index_heads] head weights (already scaled) */
     int32_t *sel;               /* [ntok, topk] out: chosen entries ascending, then -1 */
     int32_t *nsel;              /* [ntok] out: min(topk, visible) */
+    int bf16;                   /* 1 (index_dim a multiple of 16): the scores' q.k on bf16 tensor cores (q and keys
+                                   rounded to bf16: exact for official semantics' fq_fp4 values), fp32 sums */
 } bcu_indexer_args;
 
 cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_indexer_args *a,

@@ -136,8 +136,9 @@ typedef struct {
     int fp8_gemm; /* DEEPINFER_CUDA_FP8GEMM: act_quant'd x on FP8 weights at prefill sizes through the FP8 tensor
                    * cores (fp8_gemm.cu; default on in the bf16 maths, off in bf16x3, never in fp32) */
     bcu_fp8lt *f8; /* its cuBLASLt handle and workspace, made at the first such GEMM */
-    int attn_mma; /* DEEPINFER_CUDA_ATTN_MMA: attention's q.k and p.v on the bf16 tensor cores (head_dim 512;
-                   * default on in the bf16 maths, off in bf16x3, never in fp32) */
+    int attn_mma; /* DEEPINFER_CUDA_ATTN_MMA: attention's q.k and p.v (head_dim 512) and the indexer's q.k (index_dim
+                   * a multiple of 16) on the bf16 tensor cores (default on in the bf16 maths, off in bf16x3, never
+                   * in fp32) */
     size_t fp8_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
@@ -1504,7 +1505,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                                    cudaMemcpyHostToDevice, c->st));
                 CU(cudaMemcpyAsync(diw, a->iw + (size_t)row * IH, (size_t)rows * IH * 4, cudaMemcpyHostToDevice, c->st));
             }
-            bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel};
+            bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel, c->attn_mma};
             if (bcu_indexer_topk(&c->aws, &bt, &ia, c->st, msg, sizeof msg) != cudaSuccess)
                 return fail(c, "indexer: %s", msg[0] ? msg : "launch failed");
         }
