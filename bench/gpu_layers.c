@@ -193,6 +193,7 @@ typedef struct {
     double ms[NKIND], attn_ms[NKIND], ffn_ms[NKIND], floor_ms[NKIND], bw_ms[NKIND];
     int nkind[NKIND];
     double step_ms, head_ms, reps;
+    double arena_mb; /* prefill: the device activation arena after it (MB; NAN on the CPU) */
     double free_ms;   /* decode: median step with no layer hook (no per-layer synchronise) */
     double waits;     /* decode: layers per free step whose state update waited for the device (md_model_state_stats) */
     double prof_reps; /* steps the profile covers */
@@ -471,6 +472,7 @@ static void run_prefill(result *r)
     }
     r->prof_reps = 1;
     r->free_ms = NAN;
+    r->arena_mb = on_gpu ? (double)bcu_arena_bytes(M->be) / (1 << 20) : NAN;
     if (rc) snprintf(r->skipped, sizeof r->skipped, "forward failed");
     else reduce(M, ST, 1, &t0, &t1, r);
     md_seq_free(s);
@@ -792,8 +794,9 @@ int main(int argc, char **argv)
             result *r = &res[k];
             if (!r->done) continue;
             if (r->prefill)
-                fprintf(f, "  prefill %ld tokens: %.0f ms (%.0f tokens/s for this %d-layer slice; head %.1f ms)\n", r->P,
-                        r->step_ms, r->P / (r->step_ms * 1e-3), c->n_layers, r->head_ms);
+                fprintf(f, "  prefill %ld tokens: %.0f ms (%.0f tokens/s for this %d-layer slice; head %.1f ms; "
+                           "activation arena %.0f MB)\n",
+                        r->P, r->step_ms, r->P / (r->step_ms * 1e-3), c->n_layers, r->head_ms, r->arena_mb);
             else
                 fprintf(f, "  decode B=%d ctx %ld: %.2f ms per step, %.2f ms without the per-layer synchronise "
                            "(%.0f tokens/s; head %.1f ms; median of %.0f)\n",

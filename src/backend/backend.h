@@ -221,6 +221,13 @@ typedef struct be_dev_ops {
      * (fq_fp8, blocks of 128 columns) of x, x itself unchanged: for a backend that quantises as it reads x (the
      * CUDA decode row-dot), without the copy and the fq launch. */
     void (*linear_aq)(be_backend *be, float *y, const float *x, size_t T, const be_weight *w);
+    /* Optional (all three NULL: nothing is void before reset).  mark: the allocation state now; release(mark):
+     * every alloc made after that mark is void, its memory reused by later allocs (ops already issued on it come
+     * first: the backend orders them before later ops).  alloc_keep: as alloc, but release leaves it; reset voids
+     * it.  The graph releases each layer's activations at the end of the layer. */
+    size_t (*mark)(be_backend *be);
+    void (*release)(be_backend *be, size_t mark);
+    void *(*alloc_keep)(be_backend *be, size_t bytes);
 } be_dev_ops;
 
 struct be_backend {

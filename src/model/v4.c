@@ -1520,6 +1520,14 @@ static void *dalloc(dev_ctx *x, size_t bytes)
     return p;
 }
 
+/* device memory that outlives its layer (the late state's rows and entries): the layer's release leaves it */
+static void *dalloc_keep(dev_ctx *x, size_t bytes)
+{
+    void *p = x->dv->alloc_keep ? x->dv->alloc_keep(x->be, bytes ? bytes : 4) : x->dv->alloc(x->be, bytes ? bytes : 4);
+    if (!p) x->oom = 1;
+    return p;
+}
+
 /* dv->linear of w on its input in: where act_fp8, the quantised copy xq (told to the backend through linear_x8),
  * or, when there is none (xq NULL: the backend has linear_aq), in itself through linear_aq, which quantises as it
  * goes; else in itself */
@@ -1671,7 +1679,7 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
         float *dp = dalloc(x, (pri ? pri : 1) * sizeof(float));
         be_comp_slot *ds = dalloc(x, n * (size_t)ns * sizeof *ds);
         int64_t *dpos = dalloc(x, n * sizeof *dpos);
-        float *E = de->e[k] = dalloc(x, n * (size_t)hd * sizeof(float));
+        float *E = de->e[k] = dalloc_keep(x, n * (size_t)hd * sizeof(float)); /* late_state reads it */
         if (!hp || !hs || !hpos || x->oom) rc = RC_ENOMEM;
         size_t po = 0;
         for (size_t s = 0; s < nseg && !rc; s++) {
@@ -1810,7 +1818,7 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     float *q = dalloc(x, R * (size_t)H * d * sizeof(float));
     float *o = dalloc(x, R * (size_t)H * d * sizeof(float));
     float *u = dalloc(x, R * (size_t)g * ol * sizeof(float));
-    float *xs = dalloc(x, R * xw * sizeof(float));
+    float *xs = dalloc_keep(x, R * xw * sizeof(float)); /* late_state reads it */
     float *iq = ly->overlap ? dalloc(x, R * (size_t)IH * ID * sizeof(float)) : NULL;
     float *iw = ly->overlap ? dalloc(x, R * (size_t)IH * sizeof(float)) : NULL;
     if (x->oom) return RC_ENOMEM;
@@ -2080,8 +2088,12 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     x.pos = pos;
     dv->embed(be, X, ids, R, &m->embed, n);
 
+    /* each layer's activations are void at its end (what late_state needs is alloc_keep's): a 16384-token prefill
+     * of the V4-Flash slice needed ~5 GB a layer, all layers' worth at once (DEEPINFER_LAYER_RELEASE=0: as before) */
+    const int release = dv->mark && dv->release && dv->alloc_keep && !env_off("DEEPINFER_LAYER_RELEASE");
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const md_layer *ly = &m->layers[l];
+        const size_t mark = release ? dv->mark(be) : 0;
         if (m->hook) m->hook(m->hook_arg, l, 0);
         be_hc h = hc_params(c, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale);
         dv->hc_pre(be, &h, X, R, coll, post, comb);
@@ -2094,6 +2106,7 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
         if ((rc = moe_dev(&x, l, coll, f))) break;
         dv->hc_post(be, X, f, post, comb, n, D, R);
+        if (release) dv->release(be, mark);
         if (m->hook) m->hook(m->hook_arg, l, 2);
     }
     if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
@@ -2172,8 +2185,8 @@ out:
 struct md_host_dev {
     be_backend base;  /* ops: &ops below; threads and impl: the model backend's, so be_cpu_parallel works */
     be_backend *inner;
-    void **blk;
-    size_t nblk, cap;
+    void **blk, **kblk; /* alloc's blocks (release frees those after a mark), alloc_keep's */
+    size_t nblk, cap, nkblk, kcap;
     int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback), and
                        * there is no linear_aq (forward_dev quantises copies with fq) */
     int failed;       /* an op ran out of memory */
@@ -2205,26 +2218,53 @@ static void hd_bind(md_model *m, be_backend *be, md_segment *segs, size_t nseg, 
     h->rw = rw;
 }
 
+/* blocks [from, *n) of a list, freed */
+static void hd_free_from(void **blk, size_t *n, size_t from)
+{
+    for (size_t i = from; i < *n; i++) free(blk[i]);
+    if (from < *n) *n = from;
+}
+
 static void hd_reset(be_backend *be)
 {
     md_host_dev *h = hd_of(be);
-    for (size_t i = 0; i < h->nblk; i++) free(h->blk[i]);
-    h->nblk = 0;
+    hd_free_from(h->blk, &h->nblk, 0);
+    hd_free_from(h->kblk, &h->nkblk, 0);
+}
+
+/* a block on list (blk, n, cap) */
+static void *hd_alloc_on(void ***blk, size_t *n, size_t *cap, size_t bytes)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 64;
+        void **nb = realloc(*blk, nc * sizeof *nb);
+        if (!nb) return NULL;
+        *blk = nb;
+        *cap = nc;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) (*blk)[(*n)++] = p;
+    return p;
 }
 
 static void *hd_alloc(be_backend *be, size_t bytes)
 {
     md_host_dev *h = hd_of(be);
-    if (h->nblk == h->cap) {
-        size_t nc = h->cap ? 2 * h->cap : 64;
-        void **nb = realloc(h->blk, nc * sizeof *nb);
-        if (!nb) return NULL;
-        h->blk = nb;
-        h->cap = nc;
-    }
-    void *p = malloc(bytes ? bytes : 1);
-    if (p) h->blk[h->nblk++] = p;
-    return p;
+    return hd_alloc_on(&h->blk, &h->nblk, &h->cap, bytes);
+}
+
+static void *hd_alloc_keep(be_backend *be, size_t bytes)
+{
+    md_host_dev *h = hd_of(be);
+    return hd_alloc_on(&h->kblk, &h->nkblk, &h->kcap, bytes);
+}
+
+/* the blocks after the mark are freed (the ops ran already: this graph is synchronous) */
+static size_t hd_mark(be_backend *be) { return hd_of(be)->nblk; }
+static void hd_release(be_backend *be, size_t mark)
+{
+    md_host_dev *h = hd_of(be);
+    hd_free_from(h->blk, &h->nblk, mark);
 }
 
 static void hd_upload(be_backend *be, void *dst, const void *src, size_t bytes) { (void)be; memcpy(dst, src, bytes); }
@@ -2542,6 +2582,7 @@ static const be_dev_ops hd_dev = {
     .argmax = hd_argmax,
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
     .attention = hd_attention, .comp_pool = hd_comp_pool, .linear_aq = hd_linear_aq,
+    .mark = hd_mark, .release = hd_release, .alloc_keep = hd_alloc_keep,
 };
 
 static void hd_destroy(be_backend *be)
@@ -2549,6 +2590,7 @@ static void hd_destroy(be_backend *be)
     md_host_dev *h = hd_of(be);
     hd_reset(be);
     free(h->blk);
+    free(h->kblk);
     free(h->ps);
     free(h->ps_mem);
     free(h);

@@ -67,6 +67,13 @@ typedef struct {
     void *dev;
 } moe_tab;
 
+/* device memory handed out in order from chunks that stay allocated (dv_alloc): ch[cur] is the chunk allocations
+ * come from, earlier ones are full for this forward */
+typedef struct {
+    struct { char *p; size_t cap, used; } ch[32];
+    int n, cur;
+} arena_t;
+
 /* one slot of the KV mirror: the device copy of a full KV block (id 0 = free) */
 typedef struct {
     uint64_t id;
@@ -152,8 +159,8 @@ typedef struct {
     size_t ps_n, ps_sz, ps_hits, ps_rows;
     int ps_off; /* no slots: every partial block staged whole every call (DEEPINFER_CUDA_PART_MB=0) */
     /* the device graph (be_dev_ops): an arena of chunks for one forward's activations, a pinned upload ring */
-    struct { char *p; size_t cap, used; } ar[32];
-    int nar, ar_cur; /* chunks, and the one allocations come from (earlier ones are full for this forward) */
+    arena_t ar, ark; /* a forward's activations (be_dev_ops.alloc, released by layer) and what outlives its layer
+                      * (alloc_keep) */
     char *up;
     size_t up_cap, up_used;
     char *down; /* pinned bounce buffer of large downloads */
@@ -1586,10 +1593,46 @@ static void prof_dev(cuda_be *c, int cls, double t0)
                  __FILE__, __LINE__);                                                                  \
     } while (0)
 
-static void ar_free(cuda_be *c)
+static void ar_free(arena_t *a)
 {
-    for (int i = 0; i < c->nar; i++) cudaFree(c->ar[i].p);
-    c->nar = c->ar_cur = 0;
+    for (int i = 0; i < a->n; i++) cudaFree(a->ch[i].p);
+    a->n = a->cur = 0;
+}
+
+/* every chunk empty.  The chunks stay: a forward that allocates what an earlier one did finds its space again,
+ * chunk by chunk (merging them into one allocation here cost a cudaFree + cudaMalloc of the whole arena, ~20 GB
+ * after a 16384-token prefill of the V4-Flash slice, on the next forward: ~110 ms, 2026-11-30) */
+static void ar_clear(arena_t *a)
+{
+    for (int i = 0; i < a->n; i++) a->ch[i].used = 0;
+    a->cur = 0;
+}
+
+/* bytes (a multiple of 256) from a: the current chunk or a later one with room, else a new chunk twice the last */
+static void *ar_alloc(cuda_be *c, arena_t *a, size_t bytes)
+{
+    while (a->cur < a->n && a->ch[a->cur].used + bytes > a->ch[a->cur].cap) a->cur++;
+    if (a->cur < a->n) {
+        void *p = a->ch[a->cur].p + a->ch[a->cur].used;
+        a->ch[a->cur].used += bytes;
+        return p;
+    }
+    if (a->n == (int)(sizeof a->ch / sizeof a->ch[0])) {
+        fail(c, "the activation arena has too many chunks");
+        return NULL;
+    }
+    size_t cap = a->n ? 2 * a->ch[a->n - 1].cap : (size_t)64 << 20;
+    if (cap < bytes) cap = bytes;
+    char *q = NULL;
+    if (cudaMalloc((void **)&q, cap) != cudaSuccess) {
+        fail(c, "cudaMalloc of %zu MB of activations failed (device memory full?)", cap >> 20);
+        return NULL;
+    }
+    a->ch[a->n].p = q;
+    a->ch[a->n].cap = cap;
+    a->ch[a->n].used = bytes;
+    a->cur = a->n++;
+    return q;
 }
 
 static void dv_reset(be_backend *be)
@@ -1600,45 +1643,49 @@ static void dv_reset(be_backend *be)
         DV_CU(cudaSetDevice(c->device));
         DV_CU(cudaStreamSynchronize(c->st)); /* the ring and the arena are free again */
         c->up_used = 0;
-        /* the chunks stay: a forward that allocates what an earlier one did finds its space again, chunk by chunk
-         * (merging them into one allocation here cost a cudaFree + cudaMalloc of the whole arena, ~20 GB after a
-         * 16384-token prefill of the V4-Flash slice, on the next forward: ~110 ms, 2026-11-30) */
-        for (int i = 0; i < c->nar; i++) c->ar[i].used = 0;
-        c->ar_cur = 0;
+        ar_clear(&c->ar);
+        ar_clear(&c->ark);
     }
     pthread_mutex_unlock(&c->lock);
 }
 
-static void *dv_alloc(be_backend *be, size_t bytes)
+static void *dv_alloc_in(be_backend *be, size_t bytes, int keep)
 {
     cuda_be *c = get(be);
     void *p = NULL;
     bytes = up256(bytes ? bytes : 1);
     pthread_mutex_lock(&c->lock);
-    if (!c->failed) {
-        while (c->ar_cur < c->nar && c->ar[c->ar_cur].used + bytes > c->ar[c->ar_cur].cap) c->ar_cur++;
-        if (c->ar_cur < c->nar) {
-            p = c->ar[c->ar_cur].p + c->ar[c->ar_cur].used;
-            c->ar[c->ar_cur].used += bytes;
-        } else if (c->nar == (int)(sizeof c->ar / sizeof c->ar[0])) {
-            fail(c, "the activation arena has too many chunks");
-        } else {
-            size_t cap = c->nar ? 2 * c->ar[c->nar - 1].cap : (size_t)64 << 20;
-            if (cap < bytes) cap = bytes;
-            char *q = NULL;
-            if (cudaMalloc((void **)&q, cap) != cudaSuccess)
-                fail(c, "cudaMalloc of %zu MB of activations failed (device memory full?)", cap >> 20);
-            else {
-                c->ar[c->nar].p = q;
-                c->ar[c->nar].cap = cap;
-                c->ar[c->nar].used = bytes;
-                c->ar_cur = c->nar++;
-                p = q;
-            }
-        }
-    }
+    if (!c->failed) p = ar_alloc(c, keep ? &c->ark : &c->ar, bytes);
     pthread_mutex_unlock(&c->lock);
     return p;
+}
+
+static void *dv_alloc(be_backend *be, size_t bytes) { return dv_alloc_in(be, bytes, 0); }
+static void *dv_alloc_keep(be_backend *be, size_t bytes) { return dv_alloc_in(be, bytes, 1); }
+
+/* the arena's position: its chunk in the top 16 bits, the bytes used there below */
+static size_t dv_mark(be_backend *be)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    const size_t m = c->ar.n ? ((size_t)c->ar.cur << 48) | c->ar.ch[c->ar.cur].used : 0;
+    pthread_mutex_unlock(&c->lock);
+    return m;
+}
+
+/* back to mark m: the memory allocated since is reused by later allocs, whose ops run after the ops already on the
+ * stream (one stream), so nothing is overwritten before it is read */
+static void dv_release(be_backend *be, size_t m)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    const int cur = (int)(m >> 48);
+    if (cur < c->ar.n) {
+        c->ar.ch[cur].used = m & (((size_t)1 << 48) - 1);
+        for (int i = cur + 1; i < c->ar.n; i++) c->ar.ch[i].used = 0;
+        c->ar.cur = cur;
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
@@ -2027,6 +2074,9 @@ static const be_dev_ops cuda_dev_ops = {
     /* .attention = */ dv_attention,
     /* .comp_pool = */ dv_comp_pool,
     /* .linear_aq = */ dv_linear_aq,
+    /* .mark = */ dv_mark,
+    /* .release = */ dv_release,
+    /* .alloc_keep = */ dv_alloc_keep,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2093,7 +2143,8 @@ static void teardown(cuda_be *c)
     kv_reset(c);
     win_reset(c);
     ps_reset(c);
-    ar_free(c);
+    ar_free(&c->ar);
+    ar_free(&c->ark);
     if (c->up) cudaFreeHost(c->up);
     if (c->down) cudaFreeHost(c->down);
     if (c->aws.mem) cudaFree(c->aws.mem);
@@ -2271,3 +2322,11 @@ extern "C" cudaStream_t bcu_stream(const be_backend *be) { return get(be)->st; }
 extern "C" const char *bcu_device_name(const be_backend *be) { return get(be)->name; }
 extern "C" size_t bcu_weight_bytes(const be_backend *be) { return get(be)->weight_bytes; }
 extern "C" size_t bcu_fp8_gemm_calls(const be_backend *be) { return get(be)->fp8_calls; }
+extern "C" size_t bcu_arena_bytes(const be_backend *be)
+{
+    const cuda_be *c = get(be);
+    size_t b = 0;
+    for (int i = 0; i < c->ar.n; i++) b += c->ar.ch[i].cap;
+    for (int i = 0; i < c->ark.n; i++) b += c->ark.ch[i].cap;
+    return b;
+}

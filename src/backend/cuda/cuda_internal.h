@@ -37,6 +37,7 @@ cudaStream_t bcu_stream(const be_backend *be);
 /* "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" */
 const char *bcu_device_name(const be_backend *be);
 size_t bcu_weight_bytes(const be_backend *be); /* device bytes held by the weight cache */
+size_t bcu_arena_bytes(const be_backend *be);  /* device bytes of the device graph's activation arenas */
 
 /* y[t, 0:rows] = x[t, 0:cols] . W^T with x, y device pointers, dense rows,
  * asynchronous on bcu_stream.  0 or -1 (then be_cuda_error says why). */
