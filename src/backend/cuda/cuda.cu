@@ -1600,7 +1600,7 @@ static void ar_free(arena_t *a)
 }
 
 /* every chunk empty.  The chunks stay: a forward that allocates what an earlier one did finds its space again,
- * chunk by chunk (merging them into one allocation here cost a cudaFree + cudaMalloc of the whole arena, ~20 GB
+ * chunk by chunk (merging them into one allocation here cost a cudaFree + cudaMalloc of the whole arena, 66 GB
  * after a 16384-token prefill of the V4-Flash slice, on the next forward: ~110 ms, 2026-11-30) */
 static void ar_clear(arena_t *a)
 {
