@@ -598,8 +598,9 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     if (gx < 1) gx = 1;
     cudaError_t r;
     if (a->bf16 && a->index_dim % 16 == 0) {
-        const size_t smem = (size_t)2 * IX_KT * (a->index_dim + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
-        const size_t smem_max = (size_t)2 * IX_KT * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
+        /* Q [IX_HT] and the key tile [IX_KT] rows of index_dim + 8 bf16, then red [4][IX_KT] and w [IX_HT] */
+        const size_t smem = (size_t)(IX_HT + IX_KT) * (a->index_dim + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
+        const size_t smem_max = (size_t)(IX_HT + IX_KT) * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_mma_kernel, 9, smem_max)) != cudaSuccess) return r;
         ix_mma_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
     } else {

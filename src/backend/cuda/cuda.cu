@@ -488,9 +488,8 @@ static int dequant_gemm(const cuda_be *c, const be_weight *w, size_t T, int64_t 
 /* the FP8 tensor-core GEMM (fp8_gemm.cu) for act_quant'd x on rows [r0, r0 + n), whole rows, of an FP8 weight
  * with ue8m0 scales in 128 x 128 blocks, at the sizes that take the dequantised GEMM; T a multiple of 4 (cuBLASLt
  * has no algorithm for others: the dequantised GEMM) */
-static int fp8_gemm_ok(const cuda_be *c, const be_weight *w, size_t T, int64_t r0, int64_t n, int64_t c0, int64_t K)
+static int fp8_gemm_ok(const cuda_be *c, const be_weight *w, size_t T, int64_t r0, int64_t c0, int64_t K)
 {
-    (void)n;
     return c->fp8_gemm && w->fmt == BE_W_FP8 && w->block == 128 && K % 128 == 0 && r0 % 128 == 0 && T % 4 == 0 &&
            dequant_gemm(c, w, T, c0, K);
 }
@@ -504,7 +503,7 @@ static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int
     const size_t wb = deq ? up256((size_t)n * (size_t)K * 2) : 0;
     size_t b = c->math == BCU_MATH_BF16 ? wb + up256(T * (size_t)K * 2)
                                         : wb + up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
-    if (fp8_gemm_ok(c, w, T, 0, n, w->cols - K, K) && fp8_tmp_bytes(T, K) > b) b = fp8_tmp_bytes(T, K);
+    if (fp8_gemm_ok(c, w, T, 0, w->cols - K, K) && fp8_tmp_bytes(T, K) > b) b = fp8_tmp_bytes(T, K);
     return b;
 }
 
@@ -569,7 +568,7 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (w->fmt == BE_W_DENSE && w->dtype == MD_BF16)
         return bf16_gemm(c, (const uint16_t *)e->d + r0 * w->cols + c0, ld, dy, dx, T, n, K, tmp);
-    if (c->x_fp8 && fp8_gemm_ok(c, w, T, r0, n, c0, K)) {
+    if (c->x_fp8 && fp8_gemm_ok(c, w, T, r0, c0, K)) {
         const int r = fp8_try(c, e, w, dy, dx, T, r0, n, K, tmp);
         if (r <= 0) return r;
     }
@@ -1807,7 +1806,7 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
             else DV_CU(r);
         }
     }
-    if (e && !done && !c->failed && fp8_gemm_ok(c, w, T, 0, w->rows, 0, w->cols)) {
+    if (e && !done && !c->failed && fp8_gemm_ok(c, w, T, 0, 0, w->cols)) {
         /* prefill sizes on the FP8 tensor cores: the code kernel act_quants x itself (no copy, no fq) */
         if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
             done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;

@@ -27,6 +27,7 @@
 
 #include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/moe_ops.cuh"
 
 #define F8_WS_BYTES ((size_t)32 << 20) /* cuBLASLt's workspace */
 #define F8_ALGOS 32                    /* shapes whose algorithm is remembered */
@@ -49,16 +50,14 @@ __global__ void f8_code_kernel(const float *x, int64_t T, int64_t K, int64_t ldx
     if (lane == 0) scales[kb * T + t] = sc;
 }
 
-/* ue8m0 byte e -> 2^(e - 127) (255: NaN), as dtype.c decodes it; src [rows][cols] dense, dst rows ldd apart (the
+/* the ue8m0 bytes as fp32 (moe_ops.cuh's ue8m0, dtype.c's decode); src [rows][cols] dense, dst rows ldd apart (the
  * padding columns 0) */
 __global__ void f8_e8m0_kernel(float *dst, int64_t ldd, const uint8_t *src, int64_t rows, int64_t cols)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * ldd) return;
     const int64_t r = i / ldd, c = i - r * ldd;
-    const uint32_t e = c < cols ? src[r * cols + c] : 127u;
-    dst[i] = c >= cols ? 0.0f : e == 255u ? __uint_as_float(0x7fc00000u) : e ? __uint_as_float(e << 23)
-                                                                            : __uint_as_float(0x00400000u);
+    dst[i] = c < cols ? ue8m0(src[r * cols + c]) : 0.0f;
 }
 
 } /* namespace */
