@@ -662,7 +662,12 @@ int main(int argc, char **argv)
                     run_decode(base, r, reps);
                     floors(M, bw, pk, r);
                     fprintf(stderr, " %.1f ms/step (%.1f without the layer hook", r->step_ms, r->free_ms);
-                    if (on_gpu) fprintf(stderr, "; %.2f of %d layers a step waited for the state", r->waits, c->n_layers);
+                    if (on_gpu) {
+                        size_t gc, gr, ge;
+                        bcu_graph_stats(M->be, &gc, &gr, &ge);
+                        fprintf(stderr, "; %.2f of %d layers a step waited for the state; regions so far: %zu recorded, "
+                                "%zu replayed, %zu eager", r->waits, c->n_layers, gc, gr, ge);
+                    }
                     fprintf(stderr, ")\n");
                 }
                 if (base) md_seq_free(base);

@@ -228,6 +228,17 @@ typedef struct be_dev_ops {
     size_t (*mark)(be_backend *be);
     void (*release)(be_backend *be, size_t mark);
     void *(*alloc_keep)(be_backend *be, size_t bytes);
+    /* Optional (both NULL: every op runs as called).  A region of the graph whose ops are launches and allocs
+     * alone (no upload, download, alloc_keep or host work whose result outlives it; nothing it allocates is read
+     * after it), named by tag, which must change whenever the ops the region would issue, or the addresses it
+     * reads that were allocated before it, could (the graph hashes the model, its semantics, the layer, the
+     * region and the batch's rows into it, and allocates what its regions read in the same order every forward).
+     * graph_begin returns 1 when the backend replayed the region from a recording (the caller skips its ops: the
+     * arena moves as their allocs would have), else 0, and the caller issues the ops and then calls graph_end
+     * (which the backend may use to record them).  The backend keys a recording by tag and the arena's position,
+     * so a replay writes where the ops would. */
+    int (*graph_begin)(be_backend *be, uint64_t tag);
+    void (*graph_end)(be_backend *be);
 } be_dev_ops;
 
 struct be_backend {

@@ -1495,6 +1495,8 @@ typedef struct {
     const float **late_xs;
     dev_ents *late_de;   /* the entries the layer made on the device (comp_dev), or all zero */
     size_t nlate;
+    float **xs;          /* [n_layers]: each layer's rows that extend the state (device [R, xw], keep arena), all
+                          * allocated at the start of the forward, so that their addresses depend on R alone */
 } dev_ctx;
 
 static void dev_ents_free(dev_ents *de)
@@ -1548,6 +1550,23 @@ static float *dact_quant_copy(dev_ctx *x, const float *src, size_t R, size_t K, 
     x->dv->copy(x->be, q, src, R * K * sizeof(float));
     x->dv->fq(x->be, q, R, K, K, MD_ACT_BLOCK, 0);
     return q;
+}
+
+/* A region of launches (be_dev_ops.graph_begin): 1 when the backend replayed it (skip its ops).  The tag names
+ * what decides the region's ops: the model, its semantics, the layer, the region, the batch's rows. */
+static int dregion_begin(dev_ctx *x, int l, int part)
+{
+    if (!x->dv->graph_begin || !x->dv->graph_end) return 0;
+    const uint64_t v[5] = {(uint64_t)(uintptr_t)x->m, (uint64_t)x->m->sem, (uint64_t)l, (uint64_t)part,
+                           (uint64_t)x->rw->R};
+    uint64_t tag = 1469598103934665603ull;
+    for (int i = 0; i < 5; i++) tag = (tag ^ v[i]) * 1099511628211ull;
+    return x->dv->graph_begin(x->be, tag);
+}
+
+static void dregion_end(dev_ctx *x)
+{
+    if (x->dv->graph_begin && x->dv->graph_end) x->dv->graph_end(x->be);
 }
 
 /* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */
@@ -1770,7 +1789,7 @@ static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg)
     return 0;
 }
 
-/* The late state updates (attention_dev), in layer order: each such layer's rows down (the first download waits
+/* The late state updates (attn_core_dev), in layer order: each such layer's rows down (the first download waits
  * for the device), the entries its compressors made on the device into the blocks, the pushes into the partial
  * blocks and half A, and the ring. */
 static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
@@ -1800,29 +1819,49 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
     return rc;
 }
 
-static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *xin, float *out)
+/* One layer's attention on the device, in four parts: its buffers (allocated before the parts that may be
+ * replayed from a recording: be_dev_ops.graph_begin), the projections (launches only), the state and the
+ * attention op (host work), the output projection (launches only). */
+typedef struct {
+    float *qr, *q, *o, *u, *iq, *iw;
+    float *xs; /* [R, xw]: what extends the state (window key, compressor and indexer-compressor inputs) */
+    size_t xw, cd, icd;
+} attn_bufs;
+
+static int attn_bufs_dev(dev_ctx *x, int l, attn_bufs *b)
+{
+    const md_config *c = &x->m->cfg;
+    const md_layer *ly = &x->m->layers[l];
+    const size_t R = x->rw->R;
+    const int H = c->n_heads, d = c->head_dim, g = c->o_groups, ol = c->o_lora_rank;
+    const int IH = c->index_heads, ID = c->index_head_dim;
+    if (ly->wo_a.rows != (int64_t)g * ol || ly->wo_a.cols != (int64_t)H * d / g) return RC_EUNSUP;
+    b->xw = state_width(x->m, l, &b->cd, &b->icd);
+    b->qr = dalloc(x, R * (size_t)c->q_lora_rank * sizeof(float));
+    b->q = dalloc(x, R * (size_t)H * d * sizeof(float));
+    b->o = dalloc(x, R * (size_t)H * d * sizeof(float));
+    b->u = dalloc(x, R * (size_t)g * ol * sizeof(float));
+    b->xs = x->xs[l];
+    b->iq = ly->overlap ? dalloc(x, R * (size_t)IH * ID * sizeof(float)) : NULL;
+    b->iw = ly->overlap ? dalloc(x, R * (size_t)IH * sizeof(float)) : NULL;
+    return x->oom ? RC_ENOMEM : 0;
+}
+
+/* q (normed, roped), the window key, the compressors' inputs and the indexer's q and weights from xin */
+static int attn_proj_dev(dev_ctx *x, int l, const float *xin, const attn_bufs *b)
 {
     md_model *m = x->m;
     const md_config *c = &m->cfg;
     const md_layer *ly = &m->layers[l];
     be_backend *be = x->be;
     const be_dev_ops *dv = x->dv;
-    const size_t R = x->rw->R;
+    const size_t R = x->rw->R, cd = b->cd, icd = b->icd;
     const int H = c->n_heads, d = c->head_dim, ql = c->q_lora_rank, rd = c->rope_dim;
-    const int g = c->o_groups, ol = c->o_lora_rank, IH = c->index_heads, ID = c->index_head_dim;
+    const int IH = c->index_heads, ID = c->index_head_dim;
     const float *inv = ly->ratio ? m->inv_freq_comp : m->inv_freq_main;
     const int official = m->sem == MD_SEM_OFFICIAL;
-    size_t cd, icd;
-    const size_t xw = state_width(m, l, &cd, &icd); /* what extends the state, in one buffer */
-    float *qr = dalloc(x, R * ql * sizeof(float));
-    float *q = dalloc(x, R * (size_t)H * d * sizeof(float));
-    float *o = dalloc(x, R * (size_t)H * d * sizeof(float));
-    float *u = dalloc(x, R * (size_t)g * ol * sizeof(float));
-    float *xs = dalloc_keep(x, R * xw * sizeof(float)); /* late_state reads it */
-    float *iq = ly->overlap ? dalloc(x, R * (size_t)IH * ID * sizeof(float)) : NULL;
-    float *iw = ly->overlap ? dalloc(x, R * (size_t)IH * sizeof(float)) : NULL;
-    if (x->oom) return RC_ENOMEM;
-    float *kv = xs, *ckv = xs + R * d, *cg = ckv + R * cd, *ikv = cg + R * cd, *ig = ikv + R * icd;
+    float *qr = b->qr, *q = b->q, *iq = b->iq, *iw = b->iw;
+    float *kv = b->xs, *ckv = kv + R * d, *cg = ckv + R * cd, *ikv = cg + R * cd, *ig = ikv + R * icd;
     /* official: the FP8 activations of the FP8 / FP4 GEMMs (act_fp8) */
     const float *xq =
         dact_quant_copy(x, xin, R, (size_t)c->hidden_size, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv), 1);
@@ -1856,7 +1895,20 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
             dv->fq(be, iq, R * IH, (size_t)ID, (size_t)ID, 32, 1);
         }
     }
+    return 0;
+}
 
+/* the state and the attention op: o from q, the window and the blocks */
+static int attn_core_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const attn_bufs *b)
+{
+    md_model *m = x->m;
+    const md_config *c = &m->cfg;
+    be_backend *be = x->be;
+    const be_dev_ops *dv = x->dv;
+    const size_t R = x->rw->R, xw = b->xw, cd = b->cd, icd = b->icd;
+    const int d = c->head_dim;
+    float *q = b->q, *o = b->o, *iq = b->iq, *iw = b->iw, *xs = b->xs;
+    float *kv = xs, *ckv = kv + R * d, *cg = ckv + R * cd, *ikv = cg + R * cd, *ig = ikv + R * icd;
     /* The state, on the host.  The entries a segment completes here are visible to the token that completes them
      * (a block completed by token t is visible to t), so they must exist before this attention: the backend's
      * comp_pool makes them on the device (comp_dev).  Everything else of the update (the partial blocks, the
@@ -1904,13 +1956,22 @@ static int attention_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
     if (!rc && now) ring_step(m, l, segs, nseg, x->rw, hx);
     for (size_t i = 0; kbufs && i < nseg; i++) free(kbufs[i]);
     free(kbufs); free(kst); free(hx);
-    if (rc) return rc;
+    return rc;
+}
 
-    if (ly->wo_a.rows != (int64_t)g * ol || ly->wo_a.cols != (int64_t)H * d / g) return RC_EUNSUP;
-    dv->linear_grouped(be, u, o, R, &ly->wo_a, g);
-    if (act_fp8(m, &ly->wo_b) && !dv->linear_aq) dv->fq(be, u, R, (size_t)g * ol, (size_t)g * ol, MD_ACT_BLOCK, 0);
-    dlinear(x, out, u, dv->linear_aq ? NULL : u, R, &ly->wo_b);
-    return 0;
+/* out = wo_b(wo_a(o)) */
+static void attn_out_dev(dev_ctx *x, int l, const attn_bufs *b, float *out)
+{
+    md_model *m = x->m;
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    const be_dev_ops *dv = x->dv;
+    const size_t R = x->rw->R;
+    const int g = c->o_groups, ol = c->o_lora_rank;
+    dv->linear_grouped(x->be, b->u, b->o, R, &ly->wo_a, g);
+    if (act_fp8(m, &ly->wo_b) && !dv->linear_aq)
+        dv->fq(x->be, b->u, R, (size_t)g * ol, (size_t)g * ol, MD_ACT_BLOCK, 0);
+    dlinear(x, out, b->u, dv->linear_aq ? NULL : b->u, R, &ly->wo_b);
 }
 
 static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
@@ -2063,10 +2124,12 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     x.late_l = malloc((size_t)c->n_layers * sizeof *x.late_l);
     x.late_xs = malloc((size_t)c->n_layers * sizeof *x.late_xs);
     x.late_de = calloc((size_t)c->n_layers, sizeof *x.late_de);
-    if (!x.late_l || !x.late_xs || !x.late_de) {
+    x.xs = malloc((size_t)c->n_layers * sizeof *x.xs);
+    if (!x.late_l || !x.late_xs || !x.late_de || !x.xs) {
         free(x.late_l);
         free(x.late_xs);
         free(x.late_de);
+        free(x.xs);
         return rc_errf(err, RC_ENOMEM, "out of memory");
     }
     hd_bind(m, be, segs, nseg, rw);
@@ -2078,6 +2141,10 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     float *post = dalloc(&x, R * (size_t)n * sizeof(float));
     float *comb = dalloc(&x, R * (size_t)n * n * sizeof(float));
     float *f = dalloc(&x, R * (size_t)D * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) { /* late_state reads them */
+        size_t cd, icd;
+        x.xs[l] = dalloc_keep(&x, R * state_width(m, l, &cd, &icd) * sizeof(float));
+    }
     if (x.oom) {
         rc = RC_ENOMEM;
         goto out;
@@ -2095,17 +2162,38 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         const md_layer *ly = &m->layers[l];
         const size_t mark = release ? dv->mark(be) : 0;
         if (m->hook) m->hook(m->hook_arg, l, 0);
-        be_hc h = hc_params(c, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale);
-        dv->hc_pre(be, &h, X, R, coll, post, comb);
-        dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
-        if ((rc = attention_dev(&x, l, segs, nseg, coll, f))) break;
-        dv->hc_post(be, X, f, post, comb, n, D, R);
+        /* the parts between the state and the attention op are launches alone: the backend may replay them
+         * (dregion_begin) */
+        attn_bufs ab;
+        if ((rc = attn_bufs_dev(&x, l, &ab))) break;
+        if (!dregion_begin(&x, l, 0)) {
+            be_hc h = hc_params(c, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale);
+            dv->hc_pre(be, &h, X, R, coll, post, comb);
+            dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
+            rc = attn_proj_dev(&x, l, coll, &ab);
+            dregion_end(&x);
+            if (rc) break;
+        }
+        /* what the state and the attention op allocate is theirs alone (the entries they make are alloc_keep's):
+         * released after them, so that the regions after start where they do whatever this step completes */
+        const size_t amark = release ? dv->mark(be) : 0;
+        if ((rc = attn_core_dev(&x, l, segs, nseg, &ab))) break;
+        if (release) dv->release(be, amark);
+        if (!dregion_begin(&x, l, 1)) {
+            attn_out_dev(&x, l, &ab, f);
+            dv->hc_post(be, X, f, post, comb, n, D, R);
+            dregion_end(&x);
+        }
         if (m->hook) m->hook(m->hook_arg, l, 1);
-        h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
-        dv->hc_pre(be, &h, X, R, coll, post, comb);
-        dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
-        if ((rc = moe_dev(&x, l, coll, f))) break;
-        dv->hc_post(be, X, f, post, comb, n, D, R);
+        if (!dregion_begin(&x, l, 2)) {
+            be_hc h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
+            dv->hc_pre(be, &h, X, R, coll, post, comb);
+            dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
+            rc = moe_dev(&x, l, coll, f);
+            if (!rc) dv->hc_post(be, X, f, post, comb, n, D, R);
+            dregion_end(&x);
+            if (rc) break;
+        }
         if (release) dv->release(be, mark);
         if (m->hook) m->hook(m->hook_arg, l, 2);
     }
@@ -2170,6 +2258,7 @@ out:
     free(x.late_l);
     free(x.late_xs);
     free(x.late_de);
+    free(x.xs);
     if (rc == RC_ENOMEM && x.oom) return rc_errf(err, RC_ENOMEM, "out of device memory for a batch of %zu tokens", R);
     if (rc == RC_EIO) return rc_errf(err, RC_EIO, "forward failed on the device backend");
     if (rc == RC_EUNSUP) return rc_errf(err, RC_EUNSUP, "forward: the device graph does not take this model's shapes");

@@ -1333,6 +1333,82 @@ static void test_device_ring_copies_follow_the_state(void **st)
     be_destroy(cpu);
 }
 
+/* decode steps of nb states together (one segment each), all logits: [step][seq][V] */
+static float *decode_batch(md_model *m, md_seq **s, int nb, const int32_t *ids, size_t steps)
+{
+    const int V = md_model_config(m)->vocab_size;
+    float *lg = malloc(steps * (size_t)nb * V * sizeof *lg);
+    rc_err err = {0};
+    md_segment seg[8];
+    for (size_t i = 0; i < steps; i++) {
+        for (int b = 0; b < nb; b++)
+            seg[b] = (md_segment){.seq = s[b], .ids = ids + i * (size_t)nb + b, .n = 1,
+                                  .logits = lg + (i * (size_t)nb + b) * V};
+        if (md_forward(m, seg, (size_t)nb, &err)) fail_msg("md_forward: %s", err.msg);
+    }
+    return lg;
+}
+
+/* The device graph's regions replayed from CUDA graphs (DEEPINFER_CUDA_GRAPHS, default on) run the same kernels on
+ * the same addresses as the eager ops: decode steps (one sequence, then three together, through CSA / HCA / SWA
+ * layers, entries completing on some steps and not others) give the same logits bit for bit with and without, and
+ * the regions are recorded and replayed where they should be (not where the experts' fallback downloads). */
+static void test_decode_graphs(void **st)
+{
+    (void)st;
+    static const struct { const char *fx; bcu_math math; int experts_replay; } cases[] = {
+        {"tiny-mixed-fp8fp4", BCU_MATH_BF16X3, 1}, {"tiny-mixed-fp8fp4", BCU_MATH_BF16, 1},
+        {"tiny-hca16", BCU_MATH_BF16X3, 0},        {"tiny-hash-swa", BCU_MATH_BF16X3, 0},
+        {"tiny-mixed", BCU_MATH_FP32, 0},
+    };
+    for (int k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+        setenv("DEEPINFER_CUDA_GRAPHS", "0", 1);
+        be_backend *ge = cuda(cases[k].math);
+        unsetenv("DEEPINFER_CUDA_GRAPHS");
+        be_backend *gg = cuda(cases[k].math);
+        md_model *me = load(fixture(cases[k].fx), ge), *mg = load(fixture(cases[k].fx), gg);
+        const int V = md_model_config(me)->vocab_size;
+        int32_t *ids = make_ids(200, V, 31 + (uint64_t)k);
+        float *out[2][2];
+        for (int g = 0; g < 2; g++) {
+            md_model *m = g ? mg : me;
+            rc_err err = {0};
+            md_seq *s[3];
+            for (int b = 0; b < 3; b++) {
+                s[b] = md_seq_create(m);
+                md_segment pre = {.seq = s[b], .ids = ids + 10 * b, .n = 37 + (size_t)b};
+                if (md_forward(m, &pre, 1, &err)) fail_msg("md_forward: %s", err.msg);
+            }
+            out[g][0] = decode_batch(m, s, 1, ids + 50, 24);
+            out[g][1] = decode_batch(m, s, 3, ids + 80, 12);
+            if (be_cuda_error(g ? gg : ge)) fail_msg("%s: %s", cases[k].fx, be_cuda_error(g ? gg : ge));
+            for (int b = 0; b < 3; b++) md_seq_free(s[b]);
+        }
+        size_t cap[2], rep[2], eag[2];
+        bcu_graph_stats(ge, &cap[0], &rep[0], &eag[0]);
+        bcu_graph_stats(gg, &cap[1], &rep[1], &eag[1]);
+        const int same1 = !memcmp(out[0][0], out[1][0], 24 * (size_t)V * sizeof(float));
+        const int same3 = !memcmp(out[0][1], out[1][1], 36 * (size_t)V * sizeof(float));
+        const int nl = md_model_config(me)->n_layers;
+        printf("  %-18s %-6s graphs: %zu recorded, %zu replayed, %zu eager (off: %zu / %zu); decode B=1 %s, B=3 %s\n",
+               cases[k].fx, bcu_math_name(cases[k].math), cap[1], rep[1], eag[1], cap[0], rep[0],
+               same1 ? "bit-identical" : "DIFFERENT", same3 ? "bit-identical" : "DIFFERENT");
+        if (!same1 || !same3) fail_msg("%s: decode with CUDA graphs differs from without", cases[k].fx);
+        if (cap[0] || rep[0]) fail_msg("DEEPINFER_CUDA_GRAPHS=0 recorded or replayed regions");
+        /* 36 forwards of nl layers, 3 regions each: most are replays; the FFN half is replayed only where the
+         * grouped expert op takes the experts (else the fallback downloads and the region stays eager) */
+        const size_t regions = 36 * (size_t)nl * 3, floor = regions * (cases[k].experts_replay ? 3 : 2) / 3 / 2;
+        if (rep[1] < floor) fail_msg("%s: %zu replays of %zu regions, expected at least %zu", cases[k].fx, rep[1], regions, floor);
+        if (!cases[k].experts_replay && eag[1] < 36 * (size_t)nl) fail_msg("%s: the FFN halves were not all eager", cases[k].fx);
+        for (int g = 0; g < 2; g++) free(out[g][0]), free(out[g][1]);
+        free(ids);
+        md_model_free(me);
+        md_model_free(mg);
+        be_cuda_destroy(ge);
+        be_cuda_destroy(gg);
+    }
+}
+
 int main(void)
 {
     if (!cuda_device_present()) return 77;
@@ -1361,6 +1437,7 @@ int main(void)
         cmocka_unit_test(test_model_bf16x3_host_graph),
         cmocka_unit_test(test_device_graph_vs_host_graph),
         cmocka_unit_test(test_device_ring_copies_follow_the_state),
+        cmocka_unit_test(test_decode_graphs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,6 +74,18 @@ typedef struct {
     int n, cur;
 } arena_t;
 
+/* a recorded region of the device graph (be_dev_ops.graph_begin): one CUDA graph, replayed when the region comes
+ * again with the same tag from the same arena positions; key 0 = free way */
+typedef struct {
+    uint64_t key, use, gen; /* gen: c->g_gen when recorded (a reallocation since voids it) */
+    cudaGraphExec_t exec;   /* NULL: not recorded yet */
+    int clean;              /* its last eager run made no host-synchronous call: record it at the next */
+    int a0, a1;             /* the arena's chunks at its start and end */
+    size_t aused[32];       /* the used bytes of chunks [a0, a1] at its end */
+} gregion;
+
+enum { GR_SETS = 256, GR_WAYS = 4 };
+
 /* one slot of the KV mirror: the device copy of a full KV block (id 0 = free) */
 typedef struct {
     uint64_t id;
@@ -165,6 +177,15 @@ typedef struct {
     size_t up_cap, up_used;
     char *down; /* pinned bounce buffer of large downloads */
     size_t down_cap;
+    /* decode regions as CUDA graphs (DEEPINFER_CUDA_GRAPHS, default 1): a region runs eagerly until it has run
+     * once without a host-synchronous call (g_touch), is then captured and replayed after that */
+    int graphs;
+    gregion *gr;          /* GR_SETS x GR_WAYS */
+    gregion *g_cur;       /* the region in progress (eager or being captured), NULL outside regions */
+    int g_capturing, g_dirty;
+    uint64_t g_gen, g_clock;
+    size_t g_captures, g_replays, g_eager;
+    void *blas_ws; /* cuBLAS's workspace, ours (a capture must not make cuBLAS allocate) */
     int prof_on;
     bcu_profile prof;
     int failed;
@@ -244,6 +265,15 @@ int bcu_math_from_env(void)
 
 /* ---- weight bookkeeping */
 
+/* a host-synchronous call (an upload, a download, an allocation, a first use): a region that makes one is not
+ * recorded, and one being captured fails (its stream cannot wait or copy from pageable memory) */
+static void g_touch(cuda_be *c, const char *what)
+{
+    c->g_dirty = 1;
+    if (c->g_capturing)
+        fail(c, "%s inside a region being captured as a CUDA graph (DEEPINFER_CUDA_GRAPHS=0 turns capture off)", what);
+}
+
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = (const unsigned char *)p;
@@ -317,6 +347,7 @@ static size_t slot_of(const cuda_be *c, const void *key)
 
 static void entry_free(cuda_be *c, wentry *e)
 {
+    c->g_gen++; /* recorded regions may read it */
     if (e->d) cudaFree(e->d);
     if (e->ds) cudaFree(e->ds);
     c->weight_bytes -= e->bytes;
@@ -364,6 +395,8 @@ static wentry *slot(cuda_be *c, const void *key)
 static int grow(cuda_be *c, char **buf, size_t *cap, size_t n, int pinned)
 {
     if (n <= *cap) return 0;
+    g_touch(c, "a buffer reallocation");
+    c->g_gen++; /* recorded regions may hold the old address */
     size_t nc = *cap ? *cap : (size_t)1 << 20;
     while (nc < n) nc *= 2;
     if (*buf) {
@@ -391,6 +424,7 @@ static const wentry *weight(cuda_be *c, const be_weight *w)
     wentry *e = slot(c, w->data);
     if (!e) return NULL;
     if (e->d && e->fp == fp) return e;
+    g_touch(c, "a weight upload");
     if (e->d) entry_free(c, e); /* same address, other contents */
     e->fp = fp;
     e->f32 = widen || (w->fmt == BE_W_DENSE && w->dtype == MD_F32);
@@ -456,6 +490,7 @@ static const float *norm_weight(cuda_be *c, const float *w, size_t dim)
     wentry *e = slot(c, w);
     if (!e) return NULL;
     if (e->d && e->fp == fp) return (const float *)e->d;
+    g_touch(c, "a parameter upload");
     if (e->d) entry_free(c, e);
     e->fp = fp;
     e->f32 = 1;
@@ -514,6 +549,7 @@ static int fp8_try(cuda_be *c, const wentry *e, const be_weight *w, float *dy, c
                    int64_t n, int64_t K, char *tmp)
 {
     if (!e->ds32) return 1;
+    if (!c->f8) g_touch(c, "creating the cuBLASLt handle");
     if (!c->f8 && !(c->f8 = bcu_fp8lt_create())) {
         c->fp8_gemm = 0; /* no cuBLASLt handle or workspace: the dequantised GEMM from now on */
         (void)cudaGetLastError();
@@ -792,6 +828,8 @@ static int moe_locked(cuda_be *c, float *y, const float *x, size_t T, const int3
     for (int e = 0; same && e < E; e++)
         same = t->src[e] == w1[e].data && t->src[E + e] == w3[e].data && t->src[2 * E + e] == w2[e].data;
     if (same) goto run;
+    g_touch(c, "building the expert tables");
+    c->g_gen++;
     {
     /* the device pointers of every expert (uploaded on first use) */
     const void **hp = (const void **)malloc(6 * (size_t)E * sizeof *hp);
@@ -1620,6 +1658,7 @@ static void *ar_alloc(cuda_be *c, arena_t *a, size_t bytes)
         fail(c, "the activation arena has too many chunks");
         return NULL;
     }
+    g_touch(c, "a new activation chunk");
     size_t cap = a->n ? 2 * a->ch[a->n - 1].cap : (size_t)64 << 20;
     if (cap < bytes) cap = bytes;
     char *q = NULL;
@@ -1639,6 +1678,7 @@ static void dv_reset(be_backend *be)
     cuda_be *c = get(be);
     pthread_mutex_lock(&c->lock);
     if (!c->failed) {
+        g_touch(c, "reset");
         DV_CU(cudaSetDevice(c->device));
         DV_CU(cudaStreamSynchronize(c->st)); /* the ring and the arena are free again */
         c->up_used = 0;
@@ -1654,6 +1694,7 @@ static void *dv_alloc_in(be_backend *be, size_t bytes, int keep)
     void *p = NULL;
     bytes = up256(bytes ? bytes : 1);
     pthread_mutex_lock(&c->lock);
+    if (keep) g_touch(c, "alloc_keep"); /* a recording could not move the keep arena as the region did */
     if (!c->failed) p = ar_alloc(c, keep ? &c->ark : &c->ar, bytes);
     pthread_mutex_unlock(&c->lock);
     return p;
@@ -1691,6 +1732,7 @@ static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!bytes) return;
     DV_ENTER(BCU_PROF_XFER);
+    g_touch(c, "an upload");
     const size_t need = up256(bytes);
     if (c->up_used + need > c->up_cap) {
         if (need > c->up_cap) {
@@ -1724,6 +1766,7 @@ static void attn_flags_check(cuda_be *c)
 static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
+    g_touch(c, "a download");
     /* large downloads through pinned memory: a pageable copy of 100+ MB runs at a fraction of the link's speed */
     const int pin = bytes >= ((size_t)1 << 20) && !grow(c, &c->down, &c->down_cap, bytes, 1);
     if (bytes && !c->failed) DV_CU(cudaMemcpyAsync(pin ? c->down : dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
@@ -1737,6 +1780,7 @@ static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 static const void *dv_view(be_backend *be, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
+    g_touch(c, "a download");
     if (!grow(c, &c->down, &c->down_cap, bytes ? bytes : 1, 1) && bytes)
         DV_CU(cudaMemcpyAsync(c->down, src, bytes, cudaMemcpyDeviceToHost, c->st));
     DV_CU(cudaStreamSynchronize(c->st));
@@ -2037,9 +2081,120 @@ static int dv_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int n
 {
     int rc = -1;
     DV_ENTER(BCU_PROF_ATTENTION);
+    g_touch(c, "the attention op");
     rc = ntok < 1 ? 0 : attn_locked(c, seqs, nseq, ntok, a, 1);
     DV_LEAVE;
     return rc;
+}
+
+/* ---- regions of the device graph as CUDA graphs (be_dev_ops.graph_begin / graph_end)
+ *
+ * A region (v4.c: a layer's projections, its output projection, its FFN half) is launches and allocs only.
+ * Keyed by the graph's tag and the arena's position (so its allocs land where they did), it runs eagerly until one
+ * run made no host-synchronous call (g_touch: first uses upload weights, a new arena chunk, a download in the
+ * experts' fallback); the next run is captured (its launches recorded, not run), instantiated and launched; later
+ * runs launch the recording and move the arenas to where the region's allocs left them.  A reallocation of
+ * anything a recording may point into (the scratch, a weight, the expert tables) voids every recording (g_gen). */
+
+static void gr_drop(gregion *e)
+{
+    if (e->exec) cudaGraphExecDestroy(e->exec);
+    memset(e, 0, sizeof *e);
+}
+
+/* fnv-1a over the words */
+static uint64_t gr_mix(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t ar_key(uint64_t h, const arena_t *a)
+{
+    h = gr_mix(h, (uint64_t)a->cur);
+    if (a->cur < a->n) h = gr_mix(gr_mix(h, (uint64_t)(uintptr_t)a->ch[a->cur].p), a->ch[a->cur].used);
+    return h;
+}
+
+static void ar_save(const arena_t *a, int from, int *to, size_t *used)
+{
+    *to = a->cur;
+    for (int i = from; i <= a->cur && i < a->n; i++) used[i] = a->ch[i].used;
+}
+
+static void ar_restore(arena_t *a, int from, int to, const size_t *used)
+{
+    for (int i = from; i <= to && i < a->n; i++) a->ch[i].used = used[i];
+    a->cur = to;
+}
+
+static int dv_graph_begin(be_backend *be, uint64_t tag)
+{
+    cuda_be *c = get(be);
+    int replayed = 0;
+    pthread_mutex_lock(&c->lock);
+    if (c->graphs && c->gr && !c->prof_on && !c->failed && !c->g_cur) {
+        uint64_t key = ar_key(gr_mix(1469598103934665603ull, tag), &c->ar);
+        if (!key) key = 1;
+        gregion *set = c->gr + (key % GR_SETS) * GR_WAYS, *e = NULL;
+        for (int w = 0; w < GR_WAYS && !e; w++)
+            if (set[w].key == key) e = &set[w];
+        if (e && e->exec && e->gen != c->g_gen) gr_drop(e), e = NULL;
+        if (!e) { /* a free way, else the least recently used */
+            e = &set[0];
+            for (int w = 1; w < GR_WAYS; w++)
+                if (set[w].key == 0 ? e->key != 0 : e->key != 0 && set[w].use < e->use) e = &set[w];
+            gr_drop(e);
+            e->key = key;
+            e->a0 = c->ar.cur;
+        }
+        e->use = ++c->g_clock;
+        if (e->exec) {
+            DV_CU(cudaGraphLaunch(e->exec, c->st));
+            ar_restore(&c->ar, e->a0, e->a1, e->aused);
+            c->g_replays++;
+            replayed = !c->failed;
+        } else {
+            c->g_cur = e;
+            c->g_dirty = 0;
+            if (e->clean) {
+                DV_CU(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeRelaxed));
+                c->g_capturing = !c->failed;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return replayed;
+}
+
+static void dv_graph_end(be_backend *be)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    gregion *e = c->g_cur;
+    c->g_cur = NULL;
+    if (e && c->g_capturing) {
+        c->g_capturing = 0;
+        cudaGraph_t g = NULL;
+        cudaError_t r = cudaStreamEndCapture(c->st, &g);
+        if (r == cudaSuccess && !c->failed) r = cudaGraphInstantiate(&e->exec, g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (r != cudaSuccess || c->failed) {
+            e->exec = NULL;
+            e->clean = 0;
+            fail(c, "capturing a region as a CUDA graph: %s (DEEPINFER_CUDA_GRAPHS=0 turns capture off)",
+                 cudaGetErrorString(r));
+        } else {
+            ar_save(&c->ar, e->a0, &e->a1, e->aused);
+            e->gen = c->g_gen;
+            c->g_captures++;
+            DV_CU(cudaGraphLaunch(e->exec, c->st)); /* the captured ops have not run yet */
+        }
+    } else if (e) {
+        e->clean = !c->g_dirty && !c->failed;
+        c->g_eager++;
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 static const be_dev_ops cuda_dev_ops = {
@@ -2076,6 +2231,8 @@ static const be_dev_ops cuda_dev_ops = {
     /* .mark = */ dv_mark,
     /* .release = */ dv_release,
     /* .alloc_keep = */ dv_alloc_keep,
+    /* .graph_begin = */ dv_graph_begin,
+    /* .graph_end = */ dv_graph_end,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2129,6 +2286,9 @@ static void teardown(cuda_be *c)
 {
     if (!c) return;
     cudaSetDevice(c->device);
+    if (c->gr)
+        for (int i = 0; i < GR_SETS * GR_WAYS; i++) gr_drop(&c->gr[i]);
+    free(c->gr);
     for (size_t i = 0; i < c->cap; i++)
         if (c->tab[i].key) entry_free(c, &c->tab[i]);
     for (size_t i = 0; i < c->nmt; i++) {
@@ -2154,6 +2314,7 @@ static void teardown(cuda_be *c)
     free(c->tab);
     if (c->scratch) cudaFree(c->scratch);
     if (c->have_blas) cublasDestroy(c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
     bcu_fp8lt_destroy(c->f8);
     if (c->have_stream) cudaStreamDestroy(c->st);
     if (c->host) be_destroy(c->host);
@@ -2217,6 +2378,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
     c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
+    c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
+    if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
     const char *what = "";
     cudaDeviceProp prop;
     cublasStatus_t bs;
@@ -2249,6 +2412,16 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
         (bs = cublasSetMathMode(c->blas, math == BCU_MATH_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH)) !=
             CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cuBLAS setup failed: %s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    /* cuBLAS's workspace, ours: a region being captured must not make it allocate one (32 MiB: its Hopper size) */
+    if ((r = cudaMalloc(&c->blas_ws, (size_t)32 << 20)) != cudaSuccess) {
+        c->blas_ws = NULL;
+        what = "cudaMalloc (cuBLAS workspace)";
+        goto cuda_fail;
+    }
+    if ((bs = cublasSetWorkspace(c->blas, c->blas_ws, (size_t)32 << 20)) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
         goto fail;
     }
     c->host = be_cpu_create(threads);
@@ -2321,6 +2494,13 @@ extern "C" cudaStream_t bcu_stream(const be_backend *be) { return get(be)->st; }
 extern "C" const char *bcu_device_name(const be_backend *be) { return get(be)->name; }
 extern "C" size_t bcu_weight_bytes(const be_backend *be) { return get(be)->weight_bytes; }
 extern "C" size_t bcu_fp8_gemm_calls(const be_backend *be) { return get(be)->fp8_calls; }
+extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager)
+{
+    const cuda_be *c = get(be);
+    *captured = c->g_captures;
+    *replayed = c->g_replays;
+    *eager = c->g_eager;
+}
 extern "C" size_t bcu_arena_bytes(const be_backend *be)
 {
     const cuda_be *c = get(be);

@@ -169,6 +169,8 @@ cudaError_t bcu_fp8lt_gemm(bcu_fp8lt *f, float *y, const uint8_t *w, const float
                            const float *sx, int64_t n, int64_t T, int64_t K, cudaStream_t st);
 /* FP8 GEMMs the backend ran through bcu_fp8lt_gemm since it was created (tests: the path was taken) */
 size_t bcu_fp8_gemm_calls(const be_backend *be);
+/* the device graph's regions (be_dev_ops.graph_begin) so far: recorded as CUDA graphs, replayed, run eagerly */
+void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager);
 
 #ifdef __cplusplus
 }
