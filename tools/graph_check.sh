@@ -5,8 +5,9 @@
 # memcheck on the graphs test, and the V4-Flash slice's decode steps with the graphs off and on in each maths.  From
 # the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/graph_check.sh", carry=[".carry"])
-# GRAPH_CHECK_ONLY="graphs tests san slice" picks steps (default: all); GRAPH_BATCHES (1,64,256) and GRAPH_MATHS
-# (bf16x3 bf16) the slice's runs.
+# GRAPH_CHECK_ONLY="graphs tests san slice" picks steps (default: all); GRAPH_BATCHES (1,64,256), GRAPH_MATHS
+# (bf16x3 bf16), GRAPH_ORDER (the DEEPINFER_CUDA_GRAPHS values in turn, "0 1"; "0 1 0 1" alternates) and GRAPH_REPS
+# (5) the slice's runs.
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -42,12 +43,14 @@ if want slice; then
     step "slice decode, CUDA graphs off / on"
     [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
     for m in ${GRAPH_MATHS:-bf16x3 bf16}; do
-        for g in 0 1; do
+        k=0
+        for g in ${GRAPH_ORDER:-0 1}; do
+            k=$((k + 1))
             echo "-- DEEPINFER_CUDA_MATH=$m DEEPINFER_CUDA_GRAPHS=$g"
             DEEPINFER_CUDA_MATH=$m DEEPINFER_CUDA_GRAPHS=$g timeout 200 $B/bench_gpu_layers $S \
-                --batches ${GRAPH_BATCHES:-1,64,256} --contexts 4096 --prefill 4096 --top1 1 --reps 5 \
-                --budget-s 100 --out "$OUT/l_${m}_$g.md" > "$OUT/l_${m}_$g.log" 2>&1
-            echo "rc=$?"; grep -E "ms/step" "$OUT/l_${m}_$g.log" | sed 's/^.*decode/decode/'
+                --batches ${GRAPH_BATCHES:-1,64,256} --contexts 4096 --prefill 4096 --top1 1 --reps ${GRAPH_REPS:-5} \
+                --budget-s 150 --out "$OUT/l_${m}_${g}_$k.md" > "$OUT/l_${m}_${g}_$k.log" 2>&1
+            echo "rc=$?"; grep -E "ms/step" "$OUT/l_${m}_${g}_$k.log" | sed 's/^.*decode/decode/'
         done
     done
 fi

@@ -212,6 +212,26 @@ struct IxArgs {
     int *flags;
 };
 
+/* a row of the indexer's score kernels: its sequence and visible entries (capped at vis_cap, flagged), and the
+ * number of key tiles it has (0 when the row is past the batch) */
+__device__ __forceinline__ int64_t ix_row(const IxArgs &a, int row, bcu_attn_seq *s, int64_t *nv)
+{
+    if (!load_row(a.seqs, a.nseq, row, s, blockIdx.x == 0 ? a.flags : NULL)) return 0;
+    const int64_t pos = s->p0 + (row - s->row0);
+    *nv = (pos + 1) / a.ratio;
+    if (*nv > a.vis_cap) {
+        if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(a.flags, BCU_ATTN_FLAG_VIS);
+        *nv = a.vis_cap;
+    }
+    return (*nv + IX_KT - 1) / IX_KT;
+}
+
+/* entry b's indexer key row, NULL past the visible ones */
+__device__ __forceinline__ const float *ix_key(const IxArgs &a, const bcu_attn_seq &s, int64_t b, int64_t nv)
+{
+    return b < nv ? s.blocks[b / a.epb] + a.key_off + (size_t)(b % a.epb) * a.ID : NULL;
+}
+
 __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
 {
     extern __shared__ float4 ix_sm4[];
@@ -223,14 +243,8 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
 
     const int tid = threadIdx.x, row = blockIdx.y;
     bcu_attn_seq s;
-    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
-    const int64_t pos = s.p0 + (row - s.row0);
-    int64_t nv = (pos + 1) / a.ratio;
-    if (nv > a.vis_cap) {
-        if (tid == 0 && blockIdx.x == 0) atomicOr(a.flags, BCU_ATTN_FLAG_VIS);
-        nv = a.vis_cap;
-    }
-    const int64_t ntiles = (nv + IX_KT - 1) / IX_KT;
+    int64_t nv;
+    const int64_t ntiles = ix_row(a, row, &s, &nv);
     if ((int64_t)blockIdx.x >= ntiles) return;
 
     const float *q = a.iq + (size_t)row * a.IH * a.ID;
@@ -248,7 +262,7 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
         __syncthreads(); /* Q is in; the previous tile's Kt, red and kp are consumed */
         if (tid < IX_KT) {
             const int64_t b = k0 + tid;
-            kp[tid] = b < nv ? s.blocks[b / a.epb] + a.key_off + (size_t)(b % a.epb) * a.ID : NULL;
+            kp[tid] = ix_key(a, s, b, nv);
         }
         __syncthreads();
         for (int i = tid; i < IX_KT * nc4; i += IX_NT) {
@@ -313,14 +327,8 @@ __global__ void __launch_bounds__(IX_NT) ix_mma_kernel(IxArgs a)
     const int tid = threadIdx.x, row = blockIdx.y, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, qq = lane & 3, mt = warp & 3, nh = warp >> 2;
     bcu_attn_seq s;
-    if (!load_row(a.seqs, a.nseq, row, &s, blockIdx.x == 0 ? a.flags : NULL)) return;
-    const int64_t pos = s.p0 + (row - s.row0);
-    int64_t nv = (pos + 1) / a.ratio;
-    if (nv > a.vis_cap) {
-        if (tid == 0 && blockIdx.x == 0) atomicOr(a.flags, BCU_ATTN_FLAG_VIS);
-        nv = a.vis_cap;
-    }
-    const int64_t ntiles = (nv + IX_KT - 1) / IX_KT;
+    int64_t nv;
+    const int64_t ntiles = ix_row(a, row, &s, &nv);
     if ((int64_t)blockIdx.x >= ntiles) return;
 
     const int nc4 = a.ID / 4;
@@ -338,7 +346,7 @@ __global__ void __launch_bounds__(IX_NT) ix_mma_kernel(IxArgs a)
         __syncthreads(); /* Q and w are in; the previous tile's Ks, red and kp are consumed */
         if (tid < IX_KT) {
             const int64_t b = k0 + tid;
-            kp[tid] = b < nv ? s.blocks[b / a.epb] + a.key_off + (size_t)(b % a.epb) * a.ID : NULL;
+            kp[tid] = ix_key(a, s, b, nv);
         }
         __syncthreads();
         for (int i = tid; i < IX_KT * nc4; i += IX_NT) {
