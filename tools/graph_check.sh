@@ -1,13 +1,13 @@
 #!/bin/bash
 # device check of the decode regions replayed from CUDA graphs (be_dev_ops.graph_begin, cuda.cu dv_graph_begin;
-# DEEPINFER_CUDA_GRAPHS), one call: test_cuda's test_decode_graphs (bit-identical decode with and without, the
-# regions recorded and replayed), the rest of test_cuda, test_cuda_graph and test_cuda_attn, compute-sanitizer
+# DEEPINFER_CUDA_GRAPHS) and of their chains on lanes (be_dev_ops.lane; DEEPINFER_CUDA_LANES), one call: test_cuda's test_decode_graphs (bit-identical decode with and without either,
+# the regions recorded and replayed), the rest of test_cuda, test_cuda_graph and test_cuda_attn, compute-sanitizer
 # memcheck on the graphs test, and the V4-Flash slice's decode steps with the graphs off and on in each maths.  From
 # the repo root on the GPU machine, after tools/gpu_check.sh pack here:
 #   run(command="bash tools/graph_check.sh", carry=[".carry"])
-# GRAPH_CHECK_ONLY="graphs tests san slice" picks steps (default: all); GRAPH_BATCHES (1,64,256), GRAPH_MATHS
-# (bf16x3 bf16), GRAPH_ORDER (the DEEPINFER_CUDA_GRAPHS values in turn, "0 1"; "0 1 0 1" alternates) and GRAPH_REPS
-# (5) the slice's runs.
+# GRAPH_CHECK_ONLY="graphs tests san slice" picks steps (default: all); GRAPH_BATCHES (1,64,256), GRAPH_PREFILL (4096),
+# GRAPH_MATHS (bf16x3 bf16), GRAPH_ORDER (the runs in turn, each GRAPHS:LANES for DEEPINFER_CUDA_GRAPHS and
+# DEEPINFER_CUDA_LANES; "0:0 1:1") and GRAPH_REPS (5) the slice's runs.
 cd "$(dirname "$0")/.." || exit 1
 [ -d .carry/bin ] || tar xf .carry/bin.txz -C .carry
 export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/local/cuda/lib64
@@ -44,13 +44,16 @@ if want slice; then
     [ -d $S ] || $B/deepinfer make-tiny-model $S --preset v4-flash --layers 4 2>&1 | tail -1
     for m in ${GRAPH_MATHS:-bf16x3 bf16}; do
         k=0
-        for g in ${GRAPH_ORDER:-0 1}; do
+        for gl in ${GRAPH_ORDER:-0:0 1:1}; do
             k=$((k + 1))
-            echo "-- DEEPINFER_CUDA_MATH=$m DEEPINFER_CUDA_GRAPHS=$g"
-            DEEPINFER_CUDA_MATH=$m DEEPINFER_CUDA_GRAPHS=$g timeout 200 $B/bench_gpu_layers $S \
-                --batches ${GRAPH_BATCHES:-1,64,256} --contexts 4096 --prefill 4096 --top1 1 --reps ${GRAPH_REPS:-5} \
-                --budget-s 150 --out "$OUT/l_${m}_${g}_$k.md" > "$OUT/l_${m}_${g}_$k.log" 2>&1
-            echo "rc=$?"; grep -E "ms/step" "$OUT/l_${m}_${g}_$k.log" | sed 's/^.*decode/decode/'
+            IFS=: read -r g l <<< "$gl"
+            echo "-- DEEPINFER_CUDA_MATH=$m DEEPINFER_CUDA_GRAPHS=$g DEEPINFER_CUDA_LANES=$l"
+            DEEPINFER_CUDA_MATH=$m DEEPINFER_CUDA_GRAPHS=$g DEEPINFER_CUDA_LANES=$l timeout 200 $B/bench_gpu_layers $S \
+                --batches ${GRAPH_BATCHES:-1,64,256} --contexts 4096 --prefill ${GRAPH_PREFILL:-4096} --top1 1 \
+                --reps ${GRAPH_REPS:-5} --budget-s 150 --out "$OUT/l_${m}_${g}${l}_$k.md" > "$OUT/l_${m}_${g}${l}_$k.log" 2>&1
+            echo "rc=$?"; grep -E "ms/step|prefill [0-9]+ tokens:" "$OUT/l_${m}_${g}${l}_$k.log" | sed 's/^.*decode/decode/'
+            grep -E "^\| decode \| [0-9]+ \| 4096 \| (SWA|CSA|HCA)" "$OUT/l_${m}_${g}${l}_$k.md" |
+                awk -F'|' '{printf "%s/%s:%s ", $3,$5,$6} END {print ""}'
         done
     done
 fi

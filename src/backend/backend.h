@@ -239,6 +239,12 @@ typedef struct be_dev_ops {
      * so a replay writes where the ops would. */
     int (*graph_begin)(be_backend *be, uint64_t tag);
     void (*graph_end)(be_backend *be);
+    /* Optional (both NULL: one stream of ops).  lane(k): the ops issued after it run on lane k (0: the main one;
+     * k < 3), after everything issued on lane 0 before it, and beside what other lanes run; join: back to lane 0,
+     * whose later ops come after everything every lane ran.  For independent chains of ops (each reads what lane
+     * 0 made before the fork and writes its own outputs); a region ends joined. */
+    void (*lane)(be_backend *be, int k);
+    void (*join)(be_backend *be);
 } be_dev_ops;
 
 struct be_backend {

@@ -1569,6 +1569,17 @@ static void dregion_end(dev_ctx *x)
     if (x->dv->graph_begin && x->dv->graph_end) x->dv->graph_end(x->be);
 }
 
+/* independent chains of ops on the backend's lanes (be_dev_ops.lane; without it all on one) */
+static void dlane(dev_ctx *x, int k)
+{
+    if (x->dv->lane && x->dv->join) x->dv->lane(x->be, k);
+}
+
+static void djoin(dev_ctx *x)
+{
+    if (x->dv->lane && x->dv->join) x->dv->join(x->be);
+}
+
 /* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */
 static int attend_dev_host(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *q, const float *iq,
                            const float *iw, float *const *kbufs, const int64_t *kst, float *o)
@@ -1867,18 +1878,14 @@ static int attn_proj_dev(dev_ctx *x, int l, const float *xin, const attn_bufs *b
         dact_quant_copy(x, xin, R, (size_t)c->hidden_size, act_fp8(m, &ly->wq_a) || act_fp8(m, &ly->wkv), 1);
     if (x->oom) return RC_ENOMEM;
 
-    dlinear(x, qr, xin, xq, R, &ly->wq_a);
-    dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
-    const float *qrq = dact_quant_copy(x, qr, R, (size_t)ql,
-                                       act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)), 1);
-    if (x->oom) return RC_ENOMEM;
-    dlinear(x, q, qr, qrq, R, &ly->wq_b);
-    dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
-    dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
+    /* three independent chains of xin, each on its own lane (a decode step's GEMVs are latency-bound: side by side
+     * they overlap): the window key; the compressors' and the indexer's inputs and weights; q and the indexer's q */
+    dlane(x, 1);
     dlinear(x, kv, xin, xq, R, &ly->wkv);
     dv->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
     dv->rope(be, kv, R, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, 1);
     if (official) dv->fq(be, kv, R, (size_t)d, (size_t)(d - rd), 64, 0);
+    if (ly->ratio || ly->overlap) dlane(x, 2);
     if (ly->ratio) {
         dv->linear(be, ckv, xin, R, &ly->c_wkv);
         dv->linear(be, cg, xin, R, &ly->c_wgate);
@@ -1886,16 +1893,29 @@ static int attn_proj_dev(dev_ctx *x, int l, const float *xin, const attn_bufs *b
     if (ly->overlap) {
         dv->linear(be, ikv, xin, R, &ly->i_wkv);
         dv->linear(be, ig, xin, R, &ly->i_wgate);
-        dlinear(x, iq, qr, qrq, R, &ly->i_wq_b);
         dv->linear(be, iw, xin, R, &ly->i_wproj);
         dv->scale(be, iw, R * (size_t)IH, 1.0f / sqrtf((float)ID) * (1.0f / sqrtf((float)IH)));
+    }
+    dlane(x, 0);
+    dlinear(x, qr, xin, xq, R, &ly->wq_a);
+    dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
+    const float *qrq = dact_quant_copy(x, qr, R, (size_t)ql,
+                                       act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)), 1);
+    if (!x->oom) {
+        dlinear(x, q, qr, qrq, R, &ly->wq_b);
+        dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
+        dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
+    }
+    if (!x->oom && ly->overlap) {
+        dlinear(x, iq, qr, qrq, R, &ly->i_wq_b);
         dv->rope(be, iq, R * IH, (size_t)ID, (size_t)(ID - rd), rd, m->inv_freq_comp, x->pos, IH);
         if (official) {
             if (is_pow2((size_t)ID)) dv->hadamard(be, iq, R * IH, (size_t)ID);
             dv->fq(be, iq, R * IH, (size_t)ID, (size_t)ID, 32, 1);
         }
     }
-    return 0;
+    djoin(x);
+    return x->oom ? RC_ENOMEM : 0;
 }
 
 /* the state and the attention op: o from q, the window and the blocks */
@@ -1990,11 +2010,22 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
     float *g = dalloc(x, R * (size_t)K * I * sizeof(float));
     float *up = dalloc(x, R * (size_t)K * I * sizeof(float));
     float *dn = dalloc(x, R * (size_t)K * D * sizeof(float));
+    float *sg = dalloc(x, R * (size_t)I * sizeof(float)), *su = dalloc(x, R * (size_t)I * sizeof(float));
+    float *sd = dalloc(x, R * (size_t)D * sizeof(float));
     /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8) */
     const moe_aq aq = moe_act(m, ly);
     const int aq_shared = act_fp8(m, &ly->sw1) || act_fp8(m, &ly->sw3);
     const float *xq = dact_quant_copy(x, xin, R, (size_t)D, aq.any_in || aq_shared, 0); /* the experts read it */
     if (x->oom) return RC_ENOMEM;
+
+    /* the shared expert on lane 1, beside the routed experts */
+    dlane(x, 1);
+    dlinear(x, sg, xin, xq, R, &ly->sw1);
+    dlinear(x, su, xin, xq, R, &ly->sw3);
+    dv->swiglu(be, sg, su, R, I, c->swiglu_limit, NULL);
+    if (act_fp8(m, &ly->sw2) && !dv->linear_aq) dv->fq(be, sg, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
+    dlinear(x, sd, sg, dv->linear_aq ? NULL : sg, R, &ly->sw2);
+    dlane(x, 0);
 
     dv->linear(be, logit, xin, R, &ly->gate);
     be_route ra = route_params(m, l);
@@ -2048,15 +2079,13 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
             dv->scatter_add(be, y, dn, drows + a, official ? NULL : rwe, ne, (size_t)D);
         }
         free(hidx); free(rows); free(slot); free(start);
-        if (rc) return rc;
+        if (rc) {
+            djoin(x);
+            return rc;
+        }
     }
-    /* shared expert */
-    dlinear(x, g, xin, xq, R, &ly->sw1);
-    dlinear(x, up, xin, xq, R, &ly->sw3);
-    dv->swiglu(be, g, up, R, I, c->swiglu_limit, NULL);
-    if (act_fp8(m, &ly->sw2) && !dv->linear_aq) dv->fq(be, g, R, (size_t)I, (size_t)I, MD_ACT_BLOCK, 0);
-    dlinear(x, dn, g, dv->linear_aq ? NULL : g, R, &ly->sw2);
-    dv->add(be, y, dn, R * (size_t)D);
+    djoin(x);
+    dv->add(be, y, sd, R * (size_t)D);
     return 0;
 }
 

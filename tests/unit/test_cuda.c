@@ -1349,10 +1349,11 @@ static float *decode_batch(md_model *m, md_seq **s, int nb, const int32_t *ids, 
     return lg;
 }
 
-/* The device graph's regions replayed from CUDA graphs (DEEPINFER_CUDA_GRAPHS, default on) run the same kernels on
- * the same addresses as the eager ops: decode steps (one sequence, then three together, through CSA / HCA / SWA
- * layers, entries completing on some steps and not others) give the same logits bit for bit with and without, and
- * the regions are recorded and replayed where they should be (not where the experts' fallback downloads). */
+/* The device graph's regions replayed from CUDA graphs (DEEPINFER_CUDA_GRAPHS, default on) and their independent
+ * chains on lanes (DEEPINFER_CUDA_LANES, default on) run the same kernels on the same addresses as the eager ops on
+ * one stream: decode steps (one sequence, then three together, through CSA / HCA / SWA layers, entries completing
+ * on some steps and not others) give the same logits bit for bit with and without either, and the regions are
+ * recorded and replayed where they should be (not where the experts' fallback downloads). */
 static void test_decode_graphs(void **st)
 {
     (void)st;
@@ -1361,51 +1362,60 @@ static void test_decode_graphs(void **st)
         {"tiny-hca16", BCU_MATH_BF16X3, 0},        {"tiny-hash-swa", BCU_MATH_BF16X3, 0},
         {"tiny-mixed", BCU_MATH_FP32, 0},
     };
+    /* graphs, lanes: the first is the reference */
+    static const char *const cfg[3][2] = {{"0", "0"}, {"0", "1"}, {"1", "1"}};
     for (int k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
-        setenv("DEEPINFER_CUDA_GRAPHS", "0", 1);
-        be_backend *ge = cuda(cases[k].math);
-        unsetenv("DEEPINFER_CUDA_GRAPHS");
-        be_backend *gg = cuda(cases[k].math);
-        md_model *me = load(fixture(cases[k].fx), ge), *mg = load(fixture(cases[k].fx), gg);
-        const int V = md_model_config(me)->vocab_size;
+        be_backend *be[3];
+        md_model *mm[3];
+        float *out[3][2];
+        for (int g = 0; g < 3; g++) {
+            setenv("DEEPINFER_CUDA_GRAPHS", cfg[g][0], 1);
+            setenv("DEEPINFER_CUDA_LANES", cfg[g][1], 1);
+            be[g] = cuda(cases[k].math);
+            unsetenv("DEEPINFER_CUDA_GRAPHS");
+            unsetenv("DEEPINFER_CUDA_LANES");
+            mm[g] = load(fixture(cases[k].fx), be[g]);
+        }
+        const int V = md_model_config(mm[0])->vocab_size, nl = md_model_config(mm[0])->n_layers;
         int32_t *ids = make_ids(200, V, 31 + (uint64_t)k);
-        float *out[2][2];
-        for (int g = 0; g < 2; g++) {
-            md_model *m = g ? mg : me;
+        for (int g = 0; g < 3; g++) {
             rc_err err = {0};
             md_seq *s[3];
             for (int b = 0; b < 3; b++) {
-                s[b] = md_seq_create(m);
+                s[b] = md_seq_create(mm[g]);
                 md_segment pre = {.seq = s[b], .ids = ids + 10 * b, .n = 37 + (size_t)b};
-                if (md_forward(m, &pre, 1, &err)) fail_msg("md_forward: %s", err.msg);
+                if (md_forward(mm[g], &pre, 1, &err)) fail_msg("md_forward: %s", err.msg);
             }
-            out[g][0] = decode_batch(m, s, 1, ids + 50, 24);
-            out[g][1] = decode_batch(m, s, 3, ids + 80, 12);
-            if (be_cuda_error(g ? gg : ge)) fail_msg("%s: %s", cases[k].fx, be_cuda_error(g ? gg : ge));
+            out[g][0] = decode_batch(mm[g], s, 1, ids + 50, 24);
+            out[g][1] = decode_batch(mm[g], s, 3, ids + 80, 12);
+            if (be_cuda_error(be[g])) fail_msg("%s: %s", cases[k].fx, be_cuda_error(be[g]));
             for (int b = 0; b < 3; b++) md_seq_free(s[b]);
         }
-        size_t cap[2], rep[2], eag[2];
-        bcu_graph_stats(ge, &cap[0], &rep[0], &eag[0]);
-        bcu_graph_stats(gg, &cap[1], &rep[1], &eag[1]);
-        const int same1 = !memcmp(out[0][0], out[1][0], 24 * (size_t)V * sizeof(float));
-        const int same3 = !memcmp(out[0][1], out[1][1], 36 * (size_t)V * sizeof(float));
-        const int nl = md_model_config(me)->n_layers;
-        printf("  %-18s %-6s graphs: %zu recorded, %zu replayed, %zu eager (off: %zu / %zu); decode B=1 %s, B=3 %s\n",
-               cases[k].fx, bcu_math_name(cases[k].math), cap[1], rep[1], eag[1], cap[0], rep[0],
-               same1 ? "bit-identical" : "DIFFERENT", same3 ? "bit-identical" : "DIFFERENT");
-        if (!same1 || !same3) fail_msg("%s: decode with CUDA graphs differs from without", cases[k].fx);
-        if (cap[0] || rep[0]) fail_msg("DEEPINFER_CUDA_GRAPHS=0 recorded or replayed regions");
+        size_t cap[3], rep[3], eag[3];
+        int same = 1;
+        for (int g = 0; g < 3; g++) {
+            bcu_graph_stats(be[g], &cap[g], &rep[g], &eag[g]);
+            if (g)
+                same &= !memcmp(out[0][0], out[g][0], 24 * (size_t)V * sizeof(float)) &&
+                        !memcmp(out[0][1], out[g][1], 36 * (size_t)V * sizeof(float));
+        }
+        printf("  %-18s %-6s graphs: %zu recorded, %zu replayed, %zu eager; decode B=1 and B=3 with lanes, with lanes "
+               "and graphs vs neither: %s\n", cases[k].fx, bcu_math_name(cases[k].math), cap[2], rep[2], eag[2],
+               same ? "bit-identical" : "DIFFERENT");
+        if (!same) fail_msg("%s: decode with lanes / CUDA graphs differs from without", cases[k].fx);
+        if (cap[0] || rep[0] || cap[1] || rep[1]) fail_msg("DEEPINFER_CUDA_GRAPHS=0 recorded or replayed regions");
         /* 36 forwards of nl layers, 3 regions each: most are replays; the FFN half is replayed only where the
          * grouped expert op takes the experts (else the fallback downloads and the region stays eager) */
         const size_t regions = 36 * (size_t)nl * 3, floor = regions * (cases[k].experts_replay ? 3 : 2) / 3 / 2;
-        if (rep[1] < floor) fail_msg("%s: %zu replays of %zu regions, expected at least %zu", cases[k].fx, rep[1], regions, floor);
-        if (!cases[k].experts_replay && eag[1] < 36 * (size_t)nl) fail_msg("%s: the FFN halves were not all eager", cases[k].fx);
-        for (int g = 0; g < 2; g++) free(out[g][0]), free(out[g][1]);
+        if (rep[2] < floor) fail_msg("%s: %zu replays of %zu regions, expected at least %zu", cases[k].fx, rep[2], regions, floor);
+        if (!cases[k].experts_replay && eag[2] < 36 * (size_t)nl) fail_msg("%s: the FFN halves were not all eager", cases[k].fx);
+        for (int g = 0; g < 3; g++) {
+            free(out[g][0]);
+            free(out[g][1]);
+            md_model_free(mm[g]);
+            be_cuda_destroy(be[g]);
+        }
         free(ids);
-        md_model_free(me);
-        md_model_free(mg);
-        be_cuda_destroy(ge);
-        be_cuda_destroy(gg);
     }
 }
 

@@ -86,6 +86,22 @@ typedef struct {
 
 enum { GR_SETS = 256, GR_WAYS = 4 };
 
+/* a lane of the device graph (be_dev_ops.lane): a stream and what ops on it must not share with ops on another
+ * (the scratch, a cuBLAS handle and its workspace, the cuBLASLt handle).  The active lane's are in cuda_be's own
+ * fields (st, blas, ...); the others wait here */
+typedef struct {
+    cudaStream_t st;
+    cublasHandle_t blas;
+    void *blas_ws;
+    char *scratch;
+    size_t scratch_cap;
+    bcu_fp8lt *f8;
+    cudaEvent_t ev; /* its tail, recorded at a join */
+    int made, used; /* used: ops issued on it since the last join */
+} lane_t;
+
+enum { NLANE = 3 };
+
 /* one slot of the KV mirror: the device copy of a full KV block (id 0 = free) */
 typedef struct {
     uint64_t id;
@@ -186,6 +202,11 @@ typedef struct {
     uint64_t g_gen, g_clock;
     size_t g_captures, g_replays, g_eager;
     void *blas_ws; /* cuBLAS's workspace, ours (a capture must not make cuBLAS allocate) */
+    /* lanes (DEEPINFER_CUDA_LANES, default 1): independent chains of a region on their own streams */
+    int lanes_on, lane;
+    lane_t lanes[NLANE]; /* [lane] is stale while it is the active one */
+    cudaEvent_t fork_ev;
+    int have_fork_ev;
     int prof_on;
     bcu_profile prof;
     int failed;
@@ -473,6 +494,7 @@ static const wentry *weight(cuda_be *c, const be_weight *w)
         e->ds32 = (float *)((char *)e->ds + up256(sb));
         r = bcu_e8m0_to_f32(e->ds32, bcu_fp8lt_sw_ld(w->cols), (const uint8_t *)e->ds, nb, kb, c->st);
     }
+    if (r == cudaSuccess) r = cudaStreamSynchronize(c->st); /* ops on other lanes may read it */
     if (r != cudaSuccess) {
         fail(c, "uploading a [%lld, %lld] weight: %s", (long long)w->rows, (long long)w->cols, cudaGetErrorString(r));
         entry_free(c, e);
@@ -501,7 +523,9 @@ static const float *norm_weight(cuda_be *c, const float *w, size_t dim)
     }
     e->bytes = dim * 4;
     c->weight_bytes += e->bytes;
-    if (cudaMemcpyAsync(e->d, w, dim * 4, cudaMemcpyHostToDevice, c->st) != cudaSuccess) {
+    /* waits: a parameter may be read by ops on other lanes (a RoPE table) */
+    if (cudaMemcpyAsync(e->d, w, dim * 4, cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
+        cudaStreamSynchronize(c->st) != cudaSuccess) {
         fail(c, "uploading an rmsnorm weight failed");
         entry_free(c, e);
         return NULL;
@@ -1673,10 +1697,13 @@ static void *ar_alloc(cuda_be *c, arena_t *a, size_t bytes)
     return q;
 }
 
+static void lane_join(cuda_be *c);
+
 static void dv_reset(be_backend *be)
 {
     cuda_be *c = get(be);
     pthread_mutex_lock(&c->lock);
+    lane_join(c);
     if (!c->failed) {
         g_touch(c, "reset");
         DV_CU(cudaSetDevice(c->device));
@@ -1732,6 +1759,7 @@ static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!bytes) return;
     DV_ENTER(BCU_PROF_XFER);
+    lane_join(c); /* the pinned ring's copies are on lane 0 (its wrap waits for lane 0) */
     g_touch(c, "an upload");
     const size_t need = up256(bytes);
     if (c->up_used + need > c->up_cap) {
@@ -1766,6 +1794,7 @@ static void attn_flags_check(cuda_be *c)
 static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
+    lane_join(c); /* a download waits for everything */
     g_touch(c, "a download");
     /* large downloads through pinned memory: a pageable copy of 100+ MB runs at a fraction of the link's speed */
     const int pin = bytes >= ((size_t)1 << 20) && !grow(c, &c->down, &c->down_cap, bytes, 1);
@@ -1780,6 +1809,7 @@ static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 static const void *dv_view(be_backend *be, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
+    lane_join(c);
     g_touch(c, "a download");
     if (!grow(c, &c->down, &c->down_cap, bytes ? bytes : 1, 1) && bytes)
         DV_CU(cudaMemcpyAsync(c->down, src, bytes, cudaMemcpyDeviceToHost, c->st));
@@ -2081,6 +2111,7 @@ static int dv_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int n
 {
     int rc = -1;
     DV_ENTER(BCU_PROF_ATTENTION);
+    lane_join(c); /* its staging and workspace are lane 0's */
     g_touch(c, "the attention op");
     rc = ntok < 1 ? 0 : attn_locked(c, seqs, nseq, ntok, a, 1);
     DV_LEAVE;
@@ -2095,6 +2126,91 @@ static int dv_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int n
  * experts' fallback); the next run is captured (its launches recorded, not run), instantiated and launched; later
  * runs launch the recording and move the arenas to where the region's allocs left them.  A reallocation of
  * anything a recording may point into (the scratch, a weight, the expert tables) voids every recording (g_gen). */
+
+/* ---- lanes (be_dev_ops.lane / join) */
+
+/* lane k's stream, handle and workspace, made at its first use */
+static int lane_make(cuda_be *c, lane_t *L)
+{
+    if (L->made) return 0;
+    g_touch(c, "making a lane");
+    if (!c->have_fork_ev) {
+        CU(cudaEventCreateWithFlags(&c->fork_ev, cudaEventDisableTiming));
+        c->have_fork_ev = 1;
+    }
+    CU(cudaStreamCreateWithFlags(&L->st, cudaStreamNonBlocking));
+    L->made = 1; /* teardown frees what exists from here on */
+    CU(cudaEventCreateWithFlags(&L->ev, cudaEventDisableTiming));
+    if (cublasCreate(&L->blas) != CUBLAS_STATUS_SUCCESS) {
+        L->blas = NULL;
+        return fail(c, "cublasCreate for a lane failed");
+    }
+    CU(cudaMalloc(&L->blas_ws, (size_t)32 << 20));
+    if (cublasSetStream(L->blas, L->st) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(L->blas, c->math == BCU_MATH_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(L->blas, L->blas_ws, (size_t)32 << 20) != CUBLAS_STATUS_SUCCESS)
+        return fail(c, "cuBLAS setup for a lane failed");
+    return 0;
+}
+
+/* the active lane's resources into lanes[c->lane], lane k's out */
+static void lane_swap(cuda_be *c, int k)
+{
+    lane_t *o = &c->lanes[c->lane], *n = &c->lanes[k];
+    o->st = c->st;
+    o->blas = c->blas;
+    o->blas_ws = c->blas_ws;
+    o->scratch = c->scratch;
+    o->scratch_cap = c->scratch_cap;
+    o->f8 = c->f8;
+    c->st = n->st;
+    c->blas = n->blas;
+    c->blas_ws = n->blas_ws;
+    c->scratch = n->scratch;
+    c->scratch_cap = n->scratch_cap;
+    c->f8 = n->f8;
+    c->lane = k;
+}
+
+/* back to lane 0, which waits for every lane used since the last join */
+static void lane_join(cuda_be *c)
+{
+    if (c->lane) lane_swap(c, 0);
+    for (int k = 1; k < NLANE; k++) {
+        lane_t *L = &c->lanes[k];
+        if (!L->used) continue;
+        L->used = 0;
+        if (c->failed) continue;
+        DV_CU(cudaEventRecord(L->ev, L->st));
+        DV_CU(cudaStreamWaitEvent(c->st, L->ev, 0));
+    }
+}
+
+/* the ops after this run on lane k (0: the main one), which first waits for everything issued on lane 0 so far */
+static void dv_lane(be_backend *be, int k)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    if (c->lanes_on && !c->prof_on && !c->failed && k >= 0 && k < NLANE && k != c->lane) {
+        if (k && !lane_make(c, &c->lanes[k])) {
+            cudaStream_t main_st = c->lane ? c->lanes[0].st : c->st;
+            DV_CU(cudaEventRecord(c->fork_ev, main_st));
+            DV_CU(cudaStreamWaitEvent(c->lanes[k].st, c->fork_ev, 0));
+            c->lanes[k].used = 1;
+        }
+        if (!c->failed) lane_swap(c, k);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void dv_join(be_backend *be)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    lane_join(c);
+    pthread_mutex_unlock(&c->lock);
+}
 
 static void gr_drop(gregion *e)
 {
@@ -2173,6 +2289,7 @@ static void dv_graph_end(be_backend *be)
     pthread_mutex_lock(&c->lock);
     gregion *e = c->g_cur;
     c->g_cur = NULL;
+    lane_join(c); /* a capture ends with every lane joined */
     if (e && c->g_capturing) {
         c->g_capturing = 0;
         cudaGraph_t g = NULL;
@@ -2233,6 +2350,8 @@ static const be_dev_ops cuda_dev_ops = {
     /* .alloc_keep = */ dv_alloc_keep,
     /* .graph_begin = */ dv_graph_begin,
     /* .graph_end = */ dv_graph_end,
+    /* .lane = */ dv_lane,
+    /* .join = */ dv_join,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2286,6 +2405,19 @@ static void teardown(cuda_be *c)
 {
     if (!c) return;
     cudaSetDevice(c->device);
+    if (c->lane) lane_swap(c, 0);
+    for (int k = 1; k < NLANE; k++) {
+        lane_t *L = &c->lanes[k];
+        if (!L->made) continue;
+        cudaStreamSynchronize(L->st);
+        if (L->blas) cublasDestroy(L->blas);
+        if (L->blas_ws) cudaFree(L->blas_ws);
+        if (L->scratch) cudaFree(L->scratch);
+        bcu_fp8lt_destroy(L->f8);
+        cudaEventDestroy(L->ev);
+        cudaStreamDestroy(L->st);
+    }
+    if (c->have_fork_ev) cudaEventDestroy(c->fork_ev);
     if (c->gr)
         for (int i = 0; i < GR_SETS * GR_WAYS; i++) gr_drop(&c->gr[i]);
     free(c->gr);
@@ -2379,6 +2511,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
+    c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
     const char *what = "";
     cudaDeviceProp prop;
