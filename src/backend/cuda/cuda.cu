@@ -2154,22 +2154,18 @@ static int lane_make(cuda_be *c, lane_t *L)
     return 0;
 }
 
+/* what a lane owns, in cuda_be's fields while it is the active one */
+#define LANE_FIELDS(X) X(st) X(blas) X(blas_ws) X(scratch) X(scratch_cap) X(f8)
+#define LANE_SAVE(f) o->f = c->f;
+#define LANE_LOAD(f) c->f = n->f;
+
 /* the active lane's resources into lanes[c->lane], lane k's out */
 static void lane_swap(cuda_be *c, int k)
 {
-    lane_t *o = &c->lanes[c->lane], *n = &c->lanes[k];
-    o->st = c->st;
-    o->blas = c->blas;
-    o->blas_ws = c->blas_ws;
-    o->scratch = c->scratch;
-    o->scratch_cap = c->scratch_cap;
-    o->f8 = c->f8;
-    c->st = n->st;
-    c->blas = n->blas;
-    c->blas_ws = n->blas_ws;
-    c->scratch = n->scratch;
-    c->scratch_cap = n->scratch_cap;
-    c->f8 = n->f8;
+    lane_t *o = &c->lanes[c->lane];
+    const lane_t *n = &c->lanes[k];
+    LANE_FIELDS(LANE_SAVE)
+    LANE_FIELDS(LANE_LOAD)
     c->lane = k;
 }
 
