@@ -1741,7 +1741,8 @@ static size_t dv_mark(be_backend *be)
 }
 
 /* back to mark m: the memory allocated since is reused by later allocs, whose ops run after the ops already on the
- * stream (one stream), so nothing is overwritten before it is read */
+ * stream (lane 0, which every lane has joined by then: the graph releases outside its regions), so nothing is
+ * overwritten before it is read */
 static void dv_release(be_backend *be, size_t m)
 {
     cuda_be *c = get(be);
