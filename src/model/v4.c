@@ -1558,11 +1558,13 @@ static float *dact_quant_copy(dev_ctx *x, const float *src, size_t R, size_t K, 
  * one at a time, and a recording of its regions would be used a few times at most. */
 #define DEV_REGION_ROWS 512
 
+static int dev_regions(const dev_ctx *x) { return x->rw->R <= DEV_REGION_ROWS; }
+
 /* A region of launches (be_dev_ops.graph_begin): 1 when the backend replayed it (skip its ops).  The tag names
  * what decides the region's ops: the model, its semantics, the layer, the region, the batch's rows. */
 static int dregion_begin(dev_ctx *x, int l, int part)
 {
-    if (!x->dv->graph_begin || !x->dv->graph_end || x->rw->R > DEV_REGION_ROWS) return 0;
+    if (!x->dv->graph_begin || !x->dv->graph_end || !dev_regions(x)) return 0;
     const uint64_t v[5] = {(uint64_t)(uintptr_t)x->m, (uint64_t)x->m->sem, (uint64_t)l, (uint64_t)part,
                            (uint64_t)x->rw->R};
     uint64_t tag = 1469598103934665603ull;
@@ -1572,18 +1574,18 @@ static int dregion_begin(dev_ctx *x, int l, int part)
 
 static void dregion_end(dev_ctx *x)
 {
-    if (x->dv->graph_begin && x->dv->graph_end && x->rw->R <= DEV_REGION_ROWS) x->dv->graph_end(x->be);
+    if (x->dv->graph_begin && x->dv->graph_end && dev_regions(x)) x->dv->graph_end(x->be);
 }
 
 /* independent chains of ops on the backend's lanes (be_dev_ops.lane; without it all on one) */
 static void dlane(dev_ctx *x, int k)
 {
-    if (x->dv->lane && x->dv->join && x->rw->R <= DEV_REGION_ROWS) x->dv->lane(x->be, k);
+    if (x->dv->lane && x->dv->join && dev_regions(x)) x->dv->lane(x->be, k);
 }
 
 static void djoin(dev_ctx *x)
 {
-    if (x->dv->lane && x->dv->join && x->rw->R <= DEV_REGION_ROWS) x->dv->join(x->be);
+    if (x->dv->lane && x->dv->join && dev_regions(x)) x->dv->join(x->be);
 }
 
 /* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */

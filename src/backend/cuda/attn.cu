@@ -362,10 +362,7 @@ __global__ void __launch_bounds__(IX_NT) ix_mma_kernel(IxArgs a)
         const uint16_t *qa = Qs + (16 * mt + g) * LD + 2 * qq;
         for (int ks = 0; ks < a.ID / 16; ks++) {
             uint32_t af[4];
-            af[0] = *(const uint32_t *)(qa + 16 * ks);
-            af[1] = *(const uint32_t *)(qa + 8 * LD + 16 * ks);
-            af[2] = *(const uint32_t *)(qa + 16 * ks + 8);
-            af[3] = *(const uint32_t *)(qa + 8 * LD + 16 * ks + 8);
+            rd_afrag(af, qa + 16 * ks, LD);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const uint16_t *kb = Ks + (32 * nh + 8 * j + g) * LD + 16 * ks + 2 * qq;
@@ -1024,10 +1021,7 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
 #pragma unroll
             for (int ks = 0; ks < 8; ks++) {
                 uint32_t af[4];
-                af[0] = *(const uint32_t *)(qa + 16 * ks);
-                af[1] = *(const uint32_t *)(qa + 8 * AM_QLD + 16 * ks);
-                af[2] = *(const uint32_t *)(qa + 16 * ks + 8);
-                af[3] = *(const uint32_t *)(qa + 8 * AM_QLD + 16 * ks + 8);
+                rd_afrag(af, qa + 16 * ks, AM_QLD);
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {
                     const uint16_t *kb = Ks + (8 * nt + g) * AM_QLD + 128 * dq + 16 * ks + 2 * qq;

@@ -2130,6 +2130,22 @@ static int dv_attention(be_backend *be, const be_attn_seq *seqs, int nseq, int n
 
 /* ---- lanes (be_dev_ops.lane / join) */
 
+/* a cuBLAS handle's stream, math mode (fp32: no TF32, no reduced-precision reductions) and workspace, ours (32 MiB,
+ * its Hopper size: a region being captured must not make cuBLAS allocate one); *ws NULL on a failed cudaMalloc */
+static cublasStatus_t blas_setup(cublasHandle_t h, cudaStream_t st, bcu_math math, void **ws)
+{
+    cublasStatus_t bs;
+    if ((bs = cublasSetStream(h, st)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetMathMode(h, math == BCU_MATH_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH)) !=
+            CUBLAS_STATUS_SUCCESS)
+        return bs;
+    if (cudaMalloc(ws, (size_t)32 << 20) != cudaSuccess) {
+        *ws = NULL;
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    }
+    return cublasSetWorkspace(h, *ws, (size_t)32 << 20);
+}
+
 /* lane k's stream, handle and workspace, made at its first use */
 static int lane_make(cuda_be *c, lane_t *L)
 {
@@ -2146,12 +2162,8 @@ static int lane_make(cuda_be *c, lane_t *L)
         L->blas = NULL;
         return fail(c, "cublasCreate for a lane failed");
     }
-    CU(cudaMalloc(&L->blas_ws, (size_t)32 << 20));
-    if (cublasSetStream(L->blas, L->st) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(L->blas, c->math == BCU_MATH_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH) !=
-            CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(L->blas, L->blas_ws, (size_t)32 << 20) != CUBLAS_STATUS_SUCCESS)
-        return fail(c, "cuBLAS setup for a lane failed");
+    const cublasStatus_t bs = blas_setup(L->blas, L->st, c->math, &L->blas_ws);
+    if (bs != CUBLAS_STATUS_SUCCESS) return fail(c, "cuBLAS setup for a lane failed: %s", cublasGetStatusString(bs));
     return 0;
 }
 
@@ -2537,21 +2549,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
         goto fail;
     }
     c->have_blas = 1;
-    /* FP32 mode: no TF32, no reduced-precision reductions */
-    if ((bs = cublasSetStream(c->blas, c->st)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetMathMode(c->blas, math == BCU_MATH_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH)) !=
-            CUBLAS_STATUS_SUCCESS) {
+    if ((bs = blas_setup(c->blas, c->st, math, &c->blas_ws)) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cuBLAS setup failed: %s", cublasGetStatusString(bs));
-        goto fail;
-    }
-    /* cuBLAS's workspace, ours: a region being captured must not make it allocate one (32 MiB: its Hopper size) */
-    if ((r = cudaMalloc(&c->blas_ws, (size_t)32 << 20)) != cudaSuccess) {
-        c->blas_ws = NULL;
-        what = "cudaMalloc (cuBLAS workspace)";
-        goto cuda_fail;
-    }
-    if ((bs = cublasSetWorkspace(c->blas, c->blas_ws, (size_t)32 << 20)) != CUBLAS_STATUS_SUCCESS) {
-        snprintf(err, errlen, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
         goto fail;
     }
     c->host = be_cpu_create(threads);

@@ -25,6 +25,16 @@ __device__ __forceinline__ void rd_mma(float d[4], const uint32_t a[4], uint32_t
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* the m16n8k16 A fragment of a bf16 / f16 tile in shared memory: p = the tile's row g (lane / 4), column 2 (lane % 4)
+ * of the 16-column step, rows ld elements apart */
+__device__ __forceinline__ void rd_afrag(uint32_t a[4], const uint16_t *p, int ld)
+{
+    a[0] = *(const uint32_t *)p;
+    a[1] = *(const uint32_t *)(p + 8 * ld);
+    a[2] = *(const uint32_t *)(p + 8);
+    a[3] = *(const uint32_t *)(p + 8 * ld + 8);
+}
+
 /* the same product with f16 inputs (the decode row-dot on act_quant'd x: codes against codes) */
 __device__ __forceinline__ void rd_mma_h(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
