@@ -751,6 +751,7 @@ template <int NG>
 __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
 {
     constexpr int D = 128 * NG;
+    static_assert((AT_HB * D / 4) % AT_NT == 0 && (AT_KT * D / 4) % AT_NT == 0, "whole rounds of loads");
     extern __shared__ float4 at_sm4[];
     float *Qs = (float *)at_sm4;       /* [AT_HB][D] */
     float *Ks = Qs + AT_HB * D;        /* [AT_KT][D] */
@@ -775,8 +776,10 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     }
 
     const float4 *q4 = (const float4 *)(a.q + ((size_t)row * a.H + h0) * D);
-    for (int i = tid; i < AT_HB * D / 4; i += AT_NT) {
-        const int h = i / (D / 4);
+    /* all of a thread's loads in flight at once (compile-time trip counts: D is a multiple of 128) */
+#pragma unroll
+    for (int r = 0; r < AT_HB * D / 4 / AT_NT; r++) {
+        const int i = tid + r * AT_NT, h = i / (D / 4);
         ((float4 *)Qs)[i] = h0 + h < a.H ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     if (tid < AT_HB) {
@@ -795,8 +798,9 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
         __syncthreads(); /* Q and the stats are in; the previous tile's Ks, Pt and kp are consumed */
         if (tid < AT_KT) kp[tid] = key_of(rs, a, t * AT_KT + tid, n, D); /* NULL: masked below */
         __syncthreads();
-        for (int i = tid; i < AT_KT * D / 4; i += AT_NT) {
-            const int j = i / (D / 4), c4 = i % (D / 4);
+#pragma unroll 4 /* (8 rounds at NG = 4 would spill beside O's registers) */
+        for (int r = 0; r < AT_KT * D / 4 / AT_NT; r++) {
+            const int i = tid + r * AT_NT, j = i / (D / 4), c4 = i % (D / 4);
             const float *p = kp[j];
             ((float4 *)Ks)[i] = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
@@ -1158,26 +1162,45 @@ struct MgArgs {
     float *out;
 };
 
-/* block (head, row), thread i = channel pair 2i, 2i+1 */
+/* block (head, row), thread i = channel pair 2i, 2i+1.  The splits' (max, sum) pairs come into shared memory in
+ * one round of loads (S of them, dynamic shared memory), then the partial outputs in rounds of MG_U independent
+ * loads; the sums run in split order as they always did (a loop of dependent loads per split cost 8-12 us at batch
+ * 1, where S is 8-132). */
+#define MG_U 16
 __global__ void at_merge_kernel(MgArgs a)
 {
+    extern __shared__ float2 mg_ml[]; /* [S] */
     const int h = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
     bcu_attn_seq s;
     if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
     const int64_t pos = s.p0 + (row - s.row0);
     const size_t base = (size_t)row * a.S;
+    for (int sp = i; sp < a.S; sp += (int)blockDim.x) mg_ml[sp] = a.ml[(base + sp) * a.H + h];
     const float sink = a.sink[h];
+    __syncthreads();
     float M = sink;
-    for (int sp = 0; sp < a.S; sp++) M = fmaxf(M, a.ml[(base + sp) * a.H + h].x);
+    for (int sp = 0; sp < a.S; sp++) M = fmaxf(M, mg_ml[sp].x);
     float L = expf(sink - M), o0 = 0.0f, o1 = 0.0f;
-    for (int sp = 0; sp < a.S; sp++) {
-        const float2 v = a.ml[(base + sp) * a.H + h];
-        if (v.x == -INFINITY) continue;
-        const float w = expf(v.x - M);
-        L += v.y * w;
-        const float2 p = *(const float2 *)&a.po[((base + sp) * a.H + h) * a.D + 2 * i];
-        o0 = fmaf(w, p.x, o0);
-        o1 = fmaf(w, p.y, o1);
+    for (int c = 0; c < a.S; c += MG_U) {
+        float2 p[MG_U];
+#pragma unroll
+        for (int u = 0; u < MG_U; u++) {
+            const int sp = c + u;
+            p[u] = sp < a.S && mg_ml[sp].x != -INFINITY
+                       ? *(const float2 *)&a.po[((base + sp) * a.H + h) * a.D + 2 * i]
+                       : make_float2(0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < MG_U; u++) {
+            const int sp = c + u;
+            if (sp >= a.S) break;
+            const float2 v = mg_ml[sp];
+            if (v.x == -INFINITY) continue;
+            const float w = expf(v.x - M);
+            L += v.y * w;
+            o0 = fmaf(w, p[u].x, o0);
+            o1 = fmaf(w, p[u].y, o1);
+        }
     }
     o0 /= L;
     o1 /= L;
@@ -1299,6 +1322,6 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     ma.ml = aa.ml;
     ma.po = aa.po;
     ma.out = a->out;
-    at_merge_kernel<<<dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), 0, st>>>(ma);
+    at_merge_kernel<<<dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), (size_t)aa.S * sizeof(float2), st>>>(ma);
     return cudaGetLastError();
 }
