@@ -661,7 +661,7 @@ int main(int argc, char **argv)
                     fprintf(stderr, BENCH_NAME ": decode B=%d P=%ld ...", r->B, r->P);
                     run_decode(base, r, reps);
                     floors(M, bw, pk, r);
-                    fprintf(stderr, " %.1f ms/step (%.1f without the layer hook", r->step_ms, r->free_ms);
+                    fprintf(stderr, " %.3f ms/step (%.3f without the layer hook", r->step_ms, r->free_ms);
                     if (on_gpu) {
                         size_t gc, gr, ge;
                         bcu_graph_stats(M->be, &gc, &gr, &ge);
@@ -744,7 +744,7 @@ int main(int argc, char **argv)
                     snprintf(pct, sizeof pct, "%.1f%%", 100 * r->floor_ms[q] / r->ms[q]);
                     bound = r->bw_ms[q] >= r->floor_ms[q] * 0.999 ? "bytes" : "FLOPs";
                 }
-                fprintf(f, "| %s | %d | %ld | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cs, r->B, r->P,
+                fprintf(f, "| %s | %d | %ld | %s | %.3f | %.3f | %.3f | %s | %s | %s | %s | %s |\n", cs, r->B, r->P,
                         kind_name[q], r->ms[q], r->attn_ms[q], r->ffn_ms[q], fl, bound, pct, hfs, ratio);
             }
         }

@@ -1909,18 +1909,21 @@ static int attn_proj_dev(dev_ctx *x, int l, const float *xin, const attn_bufs *b
     dv->rmsnorm(be, qr, qr, R, (size_t)ql, ly->q_norm, c->rms_eps);
     const float *qrq = dact_quant_copy(x, qr, R, (size_t)ql,
                                        act_fp8(m, &ly->wq_b) || (ly->overlap && act_fp8(m, &ly->i_wq_b)), 1);
-    if (!x->oom) {
-        dlinear(x, q, qr, qrq, R, &ly->wq_b);
-        dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
-        dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
-    }
+    /* the indexer's q on lane 2 (which first waits for the q latent), beside q's own chain on lane 0 */
     if (!x->oom && ly->overlap) {
+        dlane(x, 2);
         dlinear(x, iq, qr, qrq, R, &ly->i_wq_b);
         dv->rope(be, iq, R * IH, (size_t)ID, (size_t)(ID - rd), rd, m->inv_freq_comp, x->pos, IH);
         if (official) {
             if (is_pow2((size_t)ID)) dv->hadamard(be, iq, R * IH, (size_t)ID);
             dv->fq(be, iq, R * IH, (size_t)ID, (size_t)ID, 32, 1);
         }
+        dlane(x, 0);
+    }
+    if (!x->oom) {
+        dlinear(x, q, qr, qrq, R, &ly->wq_b);
+        dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
+        dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
     }
     djoin(x);
     return x->oom ? RC_ENOMEM : 0;

@@ -590,25 +590,15 @@ __device__ __forceinline__ void rd_store_y(const MmArgs &a, float *y, float *Sx,
         const int tau = e / C::RB, ol = e - tau * C::RB;
         const int64_t o = ob + ol;
         if (o >= a.n) continue;
-        /* the peers' partials loaded together (ns <= 8: mm_geom's slices), then summed in slice order */
-        float v[8][C::NPL];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < ns) {
-                const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + C::NPL * tau * C::RBP + ol;
-#pragma unroll
-                for (int p = 0; p < C::NPL; p++) v[j][p] = src[p * C::RBP];
-            }
         float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < ns) {
-                A0 = A0 + v[j][0];
-                if (C::NPL == 3) {
-                    A1 = A1 + v[j][C::NPL == 3 ? 1 : 0];
-                    A2 = A2 + v[j][C::NPL == 3 ? 2 : 0];
-                }
+        for (int j = 0; j < ns; j++) {
+            const float *src = (ns > 1 ? rd_cluster_peer(Sx, j) : Sx) + C::NPL * tau * C::RBP + ol;
+            A0 = A0 + src[0];
+            if (C::NPL == 3) {
+                A1 = A1 + src[C::RBP];
+                A2 = A2 + src[2 * C::RBP];
             }
+        }
         y[(t0 + tau) * a.ldy + o] = C::NPL == 3 ? A0 + (A1 + A2) : A0;
     }
     if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
@@ -963,8 +953,21 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
 #pragma unroll
     for (int i = 0; i < C::PD; i++)
         if (i < nc) wload(cs + i, wr[i], sr[i]);
-    /* (before the wait: no kernel writes the scales)
-     * FP8: the scales of the block's row blocks (at most two) and the range's column blocks, [row block][column
+    rd_pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
+
+    /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
+    const int ipc = 16 * tbv; /* items per chunk */
+    for (int it = tid; !XQ && it < nc * ipc; it += C::NT) {
+        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
+        const int64_t xc = 64 * (a.cb + cs + i) * C::EPB - a.c0 + 4 * C::EPB * j;
+        unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
+#pragma unroll
+        for (int e = 0; e < C::EPB; e++) {
+            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, ax + (t0 + tau) * a.ldx + xc + 4 * e);
+            else *(uint4 *)(dst + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    /* FP8: the scales of the block's row blocks (at most two) and the range's column blocks, [row block][column
      * block]; the lane's outputs (columns 2q, 2q+1 of each n8 tile) find theirs at Ss[sb[nt][hh] + column block]
      * (an output past n reads row block 0: its sums are never written) */
     const int cbs = FMT == BCU_RW_FP4 ? 0 : a.bshift - 6; /* chunk -> column block: >> cbs */
@@ -987,20 +990,6 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
                 const int64_t o = ob + 8 * (wn * WN + nt) + 2 * q + hh;
                 sb[nt][hh] = (o < a.n ? (int)((ar0 + o) >> a.bshift) - rb0 : 0) * ncb - cb0;
             }
-    }
-    rd_pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
-
-    /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
-    const int ipc = 16 * tbv; /* items per chunk */
-    for (int it = tid; !XQ && it < nc * ipc; it += C::NT) {
-        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
-        const int64_t xc = 64 * (a.cb + cs + i) * C::EPB - a.c0 + 4 * C::EPB * j;
-        unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
-#pragma unroll
-        for (int e = 0; e < C::EPB; e++) {
-            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, ax + (t0 + tau) * a.ldx + xc + 4 * e);
-            else *(uint4 *)(dst + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
-        }
     }
     /* this lane's accumulator slots of Sx start at 0; the A fragments too (the rows of no token stay so) */
 #pragma unroll
