@@ -1322,7 +1322,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     ma.ml = aa.ml;
     ma.po = aa.po;
     ma.out = a->out;
-    const size_t msm = (size_t)aa.S * sizeof(float2); /* S <= 2 SMs' worth (above): a few KB */
+    const size_t msm = (size_t)aa.S * sizeof(float2); /* S <= 2 x the SM count (above): a few KB */
     at_merge_kernel<<<dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), msm, st>>>(ma);
     return cudaGetLastError();
 }
