@@ -1588,6 +1588,40 @@ static void djoin(dev_ctx *x)
     if (x->dv->lane && x->dv->join && dev_regions(x)) x->dv->join(x->be);
 }
 
+/* hc_pre (head 0) or hc_head (head 1) of X, then the RMSNorm of coll with the model's weight w, and (xq != NULL)
+ * act_quant's copy of coll into xq: in one op where the backend fuses them (be_dev_ops.hc_pre_norm) */
+static void dhc_pre_norm(dev_ctx *x, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
+                         float *comb, const float *w, float *xq)
+{
+    const be_dev_ops *dv = x->dv;
+    const float eps = x->m->cfg.rms_eps;
+    if (dv->hc_pre_norm) {
+        dv->hc_pre_norm(x->be, h, head, X, R, coll, post, comb, w, eps, xq);
+        return;
+    }
+    if (head) dv->hc_head(x->be, h, X, R, coll);
+    else dv->hc_pre(x->be, h, X, R, coll, post, comb);
+    dv->rmsnorm(x->be, coll, coll, R, (size_t)h->D, w, eps);
+    if (xq) {
+        dv->copy(x->be, xq, coll, R * (size_t)h->D * sizeof(float));
+        dv->fq(x->be, xq, R, (size_t)h->D, (size_t)h->D, MD_ACT_BLOCK, 0);
+    }
+}
+
+/* rmsnorm of each row of x [rows, dim] in place, then RoPE on its last rd channels at pos[r / per]: in one op where
+ * the backend fuses them (be_dev_ops.norm_rope) */
+static void dnorm_rope(dev_ctx *x, float *v, size_t rows, size_t dim, const float *w, int rd, const float *inv, int per)
+{
+    const be_dev_ops *dv = x->dv;
+    const float eps = x->m->cfg.rms_eps;
+    if (dv->norm_rope) {
+        dv->norm_rope(x->be, v, rows, dim, w, eps, rd, inv, x->pos, per);
+        return;
+    }
+    dv->rmsnorm(x->be, v, v, rows, dim, w, eps);
+    dv->rope(x->be, v, rows, dim, dim - (size_t)rd, rd, inv, x->pos, per);
+}
+
 /* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */
 static int attend_dev_host(dev_ctx *x, int l, md_segment *segs, size_t nseg, const float *q, const float *iq,
                            const float *iw, float *const *kbufs, const int64_t *kst, float *o)
@@ -1890,8 +1924,7 @@ static int attn_proj_dev(dev_ctx *x, int l, const float *xin, const attn_bufs *b
      * they overlap): the window key; the compressors' and the indexer's inputs and weights; q and the indexer's q */
     dlane(x, 1);
     dlinear(x, kv, xin, xq, R, &ly->wkv);
-    dv->rmsnorm(be, kv, kv, R, (size_t)d, ly->kv_norm, c->rms_eps);
-    dv->rope(be, kv, R, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, 1);
+    dnorm_rope(x, kv, R, (size_t)d, ly->kv_norm, rd, inv, 1);
     if (official) dv->fq(be, kv, R, (size_t)d, (size_t)(d - rd), 64, 0);
     if (ly->ratio || ly->overlap) dlane(x, 2);
     if (ly->ratio) {
@@ -1922,8 +1955,7 @@ static int attn_proj_dev(dev_ctx *x, int l, const float *xin, const attn_bufs *b
     }
     if (!x->oom) {
         dlinear(x, q, qr, qrq, R, &ly->wq_b);
-        dv->rmsnorm(be, q, q, R * H, (size_t)d, NULL, c->rms_eps);
-        dv->rope(be, q, R * H, (size_t)d, (size_t)(d - rd), rd, inv, x->pos, H);
+        dnorm_rope(x, q, R * H, (size_t)d, NULL, rd, inv, H);
     }
     djoin(x);
     return x->oom ? RC_ENOMEM : 0;
@@ -2005,7 +2037,15 @@ static void attn_out_dev(dev_ctx *x, int l, const attn_bufs *b, float *out)
     dlinear(x, out, b->u, dv->linear_aq ? NULL : b->u, R, &ly->wo_b);
 }
 
-static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
+/* moe_dev's xq: the layer's experts (routed or shared) take x act_quant'd */
+static int moe_needs_xq(const md_model *m, const md_layer *ly)
+{
+    return moe_act(m, ly).any_in || act_fp8(m, &ly->sw1) || act_fp8(m, &ly->sw3);
+}
+
+/* y = the layer's MoE of xin but the shared expert's output, which *shared gets (hc_post_add adds it); xq: act_quant
+ * of xin (moe_needs_xq), else NULL */
+static int moe_dev(dev_ctx *x, int l, const float *xin, const float *xq, float *y, const float **shared)
 {
     md_model *m = x->m;
     const md_config *c = &m->cfg;
@@ -2023,10 +2063,7 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
     float *dn = dalloc(x, R * (size_t)K * D * sizeof(float));
     float *sg = dalloc(x, R * (size_t)I * sizeof(float)), *su = dalloc(x, R * (size_t)I * sizeof(float));
     float *sd = dalloc(x, R * (size_t)D * sizeof(float));
-    /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8) */
     const moe_aq aq = moe_act(m, ly);
-    const int aq_shared = act_fp8(m, &ly->sw1) || act_fp8(m, &ly->sw3);
-    const float *xq = dact_quant_copy(x, xin, R, (size_t)D, aq.any_in || aq_shared, 0); /* the experts read it */
     if (x->oom) return RC_ENOMEM;
 
     /* the shared expert on lane 1, beside the routed experts */
@@ -2096,7 +2133,7 @@ static int moe_dev(dev_ctx *x, int l, const float *xin, float *y)
         }
     }
     djoin(x);
-    dv->add(be, y, sd, R * (size_t)D);
+    *shared = sd;
     return 0;
 }
 
@@ -2208,8 +2245,7 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         if ((rc = attn_bufs_dev(&x, l, &ab))) break;
         if (!dregion_begin(&x, l, 0)) {
             be_hc h = hc_params(c, ly->hc_attn_fn, ly->hc_attn_base, ly->hc_attn_scale);
-            dv->hc_pre(be, &h, X, R, coll, post, comb);
-            dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->attn_norm, c->rms_eps);
+            dhc_pre_norm(&x, &h, 0, X, R, coll, post, comb, ly->attn_norm, NULL);
             rc = attn_proj_dev(&x, l, coll, &ab);
             dregion_end(&x);
             if (rc) break;
@@ -2227,10 +2263,17 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         if (m->hook) m->hook(m->hook_arg, l, 1);
         if (!dregion_begin(&x, l, 2)) {
             be_hc h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
-            dv->hc_pre(be, &h, X, R, coll, post, comb);
-            dv->rmsnorm(be, coll, coll, R, (size_t)D, ly->ffn_norm, c->rms_eps);
-            rc = moe_dev(&x, l, coll, f);
-            if (!rc) dv->hc_post(be, X, f, post, comb, n, D, R);
+            /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8), made with the norm */
+            float *xq = moe_needs_xq(m, ly) ? dalloc(&x, R * (size_t)D * sizeof(float)) : NULL;
+            dhc_pre_norm(&x, &h, 0, X, R, coll, post, comb, ly->ffn_norm, xq);
+            const float *sd = NULL;
+            rc = x.oom ? RC_ENOMEM : moe_dev(&x, l, coll, xq, f, &sd);
+            if (!rc && dv->hc_post_add) {
+                dv->hc_post_add(be, X, f, sd, post, comb, n, D, R);
+            } else if (!rc) {
+                dv->add(be, f, sd, R * (size_t)D);
+                dv->hc_post(be, X, f, post, comb, n, D, R);
+            }
             dregion_end(&x);
             if (rc) break;
         }
@@ -2267,8 +2310,7 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
             dv->upload(be, dsrc, src, nl * sizeof(int32_t));
             dv->gather(be, hx, X, dsrc, nl, (size_t)n * D);
             be_hc h = hc_params(c, m->hc_head_fn, m->hc_head_base, m->hc_head_scale);
-            dv->hc_head(be, &h, hx, nl, y);
-            dv->rmsnorm(be, y, y, nl, (size_t)D, m->norm, c->rms_eps);
+            dhc_pre_norm(&x, &h, 1, hx, nl, y, NULL, NULL, m->norm, NULL);
             dv->linear(be, dl, y, nl, &m->head);
             if (ntop) dv->argmax(be, dtop, dl + nlog * (size_t)V, ntop, (size_t)V);
             if (nlog) {

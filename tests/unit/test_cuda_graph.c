@@ -29,7 +29,13 @@
  *   route idx on inexact scores: equal, except that a disagreement is
  *                 allowed at a near-tie of the reference's values (counted);
  *   repeat        a second run is bit-identical; a row alone (R = 1) gives
- *                 the bits it gets inside a batch.
+ *                 the bits it gets inside a batch;
+ *   fused         hc_pre / hc_head with the RMSNorm after it in one kernel
+ *                 (bcu_hc_pre_norm): the bits of the two calls (coll, post,
+ *                 comb) and of bcu_fq_fp8 on a copy of coll (xq); RMSNorm with the RoPE after it (bcu_norm_rope): the
+ *                 bits of bcu_rmsnorm then bcu_rope; hc_post of f + f2
+ *                 (bcu_hc_post_add): the bits of bcu_add then bcu_hc_post;
+ *                 a decline for rows they do not fit.
  * A negative control in every GPU comparison perturbs the device's output and
  * checks that the comparison fails.  TEST_CUDA_GRAPH_FILTER (cmocka glob)
  * picks tests. */
@@ -48,6 +54,7 @@
 
 #include "backend/backend.h"
 #include "base/greedy.h"
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/graph.h"
 #include "model/dtype.h"
 
@@ -805,6 +812,59 @@ static void test_rope(void **st)
     printf("  rope: 5 layouts x R 1, 7, 300 x forward/inverse, worst relative error %.2e\n", worst);
 }
 
+/* RMSNorm then RoPE in one kernel (bcu_norm_rope): the bits of bcu_rmsnorm then bcu_rope, for the V4 rows (q heads
+ * and the window key of 512 with rope 64 last, the compressed rows), rope-only rows, no rope, a weight or none, and
+ * rows it does not fit declined */
+static void test_norm_rope(void **st)
+{
+    (void)st;
+    const struct {
+        size_t dim;
+        int rd, per;
+    } cs[] = {{512, 64, 8}, {512, 64, 1}, {128, 64, 4}, {64, 64, 1}, {4096, 64, 1}, {6, 0, 1}, {1000, 10, 2}};
+    int n = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+        for (size_t ri = 0; ri < NR; ri++)
+            for (int weighted = 0; weighted < 2; weighted++) {
+                const size_t R = Rs[ri], rows = R * cs[ci].per, dim = cs[ci].dim;
+                const int rd = cs[ci].rd;
+                if (!bcu_norm_rope_fits(dim, rd)) fail_msg("norm_rope: dim %zu rd %d should fit", dim, rd);
+                float *x = rand_floats(rows * dim, 3.0f), *w = rand_floats(dim, 1.5f);
+                int64_t *pos = xmalloc(R * sizeof *pos);
+                for (size_t t = 0; t < R; t++) pos[t] = (int64_t)(rnd() % 200000);
+                pos[0] = 1048575;
+                float *inv = xmalloc((size_t)(rd / 2 + 1) * sizeof *inv);
+                for (int i = 0; i < rd / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / rd);
+                float *da = up(x, rows * dim * sizeof(float)), *db = up(x, rows * dim * sizeof(float));
+                float *dw = weighted ? up(w, dim * sizeof(float)) : NULL;
+                float *dinv = up(inv, (size_t)(rd / 2 + 1) * sizeof *inv);
+                int64_t *dpos = up(pos, R * sizeof *pos);
+                RUN(bcu_rmsnorm(da, da, rows, dim, dw, 1e-6f, 0));
+                RUN(bcu_rope(da, rows, dim, dim - (size_t)rd, rd, dinv, dpos, cs[ci].per, 0, 0));
+                RUN(bcu_norm_rope(db, rows, dim, dw, 1e-6f, rd, dinv, dpos, cs[ci].per, 0));
+                float *a = xmalloc(rows * dim * sizeof(float)), *b = xmalloc(rows * dim * sizeof(float));
+                down(a, da, rows * dim * sizeof(float));
+                down(b, db, rows * dim * sizeof(float));
+                char what[96];
+                snprintf(what, sizeof what, "norm_rope dim %zu rd %d per %d R %zu weighted %d", dim, rd, cs[ci].per, R,
+                         weighted);
+                expect_bits(what, b, a, rows * dim);
+                n++;
+                CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dinv)); CK(cudaFree(dpos));
+                if (dw) CK(cudaFree(dw));
+                free(x); free(w); free(pos); free(inv); free(a); free(b);
+            }
+    /* what it does not take: declined before any launch */
+    if (bcu_norm_rope_fits(5000, 64) || bcu_norm_rope_fits(512, 63) || bcu_norm_rope_fits(513, 64) ||
+        bcu_norm_rope_fits(64, 66))
+        fail_msg("norm_rope: fits a row it cannot take");
+    float *d = dmalloc(16 * sizeof(float));
+    if (bcu_norm_rope(d, 1, 5000, NULL, 1e-6f, 64, (const float *)d, (const int64_t *)d, 1, 0) != cudaErrorNotSupported)
+        fail_msg("norm_rope: a 5000-wide row was not declined");
+    CK(cudaFree(d));
+    printf("  norm_rope: %d cases bit-identical to rmsnorm then rope\n", n);
+}
+
 static void test_swiglu(void **st)
 {
     (void)st;
@@ -968,6 +1028,61 @@ static void test_hc(void **st)
                 free(g);
             }
 
+            /* hc_pre / hc_head then the norm in one kernel (bcu_hc_pre_norm): the bits of the two calls one after
+             * the other, with a weight and without, where the row fits it (else it declines and launches nothing) */
+            for (int head = 0; head < 2; head++)
+                for (int weighted = 0; weighted < 2; weighted++) {
+                    const int fits = bcu_hc_pre_norm_fits(n, D, R);
+                    float *nw = rand_floats((size_t)D, 1.0f);
+                    float *dnw = weighted ? up(nw, (size_t)D * sizeof(float)) : NULL;
+                    float *dpost2 = dmalloc(R * n * sizeof(float)), *dcomb2 = dmalloc(R * n * n * sizeof(float));
+                    float *dcoll2 = dmalloc(R * D * sizeof(float));
+                    /* act_quant's copy too, except in one of the four (xq NULL) */
+                    float *dxq = head && !weighted ? NULL : dmalloc(R * D * sizeof(float));
+                    const float eps = 1e-6f;
+                    if (head) RUN(bcu_hc_head(&s, dX, R, dcoll, dws, wsb, 0));
+                    else RUN(bcu_hc_pre(&s, dX, R, dcoll, dpost, dcomb, dws, wsb, 0));
+                    RUN(bcu_rmsnorm(dcoll, dcoll, R, (size_t)D, dnw, eps, 0));
+                    CK(cudaMemset(dcoll2, 0xff, R * D * sizeof(float)));
+                    const cudaError_t e =
+                        bcu_hc_pre_norm(&s, head, dX, R, dcoll2, dpost2, dcomb2, dnw, eps, dxq, dws, wsb, 0);
+                    if (!fits) {
+                        if (e != cudaErrorNotSupported) fail_msg("hc_pre_norm n %d D %d R %zu: took a row too long", n, D, R);
+                    } else {
+                        RUN(e);
+                        float *a = xmalloc(R * D * sizeof(float)), *b = xmalloc(R * D * sizeof(float));
+                        down(a, dcoll, R * D * sizeof(float));
+                        down(b, dcoll2, R * D * sizeof(float));
+                        snprintf(what, sizeof what, "hc_pre_norm head %d weighted %d n %d D %d R %zu coll", head,
+                                 weighted, n, D, R);
+                        expect_bits(what, b, a, R * D);
+                        if (dxq) { /* against a copy of the two calls' coll through bcu_fq_fp8 */
+                            RUN(bcu_fq_fp8(dcoll, R, (size_t)D, (size_t)D, 128, 0));
+                            down(a, dcoll, R * D * sizeof(float));
+                            down(b, dxq, R * D * sizeof(float));
+                            snprintf(what, sizeof what, "hc_pre_norm head %d weighted %d n %d D %d R %zu xq", head,
+                                     weighted, n, D, R);
+                            expect_bits(what, b, a, R * D);
+                        }
+                        if (!head) {
+                            down(a, dpost, R * n * sizeof(float));
+                            down(b, dpost2, R * n * sizeof(float));
+                            snprintf(what, sizeof what, "hc_pre_norm n %d D %d R %zu post", n, D, R);
+                            expect_bits(what, b, a, R * n);
+                            down(a, dcomb, R * n * n * sizeof(float));
+                            down(b, dcomb2, R * n * n * sizeof(float));
+                            snprintf(what, sizeof what, "hc_pre_norm n %d D %d R %zu comb", n, D, R);
+                            expect_bits(what, b, a, R * n * n);
+                        }
+                        free(a);
+                        free(b);
+                    }
+                    if (dnw) CK(cudaFree(dnw));
+                    CK(cudaFree(dpost2)); CK(cudaFree(dcomb2)); CK(cudaFree(dcoll2));
+                    if (dxq) CK(cudaFree(dxq));
+                    free(nw);
+                }
+
             /* hc_post on the batch's post/comb (uploaded again: the later calls overwrote the device's) and a
              * sublayer output: bit for bit */
             float *f = rand_floats(R * D, 2.0f);
@@ -980,6 +1095,24 @@ static void test_hc(void **st)
             for (size_t r = 0; r < R; r++) ref_hc_post(X + r * N, f + r * D, post + r * n, comb + r * n * n, n, D);
             snprintf(what, sizeof what, "hc_post n %d D %d R %zu", n, D, R);
             expect_bits(what, Xg, X, R * N);
+            /* hc_post of f + f2 in one kernel (bcu_hc_post_add): the bits of bcu_add then bcu_hc_post, f unchanged */
+            {
+                float *f2 = rand_floats(R * D, 2.0f);
+                float *df2 = up(f2, R * D * sizeof(float)), *dfa = up(f, R * D * sizeof(float));
+                float *dA = up(Xg, R * N * sizeof(float)), *dB = up(Xg, R * N * sizeof(float));
+                RUN(bcu_add(dfa, df2, R * D, 0));
+                RUN(bcu_hc_post(dA, dfa, dpost, dcomb, n, D, R, 0));
+                RUN(bcu_hc_post_add(dB, df, df2, dpost, dcomb, n, D, R, 0));
+                float *ga = xmalloc(R * N * sizeof(float)), *gb = xmalloc(R * N * sizeof(float));
+                down(ga, dA, R * N * sizeof(float));
+                down(gb, dB, R * N * sizeof(float));
+                snprintf(what, sizeof what, "hc_post_add n %d D %d R %zu", n, D, R);
+                expect_bits(what, gb, ga, R * N);
+                down(ga, df, R * D * sizeof(float));
+                if (bits_diff(ga, f, R * D) >= 0) fail_msg("hc_post_add n %d D %d R %zu: changed f", n, D, R);
+                CK(cudaFree(df2)); CK(cudaFree(dfa)); CK(cudaFree(dA)); CK(cudaFree(dB));
+                free(f2); free(ga); free(gb);
+            }
 
             CK(cudaFree(dX)); CK(cudaFree(dcoll)); CK(cudaFree(dpost)); CK(cudaFree(dcomb)); CK(cudaFree(dhead)); CK(cudaFree(dws));
             CK(cudaFree(df));
@@ -1378,6 +1511,7 @@ int main(void)
         cmocka_unit_test(test_hadamard),
         cmocka_unit_test(test_fq),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_hc),
         cmocka_unit_test(test_hc_exact),

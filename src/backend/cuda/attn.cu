@@ -508,6 +508,7 @@ struct SelArgs {
     int32_t *ci;
     int64_t gcap;
     int32_t *sel, *nsel;
+    int direct; /* no row has more than one group: sel_groups writes the selection, and sel_final is not run */
 };
 
 __device__ __forceinline__ int64_t visible(const SelArgs &a, const bcu_attn_seq &s, int row)
@@ -526,6 +527,16 @@ __global__ void __launch_bounds__(SEL_NT_A) sel_groups_kernel(SelArgs a)
     const int64_t nv = visible(a, s, row), range = (int64_t)SEL_RANGE * a.topk;
     const int64_t ng = (nv + range - 1) / range;
     const size_t cbase = (size_t)row * (size_t)(a.gcap * a.topk);
+    if (a.direct) {
+        /* one group at most (nv <= range): its top-k, in index order, is the row's (what sel_final would select
+         * from it, all of it, in the same order) */
+        int32_t *sel = a.sel + (size_t)row * a.topk;
+        const int cnt = block_select<SEL_NT_A, SEL_CAP_A>(a.keys + (size_t)row * a.vis_cap, NULL, 0, (int)nv, a.topk,
+                                                          NULL, sel, sh);
+        for (int j = cnt + threadIdx.x; j < a.topk; j += SEL_NT_A) sel[j] = -1;
+        if (threadIdx.x == 0) a.nsel[row] = cnt;
+        return;
+    }
     for (int64_t g = blockIdx.x; g < ng; g += gridDim.x) {
         const int64_t start = g * range;
         const int len = (int)(nv - start < range ? nv - start : range);
@@ -632,8 +643,10 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     int64_t ga = (vis + range - 1) / range;
     if (ga < 1) ga = 1;
     if (ga > 65535) ga = 65535;
+    /* every row's visible keys are at most vis (b->max_len bounds the rows' positions) */
+    sa.direct = vis <= range;
     sel_groups_kernel<<<dim3((unsigned)ga, (unsigned)b->ntok), SEL_NT_A, 0, st>>>(sa);
-    if ((r = cudaGetLastError()) != cudaSuccess) return r;
+    if ((r = cudaGetLastError()) != cudaSuccess || sa.direct) return r;
     sel_final_kernel<<<(unsigned)b->ntok, SEL_NT_B, 0, st>>>(sa);
     return cudaGetLastError();
 }
@@ -1169,13 +1182,16 @@ struct MgArgs {
 #define MG_U 16
 __global__ void at_merge_kernel(MgArgs a)
 {
-    extern __shared__ float2 mg_ml[]; /* [S] */
+    extern __shared__ float2 mg_ml[]; /* [S + MG_U]: the pairs, then MG_U of (-inf, 0) */
     const int h = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
     bcu_attn_seq s;
     if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
     const int64_t pos = s.p0 + (row - s.row0);
     const size_t base = (size_t)row * a.S;
     for (int sp = i; sp < a.S; sp += (int)blockDim.x) mg_ml[sp] = a.ml[(base + sp) * a.H + h];
+    /* the pad: nvcc merges the unrolled loops' guarded reads of neighbouring pairs into wider shared loads that
+     * may reach past pair S - 1 (compute-sanitizer memcheck: invalid 12-byte __shared__ reads); they land here */
+    for (int sp = i; sp < MG_U; sp += (int)blockDim.x) mg_ml[a.S + sp] = make_float2(-INFINITY, 0.0f);
     const float sink = a.sink[h];
     __syncthreads();
     float M = sink;
@@ -1322,7 +1338,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     ma.ml = aa.ml;
     ma.po = aa.po;
     ma.out = a->out;
-    const size_t msm = (size_t)aa.S * sizeof(float2); /* S <= 2 x the SM count (above): a few KB */
+    const size_t msm = (size_t)(aa.S + MG_U) * sizeof(float2); /* S <= 2 x the SM count (above): a few KB */
     at_merge_kernel<<<dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), msm, st>>>(ma);
     return cudaGetLastError();
 }

@@ -146,6 +146,8 @@ typedef struct {
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
     size_t hc_gemm_R; /* device graph: mHC pre over at least this many rows does its dot products as one GEMM
                        * (DEEPINFER_CUDA_HC_GEMM_R, 128) */
+    int fuse;         /* device graph: mHC pre and the norm after it, a norm and the RoPE after it, each in one
+                       * kernel where they fit (bcu_hc_pre_norm, bcu_norm_rope; DEEPINFER_CUDA_FUSE, 1) */
     size_t gemv_T; /* bf16 matrices of <= 64M elements met by at most this many rows take the fp32 row-dot
                     * (DEEPINFER_CUDA_GEMV_T, 8; 0 turns it off) */
     size_t moe_loop_T; /* device graph: MoE batches of at least this many tokens go expert by expert through
@@ -1183,6 +1185,26 @@ __global__ void win_put_kernel(const win_desc *ds, int W, int d)
     }
 }
 
+/* both of the above in one kernel, for descriptors of one key each (T = 1, a decode step): the ring slot the new
+ * key takes, (p0 % W), held position p0 - W, which is before the window's start (p0 - W + 1), so no thread reads
+ * what another writes */
+template <int V>
+__global__ void win_step_kernel(const win_desc *ds, int W, int d)
+{
+    typedef typename std::conditional<V == 4, float4, float>::type vec;
+    const win_desc D = ds[blockIdx.y];
+    const int dv = d / V;
+    const int64_t n = (D.p0 + 1 - D.kstart) * (int64_t)dv;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n + dv; q += (int64_t)gridDim.x * blockDim.x) {
+        if (q >= n) { /* the new key into the ring */
+            ((vec *)D.ring)[(D.p0 % W) * dv + (q - n)] = ((const vec *)D.rows)[q - n];
+            continue;
+        }
+        const int64_t pos = D.kstart + q / dv, ch = q % dv;
+        ((vec *)D.dst)[q] = pos < D.p0 ? ((const vec *)D.ring)[(pos % W) * dv + ch] : ((const vec *)D.rows)[ch];
+    }
+}
+
 static void win_reset(cuda_be *c)
 {
     if (c->win_dev) cudaFree(c->win_dev);
@@ -1506,12 +1528,19 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         if (gx > 64) gx = 64;
         if (nwd >= 64 && gx > 4) gx = 4;
         const dim3 grid(gx ? gx : 1, (unsigned)nwd);
-        if (v4) win_build_kernel<4><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
-        else win_build_kernel<1><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
+        int one = 1; /* every descriptor one key whose window starts W - 1 before it: one kernel for both */
+        for (size_t i = 0; one && i < nwd; i++) one = hwd[i].T == 1 && hwd[i].kstart >= hwd[i].p0 - a->window + 1;
+        const win_desc *wd = (const win_desc *)(dev + o_wd);
+        if (one && v4) win_step_kernel<4><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+        else if (one) win_step_kernel<1><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+        else if (v4) win_build_kernel<4><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+        else win_build_kernel<1><<<grid, 256, 0, c->st>>>(wd, a->window, d);
         CU(cudaGetLastError());
-        if (v4) win_put_kernel<4><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
-        else win_put_kernel<1><<<grid, 256, 0, c->st>>>((const win_desc *)(dev + o_wd), a->window, d);
-        CU(cudaGetLastError());
+        if (!one) {
+            if (v4) win_put_kernel<4><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+            else win_put_kernel<1><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+            CU(cudaGetLastError());
+        }
         for (int s = 0; s < nseq; s++) /* the slots are at p0 + T now */
             if (!sq[s].kwin) win_mark(c, sq[s].win_key, a->layer, sq[s].p0 + sq[s].T);
     }
@@ -1973,11 +2002,56 @@ static void dv_hc_head(be_backend *be, const be_hc *h, const float *X, size_t R,
     DV_LEAVE;
 }
 
+static void dv_fq(be_backend *be, float *x, size_t rows, size_t stride, size_t n, int block, int fp4);
+
+/* hc_pre or hc_head, then the norm (and act_quant's copy): one kernel for them after the dot products where the rows
+ * are few (no GEMM for them) and fit it, else the ops one by one */
+static void dv_hc_pre_norm(be_backend *be, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
+                           float *comb, const float *w, float eps, float *xq)
+{
+    int fused = 0;
+    {
+        DV_ENTER(BCU_PROF_GRAPH);
+        bcu_hc_site s;
+        const size_t wb = bcu_hc_ws_bytes(R, h->n);
+        const int mix = head ? h->n : (2 + h->n) * h->n;
+        const float *dw = NULL;
+        if (c->fuse && R && R < c->hc_gemm_R && bcu_hc_pre_norm_fits(h->n, h->D, R)) {
+            fused = 1;
+            if (!hc_site(c, h, mix, head ? 1 : 3, &s) && !scratch(c, wb) && (!w || (dw = norm_weight(c, w, h->D))))
+                DV_CU(bcu_hc_pre_norm(&s, head, X, R, coll, post, comb, dw, eps, xq, c->scratch, wb, c->st));
+        }
+        DV_LEAVE;
+    }
+    if (fused) return;
+    if (head) dv_hc_head(be, h, X, R, coll);
+    else dv_hc_pre(be, h, X, R, coll, post, comb);
+    dv_rmsnorm(be, coll, coll, R, (size_t)h->D, w, eps);
+    if (xq) {
+        dv_copy(be, xq, coll, R * (size_t)h->D * sizeof(float));
+        dv_fq(be, xq, R, (size_t)h->D, (size_t)h->D, 128, 0);
+    }
+}
+
 static void dv_hc_post(be_backend *be, float *X, const float *f, const float *post, const float *comb, int n, int D,
                        size_t R)
 {
     DV_ENTER(BCU_PROF_GRAPH);
     DV_CU(bcu_hc_post(X, f, post, comb, n, D, R, c->st));
+    DV_LEAVE;
+}
+
+/* hc_post of f + f2: the add inside its kernel (DEEPINFER_CUDA_FUSE=0: the two kernels) */
+static void dv_hc_post_add(be_backend *be, float *X, const float *f, const float *f2, const float *post,
+                           const float *comb, int n, int D, size_t R)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    if (c->fuse || !f2) {
+        DV_CU(bcu_hc_post_add(X, f, f2, post, comb, n, D, R, c->st));
+    } else {
+        DV_CU(bcu_add((float *)f, f2, R * (size_t)D, c->st));
+        if (!c->failed) DV_CU(bcu_hc_post(X, f, post, comb, n, D, R, c->st));
+    }
     DV_LEAVE;
 }
 
@@ -1988,6 +2062,27 @@ static void dv_rope(be_backend *be, float *x, size_t rows, size_t stride, size_t
     const float *di = norm_weight(c, inv, (size_t)(rd / 2 > 0 ? rd / 2 : 1));
     if (di) DV_CU(bcu_rope(x, rows, stride, off, rd, di, pos, per, 0, c->st));
     DV_LEAVE;
+}
+
+/* rmsnorm then rope, in one kernel where the rows fit it */
+static void dv_norm_rope(be_backend *be, float *x, size_t rows, size_t dim, const float *w, float eps, int rd,
+                         const float *inv, const int64_t *pos, int per)
+{
+    int fused = 0;
+    {
+        DV_ENTER(BCU_PROF_GRAPH);
+        if (c->fuse && bcu_norm_rope_fits(dim, rd) && per > 0) {
+            fused = 1;
+            const float *dw = NULL, *di = NULL;
+            if (rows && (!w || (dw = norm_weight(c, w, dim))) &&
+                (!rd || (di = norm_weight(c, inv, (size_t)(rd / 2 > 0 ? rd / 2 : 1)))))
+                DV_CU(bcu_norm_rope(x, rows, dim, dw, eps, rd, di, pos, per, c->st));
+        }
+        DV_LEAVE;
+    }
+    if (fused) return;
+    dv_rmsnorm(be, x, x, rows, dim, w, eps);
+    dv_rope(be, x, rows, dim, dim - (size_t)rd, rd, inv, pos, per);
 }
 
 static_assert(sizeof(be_comp_slot) == sizeof(bcu_comp_slot) && offsetof(be_comp_slot, g) == offsetof(bcu_comp_slot, g) &&
@@ -2361,6 +2456,9 @@ static const be_dev_ops cuda_dev_ops = {
     /* .graph_end = */ dv_graph_end,
     /* .lane = */ dv_lane,
     /* .join = */ dv_join,
+    /* .hc_pre_norm = */ dv_hc_pre_norm,
+    /* .norm_rope = */ dv_norm_rope,
+    /* .hc_post_add = */ dv_hc_post_add,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2514,6 +2612,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->ps_off = getenv("DEEPINFER_CUDA_PART_MB") && *getenv("DEEPINFER_CUDA_PART_MB") &&
                 env_size("DEEPINFER_CUDA_PART_MB", 0) == 0;
     c->hc_gemm_R = env_size("DEEPINFER_CUDA_HC_GEMM_R", 128);
+    c->fuse = env_size("DEEPINFER_CUDA_FUSE", 1) != 0;
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);

@@ -45,6 +45,7 @@
 
 #include "backend/cuda/graph.h"
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/rmsnorm.cuh"
 
 #define GR_NT 256          /* threads per block, every kernel */
 #define GR_GRID_CAP 8192u  /* blocks of a grid-stride kernel */
@@ -60,7 +61,9 @@
 #define RT_MAX_E 512
 #define RT_MAX_K 16
 #define HD_MAX_N 1024
+#define AQ_BLOCK 128 /* v4.c's act_quant block (MD_ACT_BLOCK), where bcu_hc_pre_norm quantises a copy */
 
+static_assert(256 % AQ_BLOCK == 0 && AQ_BLOCK % 32 == 0, "an act_quant block is whole warps of a norm block");
 static_assert(HC_PASS % GR_NT == 0 && HC_RB <= 32 && HC_MAX_N * HC_MAX_N <= GR_NT,
               "mHC: a pass is whole blocks, a lane stores a row, C[i][k] is a thread each");
 
@@ -268,12 +271,12 @@ __global__ void __launch_bounds__(GR_NT) gr_hc_ss_kernel(HcArgs a, const float *
     }
 }
 
-/* Row t's dot products j0 .. j0 + nv - 1 (nv * HC_S <= K * GR_NT) into val[0 .. nv) and its sum of squares into
+/* Row t's dot products j0 .. j0 + nv - 1 (nv * HC_S <= K * NT, NT the block's threads) into val[0 .. nv) and its sum of squares into
  * *ssq.  All threads copy the partials into shared memory first (sp, sd: every load issued before the first store,
  * one round trip), then a warp per value sums its HC_S partials by a butterfly, whose additions are commutative
  * pairs, so every lane ends with the same bits (the GEMM's dot products are taken as they are).  Ends with a
  * barrier. */
-template <int K>
+template <int K, int NT = GR_NT>
 __device__ __forceinline__ void hc_sums(const HcArgs &a, const float *pmix, const double *pss, size_t t, int mix,
                                         int j0, int nv, float *sp, double *sd, float *val, double *ssq)
 {
@@ -281,14 +284,14 @@ __device__ __forceinline__ void hc_sums(const HcArgs &a, const float *pmix, cons
     const float *src = pmix + (t * mix + j0) * w;
     float v[K];
 #pragma unroll
-    for (int u = 0; u < K; u++) v[u] = u * GR_NT + tid < nv * w ? src[u * GR_NT + tid] : 0.0f;
+    for (int u = 0; u < K; u++) v[u] = u * NT + tid < nv * w ? src[u * NT + tid] : 0.0f;
     const double d = tid < HC_S ? pss[t * HC_S + tid] : 0.0;
 #pragma unroll
     for (int u = 0; u < K; u++)
-        if (u * GR_NT + tid < nv * w) sp[u * GR_NT + tid] = v[u];
+        if (u * NT + tid < nv * w) sp[u * NT + tid] = v[u];
     if (tid < HC_S) sd[tid] = d;
     __syncthreads();
-    for (int u = tid >> 5; u <= nv; u += GR_NT / 32) {
+    for (int u = tid >> 5; u <= nv; u += NT / 32) {
         if (u < nv) {
             float s = sp[u * w + (a.gemm ? 0 : lane)];
             if (!a.gemm)
@@ -337,7 +340,7 @@ __device__ __forceinline__ void hc_sync(bool one)
  * the n*n elements of a phase are independent, and a barrier separates the phases (softmax, then Sinkhorn:
  * columns; then rows and columns, iters - 1 times).  The matrix alternates between two shared buffers, so one
  * barrier a phase also keeps the next phase's writes from a slow reader. */
-template <int NS>
+template <int NS, int NT = GR_NT>
 __device__ void hc_small(const HcArgs &a, size_t t, const float *pmix, const double *pss, float *post, float *comb)
 {
     __shared__ float sp[(1 + NS) * NS * HC_S];
@@ -352,7 +355,7 @@ __device__ void hc_small(const HcArgs &a, size_t t, const float *pmix, const dou
     const float s1 = a.scale[1], s2 = a.scale[2];
     const float bp = q < n ? a.base[n + q] : 0.0f, bc = on ? a.base[2 * n + q] : 0.0f;
     /* the dot products post and comb use (j >= n) and the sum of squares */
-    hc_sums<((1 + NS) * NS * HC_S + GR_NT - 1) / GR_NT>(a, pmix, pss, t, mix, n, mix - n, sp, sd, mixes, &ssq);
+    hc_sums<((1 + NS) * NS * HC_S + NT - 1) / NT, NT>(a, pmix, pss, t, mix, n, mix - n, sp, sd, mixes, &ssq);
     const bool one = nn <= 32;
     if (one && tid >= 32) return;
     const float rs = hc_rs(a, ssq), eps = a.hc_eps;
@@ -466,11 +469,93 @@ __global__ void __launch_bounds__(GR_NT)
     }
 }
 
+/* Stage 2 with the RMSNorm of coll after it (bcu_hc_pre_norm), for rows of D <= RMS_KEEP NT, NT = RMS_NT(D): block
+ * (t, 0) sums pre's partials and computes pre as gr_hc_pre_kernel's blocks do, collapses the row's columns d = tid
+ * + k NT (k < RMS_KEEP) with the same operations, keeps them in registers and normalises them as rmsnorm_kernel
+ * does (rms_row_inv, the same order); hc_pre: block (t, 1) computes post and comb (hc_small).  So every output has
+ * the bits of gr_hc_pre_kernel then rmsnorm_kernel, in one launch instead of two, and without the round trip of
+ * coll through memory between them. */
+template <int NS, int NT>
+__global__ void __launch_bounds__(NT)
+    gr_hc_pre_norm_kernel(HcArgs a, const float *X, const float *pmix, const double *pss, float *coll, float *post,
+                          float *comb, const float *w, float eps, float *xq)
+{
+    gr_pdl_trigger(); /* the decode row-dot that reads coll may start its weight loads (it waits for coll) */
+    __shared__ float sp[NS * HC_S];
+    __shared__ double sd[HC_S];
+    __shared__ float pmx[NS];
+    __shared__ float pre[NS];
+    __shared__ double ssq;
+    __shared__ double part[NT / 32];
+    __shared__ float wmax[RMS_KEEP][NT / 32];
+    const size_t t = blockIdx.x;
+    if (!a.head && blockIdx.y == 1) {
+        hc_small<NS, NT>(a, t, pmix, pss, post, comb);
+        return;
+    }
+    const int tid = threadIdx.x, n = a.n, D = a.D;
+    const int mix = a.head ? n : (2 + n) * n;
+    const float *x = X + t * (size_t)n * D;
+    float xv[RMS_KEEP][NS];
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const int d = tid + k * NT;
+#pragma unroll
+        for (int i = 0; i < NS; i++) xv[k][i] = i < n && d < D ? x[(size_t)i * D + d] : 0.0f;
+    }
+    const float s0 = a.scale[0], bp = tid < n ? a.base[tid] : 0.0f;
+    hc_sums<(NS * HC_S + NT - 1) / NT, NT>(a, pmix, pss, t, mix, 0, n, sp, sd, pmx, &ssq);
+    if (tid < n) pre[tid] = __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(pmx[tid], hc_rs(a, ssq)), s0), bp)),
+                                      a.hc_eps);
+    __syncthreads();
+    float keep[RMS_KEEP];
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        float acc = 0;
+#pragma unroll
+        for (int i = 0; i < NS; i++)
+            if (i < n) acc = __fadd_rn(acc, __fmul_rn(pre[i], xv[k][i]));
+        keep[k] = tid + k * NT < D ? acc : 0.0f;
+    }
+    const float inv = rms_row_inv<NT>(keep, nullptr, (size_t)D, eps, part);
+    float *y = coll + t * (size_t)D;
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const int d = tid + k * NT;
+        keep[k] = d < D ? (w ? w[d] : 1.0f) * (keep[k] * inv) : 0.0f;
+        if (d < D) y[d] = keep[k];
+    }
+    if (!xq) return;
+    /* xq: v4.c's act_quant of the row (gr_fq_kernel<0>'s blocks of AQ_BLOCK columns, its amax, scale and codes):
+     * a block is 4 whole warps at one k (NT is a multiple of AQ_BLOCK), its amax the largest of theirs */
+    const int lane = tid & 31, wp = tid >> 5;
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        float m = fmaxf(1e-4f, fabsf(keep[k]));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) wmax[k][wp] = m;
+    }
+    __syncthreads();
+    float *q = xq + t * (size_t)D;
+    const int w0 = wp & ~(AQ_BLOCK / 32 - 1);
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const int d = tid + k * NT;
+        if (d >= D) continue;
+        float amax = wmax[k][w0];
+#pragma unroll
+        for (int i = 1; i < AQ_BLOCK / 32; i++) amax = fmaxf(amax, wmax[k][w0 + i]);
+        const float sc = gr_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
+        q[d] = __fmul_rn(gr_dec_e4m3(gr_enc_e4m3(__fmul_rn(keep[k], aq_inv(sc)))), sc);
+    }
+}
+
 /* Block (t, cb): column blocks cb, cb + gridDim.y, ... of row t; a thread owns HC_VPT columns d of all n streams
  * (reads all, then writes all: in place is safe).  The x and f loads go out before post and comb arrive. */
 template <int NS>
 __global__ void __launch_bounds__(GR_NT)
-    gr_hc_post_kernel(float *X, const float *f, const float *post, const float *comb, int n, int D)
+    gr_hc_post_kernel(float *X, const float *f, const float *f2, const float *post, const float *comb, int n, int D)
 {
     __shared__ float ps[NS];
     __shared__ float cs[NS * NS];
@@ -485,7 +570,7 @@ __global__ void __launch_bounds__(GR_NT)
 #pragma unroll
         for (int v = 0; v < HC_VPT; v++) {
             const size_t d = (size_t)cb * HC_CPB + (size_t)(v * GR_NT + tid);
-            fv[v] = d < (size_t)D ? fr[d] : 0.0f;
+            fv[v] = d >= (size_t)D ? 0.0f : f2 ? __fadd_rn(fr[d], f2[t * (size_t)D + d]) : fr[d];
         }
         if (cb == (int)blockIdx.y) {
             for (int q = tid; q < n * n; q += GR_NT) cs[q] = comb[t * n * n + q];
@@ -529,6 +614,43 @@ __global__ void __launch_bounds__(GR_NT) gr_rope_kernel(float *x, size_t rows, s
         const float x0 = p[0], x1 = p[1];
         p[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
         p[1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    }
+}
+
+/* RMSNorm of each row (rms_row_inv, the bits of rmsnorm_kernel) and then RoPE on its last rd channels at pos[r /
+ * per] (the bits of gr_rope_kernel on what the norm wrote): one block of NT = RMS_NT(dim) threads a row, dim <=
+ * RMS_KEEP NT.  A pair's two channels are at the same k of lanes lane and lane ^ 1 (its first channel is even), so
+ * the partner's normed value is a shuffle away. */
+template <int NT>
+__global__ void __launch_bounds__(NT) gr_norm_rope_kernel(float *x, int dim, const float *w, float eps, int rd,
+                                                          const float *inv, const int64_t *pos, int per)
+{
+    gr_pdl_trigger(); /* the decode row-dot after it may start its weight loads */
+    __shared__ double part[NT / 32];
+    const size_t r = blockIdx.x;
+    float *xr = x + r * (size_t)dim;
+    const int tid = threadIdx.x, off = dim - rd;
+    float keep[RMS_KEEP];
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const int i = tid + k * NT;
+        keep[k] = i < dim ? xr[i] : 0.0f;
+    }
+    const float rinv = rms_row_inv<NT>(keep, nullptr, (size_t)dim, eps, part);
+    const float pf = (float)pos[r / per];
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const int i = tid + k * NT;
+        const float y = i < dim ? (w ? w[i] : 1.0f) * (keep[k] * rinv) : 0.0f;
+        const float o = __shfl_xor_sync(0xffffffffu, y, 1); /* the pair's other channel */
+        if (i >= dim) continue;
+        float v = y;
+        if (i >= off) {
+            const float ang = __fmul_rn(pf, inv[(i - off) >> 1]);
+            const float c = cosf(ang), sn = sinf(ang);
+            v = (i - off) & 1 ? __fadd_rn(__fmul_rn(y, c), __fmul_rn(o, sn)) : __fsub_rn(__fmul_rn(y, c), __fmul_rn(o, sn));
+        }
+        xr[i] = v;
     }
 }
 
@@ -792,33 +914,73 @@ extern "C" size_t bcu_hc_ws_bytes(size_t R, int n)
     return R * HC_S * sizeof(double) + R * mix * HC_S * sizeof(float) + 16;
 }
 
-static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll, float *post,
-                             float *comb, void *ws, size_t ws_bytes, cudaStream_t st)
+/* Checks a call's arguments and launches stage 1 (the chunk partials of the dot products, unless given, and of the
+ * sums of squares); *a and the workspace's halves for stage 2.  cudaSuccess with nothing launched for R = 0. */
+static cudaError_t hc_stage1(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll, float *post,
+                             float *comb, void *ws, size_t ws_bytes, cudaStream_t st, HcArgs *a, float **pmix,
+                             double **pss)
 {
     if (!s || s->n < 1 || s->n > HC_MAX_N || s->D < 1 || s->D > INT_MAX / HC_MAX_N) return GR_INVALID;
     if (R > INT_MAX) return GR_INVALID;
     if (!R) return cudaSuccess;
     if (!s->fn || !s->base || !s->scale || !X || !coll || (!head && (!post || !comb))) return GR_INVALID;
     if (!ws || ws_bytes < bcu_hc_ws_bytes(R, s->n) || ((uintptr_t)ws & 7)) return GR_INVALID;
-    const HcArgs a = {s->n,       s->D,        s->iters, head,    s->mixes_in_ws != 0,
-                      s->hc_eps,  s->rms_eps,  s->fn,    s->base, s->scale};
+    *a = HcArgs{s->n,      s->D,       s->iters, head,    s->mixes_in_ws != 0,
+                s->hc_eps, s->rms_eps, s->fn,    s->base, s->scale};
     const int mix = head ? s->n : (2 + s->n) * s->n;
-    double *pss = (double *)ws;
-    float *pmix = bcu_hc_ws_mixes(ws, R);
-    /* the chunk partials of the dot products (unless given) and of the sum of squares */
-    if (a.gemm) {
+    *pss = (double *)ws;
+    *pmix = bcu_hc_ws_mixes(ws, R);
+    if (a->gemm) {
         /* the sums of squares alone: a warp per row chunk */
-        gr_hc_ss_kernel<<<gr_grid(R * HC_S * 32), GR_NT, 0, st>>>(a, X, R, pss);
+        gr_hc_ss_kernel<<<gr_grid(R * HC_S * 32), GR_NT, 0, st>>>(*a, X, R, *pss);
     } else {
         /* the dot products and the sum of squares: values 0 .. mix, 8 a block */
         const dim3 g1((unsigned)((R + HC_RB - 1) / HC_RB), HC_S, (unsigned)(mix / (GR_NT / 32) + 1));
-        gr_hc_mix_kernel<<<g1, GR_NT, 0, st>>>(a, X, R, pmix, pss);
+        gr_hc_mix_kernel<<<g1, GR_NT, 0, st>>>(*a, X, R, *pmix, *pss);
     }
+    return cudaGetLastError();
+}
+
+static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll, float *post,
+                             float *comb, void *ws, size_t ws_bytes, cudaStream_t st)
+{
+    HcArgs a;
+    float *pmix = NULL;
+    double *pss = NULL;
+    cudaError_t e = hc_stage1(s, head, X, R, coll, post, comb, ws, ws_bytes, st, &a, &pmix, &pss);
+    if (e != cudaSuccess || !R) return e;
     /* the collapse over column blocks, and (hc_pre) one more block per row for post and comb */
     const int nb = (s->D - 1) / HC_CPB + 1, ncb = nb < HC_YMAX ? nb : HC_YMAX - 1;
     const dim3 g2((unsigned)R, (unsigned)(ncb + !head));
     if (s->n <= HC_SMALL_N) gr_hc_pre_kernel<HC_SMALL_N><<<g2, GR_NT, 0, st>>>(a, X, pmix, pss, coll, post, comb, ncb);
     else gr_hc_pre_kernel<HC_MAX_N><<<g2, GR_NT, 0, st>>>(a, X, pmix, pss, coll, post, comb, ncb);
+    return cudaGetLastError();
+}
+
+extern "C" int bcu_hc_pre_norm_fits(int n, int D, size_t R)
+{
+    return n >= 1 && n <= HC_MAX_N && D >= 1 && D <= RMS_KEEP * RMS_NT(D) && R >= 1 && R <= 65535;
+}
+
+extern "C" cudaError_t bcu_hc_pre_norm(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll,
+                                       float *post, float *comb, const float *w, float eps, float *xq, void *ws,
+                                       size_t ws_bytes, cudaStream_t st)
+{
+    if (s && R && !bcu_hc_pre_norm_fits(s->n, s->D, R)) return cudaErrorNotSupported;
+    HcArgs a;
+    float *pmix = NULL;
+    double *pss = NULL;
+    cudaError_t e = hc_stage1(s, head, X, R, coll, post, comb, ws, ws_bytes, st, &a, &pmix, &pss);
+    if (e != cudaSuccess || !R) return e;
+    const dim3 g((unsigned)R, head ? 1u : 2u);
+    const bool small = s->n <= HC_SMALL_N;
+    if (RMS_NT(s->D) == 1024) {
+        if (small) gr_hc_pre_norm_kernel<HC_SMALL_N, 1024><<<g, 1024, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
+        else gr_hc_pre_norm_kernel<HC_MAX_N, 1024><<<g, 1024, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
+    } else {
+        if (small) gr_hc_pre_norm_kernel<HC_SMALL_N, 256><<<g, 256, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
+        else gr_hc_pre_norm_kernel<HC_MAX_N, 256><<<g, 256, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
+    }
     return cudaGetLastError();
 }
 
@@ -834,16 +996,41 @@ extern "C" cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t 
     return hc_launch(s, 1, X, R, coll, NULL, NULL, ws, ws_bytes, st);
 }
 
-extern "C" cudaError_t bcu_hc_post(float *X, const float *f, const float *post, const float *comb, int n, int D,
-                                   size_t R, cudaStream_t st)
+extern "C" cudaError_t bcu_hc_post_add(float *X, const float *f, const float *f2, const float *post,
+                                       const float *comb, int n, int D, size_t R, cudaStream_t st)
 {
     if (n < 1 || n > HC_MAX_N || D < 1 || R > INT_MAX) return GR_INVALID;
     if (!R) return cudaSuccess;
     if (!X || !f || !post || !comb) return GR_INVALID;
     const int nb = (D - 1) / HC_CPB + 1;
     const dim3 g((unsigned)R, (unsigned)(nb < HC_YMAX ? nb : HC_YMAX));
-    if (n <= HC_SMALL_N) gr_hc_post_kernel<HC_SMALL_N><<<g, GR_NT, 0, st>>>(X, f, post, comb, n, D);
-    else gr_hc_post_kernel<HC_MAX_N><<<g, GR_NT, 0, st>>>(X, f, post, comb, n, D);
+    if (n <= HC_SMALL_N) gr_hc_post_kernel<HC_SMALL_N><<<g, GR_NT, 0, st>>>(X, f, f2, post, comb, n, D);
+    else gr_hc_post_kernel<HC_MAX_N><<<g, GR_NT, 0, st>>>(X, f, f2, post, comb, n, D);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_hc_post(float *X, const float *f, const float *post, const float *comb, int n, int D,
+                                   size_t R, cudaStream_t st)
+{
+    return bcu_hc_post_add(X, f, NULL, post, comb, n, D, R, st);
+}
+
+extern "C" int bcu_norm_rope_fits(size_t dim, int rd)
+{
+    return dim >= 2 && dim <= (size_t)RMS_KEEP * RMS_NT(dim) && rd >= 0 && rd % 2 == 0 && (size_t)rd <= dim &&
+           (dim - (size_t)rd) % 2 == 0;
+}
+
+extern "C" cudaError_t bcu_norm_rope(float *x, size_t rows, size_t dim, const float *w, float eps, int rd,
+                                     const float *inv_freq, const int64_t *pos, int per, cudaStream_t st)
+{
+    if (!bcu_norm_rope_fits(dim, rd) || per <= 0) return cudaErrorNotSupported;
+    if (rows > 0x7fffffffu) return GR_INVALID;
+    if (!rows) return cudaSuccess;
+    if (!x || (rd && (!inv_freq || !pos))) return GR_INVALID;
+    if (RMS_NT(dim) == 1024)
+        gr_norm_rope_kernel<1024><<<(unsigned)rows, 1024, 0, st>>>(x, (int)dim, w, eps, rd, inv_freq, pos, per);
+    else gr_norm_rope_kernel<256><<<(unsigned)rows, 256, 0, st>>>(x, (int)dim, w, eps, rd, inv_freq, pos, per);
     return cudaGetLastError();
 }
 

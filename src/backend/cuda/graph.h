@@ -53,6 +53,15 @@ size_t bcu_hc_ws_bytes(size_t R, int n);
 float *bcu_hc_ws_mixes(void *ws, size_t R); /* where the workspace keeps the dot products [R, mixes] */
 cudaError_t bcu_hc_pre(const bcu_hc_site *s, const float *X, size_t R, float *coll, float *post, float *comb,
                        void *ws, size_t ws_bytes, cudaStream_t st);
+/* bcu_hc_pre (head 0) or bcu_hc_head (head 1), then coll = bcu_rmsnorm(coll) with weight w (device, NULL: ones) and
+ * eps, as the calls one after the other give it, bit for bit: the second stage and the norm are one kernel (one
+ * block a row for pre, the collapse and the norm, and one for post and comb).  xq (NULL: none): also v4.c's
+ * act_quant of coll into xq [R, D], the bits of a copy and bcu_fq_fp8(xq, R, D, D, 128).  Rows of D <= 4096
+ * columns at most (bcu_hc_pre_norm_fits; else cudaErrorNotSupported and nothing launched). */
+int bcu_hc_pre_norm_fits(int n, int D, size_t R);
+cudaError_t bcu_hc_pre_norm(const bcu_hc_site *s, int head, const float *X, size_t R, float *coll, float *post,
+                            float *comb, const float *w, float eps, float *xq, void *ws, size_t ws_bytes,
+                            cudaStream_t st);
 /* v4.c hc_head_task: only pre (n mixes from fn's first n rows), coll [R, D]; the same workspace */
 cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t R, float *coll, void *ws, size_t ws_bytes,
                         cudaStream_t st);
@@ -60,12 +69,22 @@ cudaError_t bcu_hc_head(const bcu_hc_site *s, const float *X, size_t R, float *c
  * (the sum over i in ascending order, starting from post*f) */
 cudaError_t bcu_hc_post(float *X, const float *f, const float *post, const float *comb, int n, int D, size_t R,
                         cudaStream_t st);
+/* bcu_add(f, f2, R * D) then bcu_hc_post with f: the same bits in one kernel, f itself unchanged (f2 NULL: none) */
+cudaError_t bcu_hc_post_add(float *X, const float *f, const float *f2, const float *post, const float *comb, int n,
+                            int D, size_t R, cudaStream_t st);
 
 /* v4.c rope() on rows: for row r in [0, rows), x + r*stride + off holds rd
  * channels (interleaved pairs 2i, 2i+1), rotated by angle = (float)pos * inv_freq[i]
  * (fp32 product, then cosf/sinf) with pos = pos[r / per]; inverse negates sin. */
 cudaError_t bcu_rope(float *x, size_t rows, size_t stride, size_t off, int rd, const float *inv_freq,
                      const int64_t *pos, int per, int inverse, cudaStream_t st);
+/* bcu_rmsnorm of each row of x [rows, dim] in place (weight w, device, NULL: ones), then bcu_rope on its last rd
+ * channels (off = dim - rd, stride = dim) at pos[r / per]: the bits of the two calls, in one kernel (a block a row).
+ * Rows of dim <= 4096 with an even rd and dim - rd (bcu_norm_rope_fits; else cudaErrorNotSupported, nothing
+ * launched). */
+int bcu_norm_rope_fits(size_t dim, int rd);
+cudaError_t bcu_norm_rope(float *x, size_t rows, size_t dim, const float *w, float eps, int rd, const float *inv_freq,
+                          const int64_t *pos, int per, cudaStream_t st);
 
 /* v4.c fq_fp8 / fq_fp4 on the first n floats of each row (row r at x + r*stride), in blocks of `block`:
  * scale = pow2_ceil(max(amax, floor) / max) (floor 1e-4 and max 448 for FP8; 6*2^-126 and 6 for FP4),

@@ -95,6 +95,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/rmsnorm.cuh"
 
 /* ==== rowdot primitives (begin) ==== */
 namespace {
@@ -1742,14 +1743,9 @@ extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
     return cudaGetLastError();
 }
 
-/* ---- RMSNorm: one block per row; the sum of squares in double, as the CPU
- * reference does, so the two agree to the last bit nearly always.  The block
- * size is a function of dim alone (1024 threads from dim 2048: a decode
- * step's single row is then 4 independent loads per thread instead of a
- * chain of 16), so a row's result never depends on the batch.  Each thread
- * keeps its RMS_KEEP first elements in registers between the two passes. */
-
-#define RMS_KEEP 4
+/* ---- RMSNorm: one block per row, RMS_NT(dim) threads (rmsnorm.cuh: the sum of squares in double, as the CPU
+ * reference does, so the two agree to the last bit nearly always).  Each thread keeps its RMS_KEEP first elements
+ * in registers between the two passes. */
 
 template <int NT>
 __global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, size_t dim, const float *w, float eps)
@@ -1759,21 +1755,12 @@ __global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, s
     const float *xr = x + blockIdx.x * dim;
     float *yr = y + blockIdx.x * dim;
     float keep[RMS_KEEP];
-    double ss = 0;
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
         const size_t i = threadIdx.x + (size_t)k * NT;
         keep[k] = i < dim ? xr[i] : 0.0f;
     }
-#pragma unroll
-    for (int k = 0; k < RMS_KEEP; k++) ss += (double)keep[k] * keep[k];
-    for (size_t i = threadIdx.x + (size_t)RMS_KEEP * NT; i < dim; i += NT) ss += (double)xr[i] * xr[i];
-    for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    double tot = 0;
-    for (int k = 0; k < NT / 32; k++) tot += part[k];
-    const float inv = 1.0f / sqrtf((float)(tot / (double)dim) + eps);
+    const float inv = rms_row_inv<NT>(keep, xr, dim, eps, part);
     /* each element is read and written by the same thread: in place is safe */
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
@@ -1788,7 +1775,7 @@ extern "C" cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t
 {
     if (!rows || !dim) return cudaSuccess;
     if (rows > 0x7fffffffu) return cudaErrorInvalidConfiguration;
-    if (dim >= 2048) rmsnorm_kernel<1024><<<(unsigned)rows, 1024, 0, st>>>(y, x, dim, w, eps);
+    if (RMS_NT(dim) == 1024) rmsnorm_kernel<1024><<<(unsigned)rows, 1024, 0, st>>>(y, x, dim, w, eps);
     else rmsnorm_kernel<256><<<(unsigned)rows, 256, 0, st>>>(y, x, dim, w, eps);
     return cudaGetLastError();
 }
