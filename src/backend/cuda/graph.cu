@@ -314,6 +314,12 @@ __device__ __forceinline__ float hc_rs(const HcArgs &a, double ss)
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(ss / (double)((size_t)a.n * a.D)), a.rms_eps)));
 }
 
+/* v4.c: pre[i] = sigmoid(mixes[i] * rs * scale[0] + base[i]) + hc_eps, from the dot product m and the sum of squares */
+__device__ __forceinline__ float hc_pre_w(const HcArgs &a, float m, double ss, float s0, float bp)
+{
+    return __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(m, hc_rs(a, ss)), s0), bp)), a.hc_eps);
+}
+
 /* 0 + v[0] + v[s] + ... + v[(n - 1) s], in that order (v4.c's float s = 0; s += ...), the loads issued first */
 template <int NS> __device__ __forceinline__ float hc_sum(const float *v, int s, int n)
 {
@@ -448,8 +454,7 @@ __global__ void __launch_bounds__(GR_NT)
     hc_load_cols(xv, x, n, D, cb, tid);
     const float s0 = a.scale[0], bp = tid < n ? a.base[tid] : 0.0f;
     hc_sums<(NS * HC_S + GR_NT - 1) / GR_NT>(a, pmix, pss, t, mix, 0, n, sp, sd, pmx, &ssq);
-    if (tid < n) pre[tid] = __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(pmx[tid], hc_rs(a, ssq)), s0), bp)),
-                                      a.hc_eps);
+    if (tid < n) pre[tid] = hc_pre_w(a, pmx[tid], ssq, s0, bp);
     __syncthreads();
     for (;;) {
 #pragma unroll
@@ -505,8 +510,7 @@ __global__ void __launch_bounds__(NT)
     }
     const float s0 = a.scale[0], bp = tid < n ? a.base[tid] : 0.0f;
     hc_sums<(NS * HC_S + NT - 1) / NT, NT>(a, pmix, pss, t, mix, 0, n, sp, sd, pmx, &ssq);
-    if (tid < n) pre[tid] = __fadd_rn(gr_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(pmx[tid], hc_rs(a, ssq)), s0), bp)),
-                                      a.hc_eps);
+    if (tid < n) pre[tid] = hc_pre_w(a, pmx[tid], ssq, s0, bp);
     __syncthreads();
     float keep[RMS_KEEP];
 #pragma unroll
