@@ -360,6 +360,11 @@ static void swa_drop(kv_cache *c, ent *e)
 
 static void swa_put(kv_cache *c, const kv_key *k, const uint8_t *bnd, size_t n)
 {
+    /* swa_ttl_s 0: window states expire at once.  Kept nowhere: in RAM one
+     * would be dead on arrival, and on disk the store's TTL 0 means "never
+     * expires" (a window state from another server sharing the directory,
+     * with its own TTL, is still read by swa_get) */
+    if (c->cfg.swa_ttl_s == 0) return;
     const double now = now_s();
     /* expired ones first, then LRU over capacity */
     for (ent *e = c->swa.lru.prev, *pv; e != &c->swa.lru; e = pv) {

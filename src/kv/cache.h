@@ -51,7 +51,7 @@ typedef struct {
     uint64_t disk_bytes;       /* 0 = unlimited */
     int compress;              /* zstd level for the disk tier; 0 = off */
     uint32_t ttl_s[KV_CLASS_COUNT]; /* default 72 h agent, 168 h chat */
-    uint32_t swa_ttl_s;        /* window states; default 180 s */
+    uint32_t swa_ttl_s;        /* window states; default 180 s; 0 = not kept (RAM or disk) */
     uint64_t swa_bytes;        /* RAM for window states; default 1 GiB */
     int replay;                /* bounded replay tokens; 0 = exact hits only; default 128 */
     int window_every;          /* publish window states every N blocks inside prefill chunks (and at each

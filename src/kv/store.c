@@ -15,7 +15,26 @@
  * compresses and writes; one sweeper thread walks the tree every
  * sweep_interval_ms, or sooner when the writer sees bytes above cap.  Sweeps
  * (background or kv_store_sweep) are serialized by s->sweep_mu.  Counters are
- * relaxed atomics.  get/contains run in the caller's thread and take no lock.
+ * relaxed atomics.  get/contains run in the caller's thread and take no lock,
+ * except acct_mu around a get's unlink of a bad or expired file.  Lock order:
+ * sweep_mu, then acct_mu, then mu (kick_sweeper is never called holding
+ * acct_mu).
+ *
+ * Totals.  files/bytes are this process's view: a sweep counts the tree,
+ * and this process's own writes (rename into place) and deletes (get of a bad
+ * or expired file) adjust them in between.  So that a sweep's count is exact
+ * whatever the writer does meanwhile, every such change and the sweep's own
+ * look at a file are made under s->acct_mu (a few syscalls each, never the
+ * whole walk).  The walk lists one fan-out directory at a time under the lock
+ * (names sorted), then judges the names one by one, each under the lock.  A
+ * change made during the walk goes into a per-directory delta (wd_*) unless
+ * the walk is still to judge that name (it will see the change itself); a
+ * directory's delta is cleared when its listing is taken.  The sweep stores
+ * its count plus all deltas, so a write or delete is counted exactly once
+ * (a directory made after the root was listed keeps its delta).  While a
+ * sweep runs, a writer leaves the "above cap" kick to it: it re-checks the
+ * exact total at its end, so writes during a sweep cost no second sweep
+ * unless they really leave the store above cap.
  *
  * Deletes are "unlink this path if it is still the inode we judged": another
  * process may have renamed a fresh file over a damaged one in between, and a
@@ -72,6 +91,12 @@ typedef struct {
     uint64_t created, raw, stored;
 } hdr;
 
+/* a name in the fan-out directory being walked */
+typedef struct {
+    uint8_t key[32];
+    uint8_t kind;
+} sweep_name;
+
 /* one file seen by a sweep, kept for capacity eviction */
 typedef struct {
     int64_t mt_s, mt_ns;
@@ -103,6 +128,18 @@ struct kv_store {
     pthread_mutex_t sweep_mu; /* one sweep at a time */
     atomic_int stopping;      /* read by a sweep in progress, to cut a long walk short at close */
 
+    /* acct_mu guards what follows and orders this process's changes to the
+     * tree against a sweep's look at it (see Totals above) */
+    pthread_mutex_t acct_mu;
+    int walking;            /* a sweep is counting: from its start to its store */
+    int walk_hh;            /* the fan-out directory being judged (0..255), -1 none */
+    size_t walk_n, walk_pos; /* walk_names[0..walk_n): its names, sorted; [0..walk_pos) judged */
+    size_t walk_cap;
+    sweep_name *walk_names;
+    int walk_wrote;                         /* a write landed during this sweep (its kick is the sweep's) */
+    int64_t wd_files[256], wd_bytes[256];   /* changes the walk will not see, per fan-out directory */
+    int64_t wd_sum_files, wd_sum_bytes;     /* their sums */
+
     /* writer thread only */
     uint64_t tmp_counter;
     ZSTD_CCtx *cctx;
@@ -111,7 +148,6 @@ struct kv_store {
 
     atomic_uint_least64_t puts, put_bytes, dropped, write_errors, hits, misses, damaged, expired, evicted, files,
         bytes, written, existing;
-    atomic_uint_least64_t written_bytes; /* internal: lets a sweep see writes that raced its walk */
 };
 
 /* ------------------------------------------------------------ small helpers */
@@ -259,13 +295,6 @@ static int unlink_same(int dirfd, const char *name, const struct stat *was)
     return unlinkat(dirfd, name, 0) == 0;
 }
 
-/* a file of ours left the directory: keep files/bytes in step */
-static void forget(kv_store *s, uint64_t size)
-{
-    dec(&s->files, 1);
-    dec(&s->bytes, size);
-}
-
 static void kick_sweeper(kv_store *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -273,6 +302,52 @@ static void kick_sweeper(kv_store *s)
     pthread_cond_signal(&s->sweep_cv);
     pthread_mutex_unlock(&s->mu);
 }
+
+static int cmp_name(const void *a, const void *b)
+{
+    const sweep_name *x = a, *y = b;
+    int c = memcmp(x->key, y->key, 32);
+    return c ? c : (int)x->kind - (int)y->kind;
+}
+
+/* This process changed the tree at (key, kind) by df files and db bytes (a
+ * rename into place: df 1, or 0 over an old file; an unlink: -1).  Called
+ * with acct_mu held, right after the change: adjusts the live totals and,
+ * during a sweep, the delta its count will not see (see Totals above). */
+static void account(kv_store *s, const uint8_t key[32], uint8_t kind, int64_t df, int64_t db)
+{
+    if (df > 0) inc(&s->files, (uint64_t)df);
+    else if (df < 0) dec(&s->files, (uint64_t)-df);
+    if (db > 0) inc(&s->bytes, (uint64_t)db);
+    else if (db < 0) dec(&s->bytes, (uint64_t)-db);
+    if (!s->walking) return;
+    int hh = key[0]; /* = the fan-out directory: the name's first two hex digits */
+    if (hh == s->walk_hh && s->walk_pos < s->walk_n) {
+        sweep_name n;
+        memcpy(n.key, key, 32);
+        n.kind = kind;
+        if (bsearch(&n, s->walk_names + s->walk_pos, s->walk_n - s->walk_pos, sizeof n, cmp_name))
+            return; /* still to be judged: the walk sees this change itself */
+    }
+    s->wd_files[hh] += df, s->wd_sum_files += df;
+    s->wd_bytes[hh] += db, s->wd_sum_bytes += db;
+}
+
+/* unlink a bad or expired file if it is still the inode judged, and count it
+ * out; 1 when unlinked */
+static int drop(kv_store *s, const uint8_t key[32], uint8_t kind, const char *path, const struct stat *st)
+{
+    pthread_mutex_lock(&s->acct_mu);
+    int gone = unlink_same(AT_FDCWD, path, st);
+    if (gone) account(s, key, kind, -1, -(int64_t)st->st_size);
+    pthread_mutex_unlock(&s->acct_mu);
+    return gone;
+}
+
+/* Tests only (tests/unit/test_kv_store.c): when set, a sweep calls it before
+ * judging each file of its walk, holding sweep_mu only, so that a test can
+ * land writes and deletes in the middle of a walk.  NULL otherwise. */
+void (*kv_store_test_walk_hook)(void);
 
 /* ---------------------------------------------------------------- reading */
 
@@ -329,7 +404,7 @@ int kv_store_get(kv_store *s, const uint8_t key[32], uint8_t kind, void **data, 
     if (is_expired(h.ttl, &st, now_s())) {
         free(out);
         close(fd);
-        if (unlink_same(AT_FDCWD, path, &st)) forget(s, fsize);
+        (void)drop(s, key, kind, path, &st);
         inc(&s->expired, 1);
         goto miss;
     }
@@ -344,7 +419,7 @@ damaged:
     free(buf);
     free(out);
     close(fd);
-    if (unlink_same(AT_FDCWD, path, &st)) forget(s, fsize);
+    (void)drop(s, key, kind, path, &st);
     inc(&s->damaged, 1);
 miss:
     inc(&s->misses, 1);
@@ -409,22 +484,17 @@ int kv_store_put(kv_store *s, const uint8_t key[32], uint8_t kind, const void *d
 }
 
 /* If a good, unexpired file with a TTL covering the new one is already there,
- * refresh its mtime and return 1.  *old_size is the size of whatever regular
- * file is there (0 if none), for the byte count after a rewrite. */
-static int already_there(const char *path, const item *it, uint64_t *old_size, int *had)
+ * refresh its mtime and return 1. */
+static int already_there(const char *path, const item *it)
 {
-    *old_size = 0;
-    *had = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return 0;
     struct stat st;
     int yes = 0;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        *had = 1;
-        *old_size = (uint64_t)st.st_size;
         uint8_t h[KV_STORE_HDR_BYTES];
         hdr d;
-        if (pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, it->key, it->kind, *old_size, &d) == 0 &&
+        if (pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, it->key, it->kind, (uint64_t)st.st_size, &d) == 0 &&
             !is_expired(d.ttl, &st, now_s()) && ttl_covers(d.ttl, it->ttl)) {
             (void)futimens(fd, NULL);
             yes = 1;
@@ -441,13 +511,38 @@ static int mkdir_leaf(const char *path)
     return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
+/* Rename the finished temp file into place and count it, as one step under
+ * acct_mu (see Totals above); the old file's size is taken there too, since
+ * a sweep or a get may have deleted it since already_there.  0 = done;
+ * *kick = the totals are now above cap and no sweep is running. */
+static int publish(kv_store *s, const item *it, const char *tmp, const char *final, uint64_t total, int *kick)
+{
+    pthread_mutex_lock(&s->acct_mu);
+    struct stat old;
+    int had = lstat(final, &old) == 0 && S_ISREG(old.st_mode);
+    int rc = rename(tmp, final);
+    if (rc != 0 && errno == ENOENT) {
+        /* the fan-out directory v1/<hh> is made on first use */
+        char sub[PATH_MAX];
+        size_t cut = strlen(s->root) + 3;
+        memcpy(sub, final, cut);
+        sub[cut] = 0;
+        if (mkdir_leaf(sub) == 0) rc = rename(tmp, final);
+    }
+    if (rc == 0) {
+        account(s, it->key, it->kind, had ? 0 : 1, (int64_t)total - (had ? (int64_t)old.st_size : 0));
+        if (s->walking) s->walk_wrote = 1; /* the sweep re-checks the cap with its exact total */
+        else *kick = s->cap && atomic_load_explicit(&s->bytes, memory_order_relaxed) > s->cap;
+    }
+    pthread_mutex_unlock(&s->acct_mu);
+    return rc;
+}
+
 static void write_item(kv_store *s, item *it)
 {
     char final[PATH_MAX], tmp[PATH_MAX];
     if (file_path(s, it->key, it->kind, final) != 0) goto fail;
-    uint64_t old_size;
-    int had;
-    if (already_there(final, it, &old_size, &had)) {
+    if (already_there(final, it)) {
         inc(&s->existing, 1);
         return;
     }
@@ -482,31 +577,14 @@ static void write_item(kv_store *s, item *it)
     int bad = write_full(fd, file, total) != 0 || (s->fsync && fsync(fd) != 0);
     /* close reports deferred write errors on NFS */
     if (close(fd) != 0) bad = 1;
-    if (!bad && rename(tmp, final) != 0) {
-        bad = 1;
-        if (errno == ENOENT) {
-            /* the fan-out directory v1/<hh> is made on first use */
-            char sub[PATH_MAX];
-            size_t cut = strlen(s->root) + 3;
-            memcpy(sub, final, cut);
-            sub[cut] = 0;
-            if (mkdir_leaf(sub) == 0 && rename(tmp, final) == 0) bad = 0;
-        }
-    }
+    int kick = 0;
+    if (!bad && publish(s, it, tmp, final, total, &kick) != 0) bad = 1;
     if (bad) {
         (void)unlink(tmp);
         goto fail;
     }
     inc(&s->written, 1);
-    inc(&s->written_bytes, total);
-    if (had) {
-        if (total >= old_size) inc(&s->bytes, total - old_size);
-        else dec(&s->bytes, old_size - total);
-    } else {
-        inc(&s->files, 1);
-        inc(&s->bytes, total);
-    }
-    if (s->cap && atomic_load_explicit(&s->bytes, memory_order_relaxed) > s->cap) kick_sweeper(s);
+    if (kick) kick_sweeper(s);
     return;
 fail:
     inc(&s->write_errors, 1);
@@ -571,112 +649,198 @@ static void sweep_tmp(kv_store *s, int64_t now)
     closedir(d);
 }
 
+/* what a sweep has counted so far */
+typedef struct {
+    uint64_t files, bytes;
+    sweep_ent *v; /* with a cap: the files counted, for eviction */
+    size_t nv, cv;
+} sweep_acc;
+
+/* Judge one name of the fan-out directory sfd, with acct_mu held: damaged or
+ * expired -> unlinked, else counted (and kept for eviction). */
+static void sweep_file(kv_store *s, int sfd, const sweep_name *n, int64_t now, sweep_acc *a)
+{
+    char name[72];
+    key_hex(n->key, name);
+    snprintf(name + 64, sizeof name - 64, ".%u", (unsigned)n->kind); /* = the name listed (parse_name: canonical) */
+    /* O_NONBLOCK: a FIFO under a name of ours must not hang the sweep (and
+     * the writer, on acct_mu); it means nothing for a regular file */
+    int fd = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return; /* gone meanwhile, or a symlink: not ours */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return;
+    }
+    uint8_t h[KV_STORE_HDR_BYTES];
+    hdr d;
+    int ok = pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, n->key, n->kind, (uint64_t)st.st_size, &d) == 0;
+    close(fd);
+    if (!ok) {
+        /* a final file is complete by construction, so a bad
+         * header is damage (the CRC is left to get) */
+        if (unlink_same(sfd, name, &st)) inc(&s->damaged, 1);
+        return;
+    }
+    if (is_expired(d.ttl, &st, now)) {
+        if (unlink_same(sfd, name, &st)) inc(&s->expired, 1);
+        return;
+    }
+    a->files++;
+    a->bytes += (uint64_t)st.st_size;
+    if (!s->cap) return;
+    if (a->nv == a->cv) {
+        size_t nc = a->cv ? 2 * a->cv : 1024;
+        sweep_ent *nvp = realloc(a->v, nc * sizeof *a->v);
+        if (!nvp) return; /* this file just escapes eviction this round */
+        a->v = nvp, a->cv = nc;
+    }
+    sweep_ent *x = &a->v[a->nv++];
+    x->mt_s = st.st_mtim.tv_sec;
+    x->mt_ns = st.st_mtim.tv_nsec;
+    x->size = (uint64_t)st.st_size;
+    x->dev = st.st_dev;
+    x->ino = st.st_ino;
+    memcpy(x->key, n->key, 32);
+    x->kind = n->kind;
+}
+
+/* the next name of our layout in fan-out directory hh, or 0 at the end */
+static int next_name(DIR *sd, const char *hh, sweep_name *n)
+{
+    struct dirent *f;
+    while ((f = readdir(sd))) {
+        /* only names of our layout, in the directory their key says */
+        if (parse_name(f->d_name, n->key, &n->kind) == 0 && f->d_name[0] == hh[0] && f->d_name[1] == hh[1])
+            return 1;
+    }
+    return 0;
+}
+
+/* One fan-out directory: its listing is taken (and its delta cleared) under
+ * acct_mu, then its names are judged one at a time, each under acct_mu. */
+static void sweep_dir(kv_store *s, int rfd, const char *hh, int64_t now, sweep_acc *a)
+{
+    int sfd = openat(rfd, hh, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sfd < 0) return;
+    DIR *sd = fdopendir(sfd);
+    if (!sd) {
+        close(sfd);
+        return;
+    }
+    int ix = hexval(hh[0]) << 4 | hexval(hh[1]);
+    sweep_name n;
+    int whole = 0; /* no memory for the listing: judge the rest with acct_mu held throughout */
+    pthread_mutex_lock(&s->acct_mu);
+    s->wd_sum_files -= s->wd_files[ix], s->wd_files[ix] = 0;
+    s->wd_sum_bytes -= s->wd_bytes[ix], s->wd_bytes[ix] = 0;
+    s->walk_hh = ix;
+    s->walk_n = s->walk_pos = 0;
+    while (!whole && next_name(sd, hh, &n)) {
+        if (s->walk_n == s->walk_cap) {
+            size_t nc = s->walk_cap ? 2 * s->walk_cap : 256;
+            sweep_name *p = realloc(s->walk_names, nc * sizeof *p);
+            if (!p) whole = 1;
+            else s->walk_names = p, s->walk_cap = nc;
+        }
+        if (!whole) s->walk_names[s->walk_n++] = n;
+    }
+    size_t i = 0;
+    if (whole) {
+        for (; i < s->walk_n && !atomic_load(&s->stopping); i++) sweep_file(s, sfd, &s->walk_names[i], now, a);
+        if (!atomic_load(&s->stopping)) sweep_file(s, sfd, &n, now, a); /* the name that found no room */
+        while (!atomic_load(&s->stopping) && next_name(sd, hh, &n)) sweep_file(s, sfd, &n, now, a);
+    } else {
+        if (s->walk_n > 1) qsort(s->walk_names, s->walk_n, sizeof *s->walk_names, cmp_name);
+        pthread_mutex_unlock(&s->acct_mu);
+        /* walk_names and walk_n change only here, in the one sweep (sweep_mu) */
+        for (; i < s->walk_n && !atomic_load(&s->stopping); i++) {
+            if (kv_store_test_walk_hook) kv_store_test_walk_hook();
+            pthread_mutex_lock(&s->acct_mu);
+            sweep_file(s, sfd, &s->walk_names[i], now, a);
+            s->walk_pos = i + 1;
+            pthread_mutex_unlock(&s->acct_mu);
+        }
+        pthread_mutex_lock(&s->acct_mu);
+    }
+    s->walk_hh = -1; /* from here this directory's changes go to its delta */
+    s->walk_n = s->walk_pos = 0;
+    pthread_mutex_unlock(&s->acct_mu);
+    closedir(sd);
+}
+
 static void sweep_run(kv_store *s)
 {
     pthread_mutex_lock(&s->sweep_mu);
     int64_t now = now_s();
-    uint64_t wb0 = atomic_load(&s->written_bytes);
     sweep_tmp(s, now);
 
-    uint64_t files = 0, bytes = 0;
-    sweep_ent *v = NULL;
-    size_t nv = 0, cv = 0;
+    pthread_mutex_lock(&s->acct_mu);
+    s->walking = 1, s->walk_wrote = 0, s->walk_hh = -1;
+    memset(s->wd_files, 0, sizeof s->wd_files);
+    memset(s->wd_bytes, 0, sizeof s->wd_bytes);
+    s->wd_sum_files = s->wd_sum_bytes = 0;
+    pthread_mutex_unlock(&s->acct_mu);
+
+    sweep_acc a = {0};
     DIR *r = opendir(s->root);
     if (r) {
         struct dirent *e;
         while ((e = readdir(r)) && !atomic_load(&s->stopping)) {
             const char *hh = e->d_name;
             if (hexval(hh[0]) < 0 || hexval(hh[1]) < 0 || hh[2]) continue;
-            int sfd = openat(dirfd(r), hh, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (sfd < 0) continue;
-            DIR *sd = fdopendir(sfd);
-            if (!sd) {
-                close(sfd);
-                continue;
-            }
-            struct dirent *f;
-            while ((f = readdir(sd)) && !atomic_load(&s->stopping)) {
-                uint8_t key[32], kind;
-                /* only names of our layout, in the directory their key says */
-                if (parse_name(f->d_name, key, &kind) != 0 || f->d_name[0] != hh[0] || f->d_name[1] != hh[1]) continue;
-                int fd = openat(sfd, f->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-                if (fd < 0) continue; /* gone meanwhile, or a symlink: not ours */
-                struct stat st;
-                if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-                    close(fd);
-                    continue;
-                }
-                uint8_t h[KV_STORE_HDR_BYTES];
-                hdr d;
-                int ok = pread_full(fd, h, sizeof h, 0) == 0 &&
-                         hdr_check(h, key, kind, (uint64_t)st.st_size, &d) == 0;
-                close(fd);
-                if (!ok) {
-                    /* a final file is complete by construction, so a bad
-                     * header is damage (the CRC is left to get) */
-                    if (unlink_same(sfd, f->d_name, &st)) inc(&s->damaged, 1);
-                    continue;
-                }
-                if (is_expired(d.ttl, &st, now)) {
-                    if (unlink_same(sfd, f->d_name, &st)) inc(&s->expired, 1);
-                    continue;
-                }
-                files++;
-                bytes += (uint64_t)st.st_size;
-                if (!s->cap) continue;
-                if (nv == cv) {
-                    size_t nc = cv ? 2 * cv : 1024;
-                    sweep_ent *nvp = realloc(v, nc * sizeof *v);
-                    if (!nvp) continue; /* this file just escapes eviction this round */
-                    v = nvp, cv = nc;
-                }
-                sweep_ent *x = &v[nv++];
-                x->mt_s = st.st_mtim.tv_sec;
-                x->mt_ns = st.st_mtim.tv_nsec;
-                x->size = (uint64_t)st.st_size;
-                x->dev = st.st_dev;
-                x->ino = st.st_ino;
-                memcpy(x->key, key, 32);
-                x->kind = kind;
-            }
-            closedir(sd);
+            sweep_dir(s, dirfd(r), hh, now, &a);
         }
         closedir(r);
     }
 
     /* capacity: least recently used (oldest mtime) first, down to the low
      * watermark, so that a store at capacity sweeps once per cap/10 bytes
-     * written, not once per write.  A file whose mtime moved since the walk
-     * was just used (here or by another process): skipped, not deleted. */
+     * written, not once per write.  The total judged is the count plus this
+     * process's changes since (writes and deletes during the sweep).  A file
+     * whose mtime moved since the walk was just used (here or by another
+     * process): skipped, not deleted.  One gone meanwhile stays counted if
+     * another process deleted it (the next sweep sees it, like any other
+     * process's change); if we did, its delta has it already. */
     uint64_t low = s->cap - s->cap / 10;
-    if (s->cap && bytes > s->cap && nv) {
-        qsort(v, nv, sizeof *v, cmp_mtime);
-        for (size_t i = 0; i < nv && bytes > low && !atomic_load(&s->stopping); i++) {
+    pthread_mutex_lock(&s->acct_mu);
+    int64_t total = (int64_t)a.bytes + s->wd_sum_bytes;
+    pthread_mutex_unlock(&s->acct_mu);
+    if (s->cap && total > (int64_t)s->cap && a.nv) {
+        qsort(a.v, a.nv, sizeof *a.v, cmp_mtime);
+        for (size_t i = 0; i < a.nv && !atomic_load(&s->stopping); i++) {
             char path[PATH_MAX];
-            if (file_path(s, v[i].key, v[i].kind, path) != 0) continue;
+            if (file_path(s, a.v[i].key, a.v[i].kind, path) != 0) continue;
+            pthread_mutex_lock(&s->acct_mu);
+            int done = (int64_t)a.bytes + s->wd_sum_bytes <= (int64_t)low;
             struct stat cur;
-            if (lstat(path, &cur) != 0) {
-                if (errno == ENOENT) files--, bytes -= v[i].size; /* someone else deleted it */
-                continue;
-            }
-            if (cur.st_dev != v[i].dev || cur.st_ino != v[i].ino || cur.st_mtim.tv_sec != v[i].mt_s ||
-                cur.st_mtim.tv_nsec != v[i].mt_ns)
-                continue;
-            if (unlink(path) == 0) {
-                files--, bytes -= v[i].size;
+            if (!done && lstat(path, &cur) == 0 && cur.st_dev == a.v[i].dev && cur.st_ino == a.v[i].ino &&
+                cur.st_mtim.tv_sec == a.v[i].mt_s && cur.st_mtim.tv_nsec == a.v[i].mt_ns && unlink(path) == 0) {
+                a.files--, a.bytes -= a.v[i].size;
                 inc(&s->evicted, 1);
             }
+            pthread_mutex_unlock(&s->acct_mu);
+            if (done) break;
         }
     }
-    free(v);
-    atomic_store(&s->files, files);
-    atomic_store(&s->bytes, bytes);
-    /* Our writes during the walk may or may not be in these totals (and the
-     * writer's own kick may have read a total we just replaced): if they
-     * could put us above cap, sweep again rather than wait a whole period. */
-    uint64_t raced = atomic_load(&s->written_bytes) - wb0;
+    free(a.v);
+
+    /* the count plus the changes it did not see: exact for this process */
+    pthread_mutex_lock(&s->acct_mu);
+    int64_t files = (int64_t)a.files + s->wd_sum_files, bytes = (int64_t)a.bytes + s->wd_sum_bytes;
+    if (files < 0) files = 0; /* we deleted another process's file our count never had */
+    if (bytes < 0) bytes = 0;
+    int stopped = atomic_load(&s->stopping); /* a walk cut short counted only part: keep the running totals */
+    if (!stopped) {
+        atomic_store(&s->files, (uint64_t)files);
+        atomic_store(&s->bytes, (uint64_t)bytes);
+    }
+    /* writes during the sweep left their kick to us */
+    int again = s->cap && s->walk_wrote && (uint64_t)bytes > s->cap && !stopped;
+    s->walking = 0;
+    pthread_mutex_unlock(&s->acct_mu);
     pthread_mutex_unlock(&s->sweep_mu);
-    if (s->cap && raced && bytes + raced > s->cap && !atomic_load(&s->stopping)) kick_sweeper(s);
+    if (again) kick_sweeper(s);
 }
 
 void kv_store_sweep(kv_store *s)
@@ -776,6 +940,8 @@ int kv_store_open(const kv_store_cfg *cfg, kv_store **out, rc_err *err)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->sweep_mu, NULL);
+    pthread_mutex_init(&s->acct_mu, NULL);
+    s->walk_hh = -1;
     pthread_cond_init(&s->work_cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
     pthread_cond_init(&s->sweep_cv, &ca);
@@ -802,9 +968,11 @@ fail_threads:
     pthread_cond_destroy(&s->sweep_cv);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->acct_mu);
     pthread_mutex_destroy(&s->sweep_mu);
     pthread_mutex_destroy(&s->mu);
     ZSTD_freeCCtx(s->cctx);
+    free(s->walk_names);
     free(s);
     return rc_errf(err, RC_EIO, "kv store: cannot start its threads");
 }
@@ -823,10 +991,12 @@ void kv_store_close(kv_store *s)
     pthread_cond_destroy(&s->sweep_cv);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->acct_mu);
     pthread_mutex_destroy(&s->sweep_mu);
     pthread_mutex_destroy(&s->mu);
     ZSTD_freeCCtx(s->cctx);
     free(s->zbuf);
+    free(s->walk_names);
     free(s);
 }
 

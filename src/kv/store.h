@@ -64,8 +64,9 @@
  *
  * Threads: put/get/contains/flush/sweep/get_stats may be called from any
  * thread concurrently.  Counters are atomics; files/bytes are exact after a
- * sweep (and at open) and adjusted by this process's own writes and deletes
- * in between; other processes' changes show up at the next sweep. */
+ * sweep (and at open), this process's own writes and deletes made during the
+ * sweep included, and adjusted by them in between; other processes' changes
+ * show up at the next sweep. */
 #ifndef KV_STORE_H
 #define KV_STORE_H
 

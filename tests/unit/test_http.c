@@ -53,7 +53,7 @@ typedef struct fix {
     atomic_int write_failed;      /* a write returned -1 */
     atomic_int late_write_failed; /* a write after on_close returned -1 */
     atomic_long flood_bytes;
-    atomic_int gate;              /* the client saw what it waited for (prod_slow) */
+    atomic_int gate;              /* the client saw what it waited for (prod_slow, prod_drain) */
 } fix;
 
 typedef struct {
@@ -100,12 +100,13 @@ static void *prod_slow(void *a) { /* silent until the client has seen what it wa
     return NULL;
 }
 
-static void *prod_drain(void *a) { /* 20 chunks, 10 ms apart */
+static void *prod_drain(void *a) { /* 20 chunks, 10 ms apart; after the first, silent until the gate (at most 5 s) */
     job *j = a;
     for (int i = 0; i < 20; i++) {
         char line[64];
         int n = snprintf(line, sizeof line, "data: %d\n\n", i);
         srv_stream_write(j->s, line, (size_t)n);
+        for (int w = 0; i == 0 && w < 1000 && !atomic_load(&j->f->gate); w++) sleep_ms(5);
         sleep_ms(10);
     }
     srv_stream_close(j->s);
@@ -881,6 +882,10 @@ static void test_stop_drains(void **state) {
     assert_json_error(&r, 503, "server_error");
     resp_free(&r);
     assert_true(cl_eof(idle, 3000));
+    /* the stream holds the drain open until this client has its 503: were it
+     * to end on a timer, a thread descheduled for ~0.2 s between the stop and
+     * the send above would find the server gone (drained) instead */
+    atomic_store(&f->gate, 1);
     assert_int_equal(cl_read(s, &r, 5000), 0); /* the open stream runs to its end */
     char want[512] = "";
     for (int i = 0; i < 20; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "data: %d\n\n", i);

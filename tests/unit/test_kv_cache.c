@@ -9,7 +9,8 @@
  *   - restart: a new cache over the same directory (blocks and window state
  *     from disk);
  *   - bounded replay: window states expired (TTL 0) -> path replay, exact
- *     here because 128 tokens cover tiny-mixed's dependency cone;
+ *     here because 128 tokens cover tiny-mixed's dependency cone; with a
+ *     disk tier too (TTL 0 must not become "never expires" on disk);
  *   - namespaces: another salt misses; a prompt of one block + 1 token hits
  *     its block, one of exactly one block does not (its last token must be
  *     computed). */
@@ -203,6 +204,29 @@ static void test_replay_when_window_expired(void **st)
     kv_cache_destroy(c);
 }
 
+/* swa_ttl_s 0 = window states expire at once, with a disk tier too: the
+ * store's TTL 0 means "never expires", so none may reach the disk (blocks
+ * from disk, then a replay; also for a later cache over the directory) */
+static void test_window_ttl0_with_disk(void **st)
+{
+    fix *f = *st;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir); /* earlier tests left window states with a 180 s TTL */
+    if (system(cmd)) { /* best effort */ }
+    kv_cache *c = mk(f, 0, 0, 1, 0, "ttl0 disk");
+    publish(f, c, NULL);
+    kv_cache_stats cs;
+    kv_cache_get_stats(c, &cs);
+    assert_int_equal(cs.disk_files, CUT / 128); /* the blocks only */
+    attach_check(f, c, NULL, KV_PATH_REPLAY, CUT - 128, 2);
+    kv_cache_get_stats(c, &cs);
+    assert_int_equal(cs.swa_hits_disk, 0);
+    kv_cache_destroy(c);
+    c = mk(f, 0, 0, 1, 180, "ttl0 disk, restart");
+    attach_check(f, c, NULL, KV_PATH_REPLAY, CUT - 128, 2);
+    kv_cache_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -210,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_host_tier),
         cmocka_unit_test(test_disk_tier_and_restart),
         cmocka_unit_test(test_replay_when_window_expired),
+        cmocka_unit_test(test_window_ttl0_with_disk),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,9 +10,11 @@
  *     a foreign version / magic / flag with a correct CRC, another key's file;
  *   - expiry (mtime moved into the past), hits refreshing mtime, LRU capacity
  *     eviction, the background sweeper (timer and capacity kick);
+ *   - writes and deletes landing in the middle of a sweep's walk (a
+ *     test-only hook in store.c): files/bytes still exact afterwards;
  *   - faults: a file size limit (real EFBIG, in a child), the directory
  *     removed or replaced by a file, a writer killed with SIGKILL mid-stream,
- *     stale temp files, foreign files left alone;
+ *     stale temp files, foreign files (a FIFO too) left alone;
  *   - a reader hammering get (through a second instance) while blobs are
  *     written and rewritten sees only misses or exact bytes.
  * The tests run as root: nothing here depends on permission bits. */
@@ -822,8 +824,14 @@ static int wait_for(kv_store *s, int (*ok)(const kv_store_stats *), int ms)
 }
 
 static int one_expired(const kv_store_stats *t) { return t->expired == 1; }
-/* under cap (7 files or fewer), every file beyond accounted as evicted */
-static int under_cap(const kv_store_stats *t) { return t->files <= 7 && t->evicted + t->files == 10; }
+/* under cap (7 files of 10084 bytes or fewer), every file written so far
+ * (sweep_written) either counted or accounted as evicted: no sweep pending */
+enum { SWEEP_F = 10084 };
+static uint64_t sweep_written;
+static int under_cap(const kv_store_stats *t)
+{
+    return t->files <= 7 && t->evicted + t->files == sweep_written && t->bytes == t->files * (uint64_t)SWEEP_F;
+}
 
 static void test_background_sweeper(void **st)
 {
@@ -847,22 +855,31 @@ static void test_background_sweeper(void **st)
     kv_store_close(s);
 
     /* the kick: a write that takes bytes above cap wakes a sweeper whose
-     * period is an hour; 10 files into a cap of 7.5 leave 6 or 7 (a sweep
-     * evicts down to 6.75, and whether the last one comes after the 9th or
-     * the 10th write is up to the scheduler) */
-    enum { F = 10084 };
+     * period is an hour; a sweep evicts down to 6.75 files of a cap of 7.5.
+     * Each write waits for the sweep it kicked (if any) to finish before the
+     * next one, so no write lands during a sweep's walk: whether a sweep came
+     * after the 9th or the 10th write was up to the scheduler, and a write
+     * racing the walk can leave files/bytes off by one file (sweep_run's
+     * atomic_store of its totals vs the writer's inc).  So: the 8th write
+     * kicks (8 > 7.5) -> 6 left, the 9th makes 7 (under cap, no kick), the
+     * 10th kicks again -> 6 left, the four least recently used (0-3) gone. */
+    enum { F = SWEEP_F };
     c = (kv_store_cfg){.dir = dir, .cap_bytes = (uint64_t)F * 15 / 2, .sweep_interval_ms = FOREVER_MS};
     assert_int_equal(kv_store_open(&c, &s, NULL), 0);
+    char sp[10][512];
     for (int i = 0; i < 10; i++) {
         mkkey(60 + i, k);
         assert_int_equal(kv_store_put(s, k, 1, b, 10000, 0), 0);
         kv_store_flush(s); /* one at a time, so the mtimes order them */
-        fpath(dir, k, 1, p);
-        set_mtime_abs(p, time(NULL) - 1000 + i);
+        fpath(dir, k, 1, sp[i]);
+        set_mtime_abs(sp[i], time(NULL) - 1000 + i);
+        sweep_written = (uint64_t)i + 1;
+        assert_true(wait_for(s, under_cap, 10000));
+        assert_int_equal(stats(s).evicted, i < 7 ? 0 : i < 9 ? 2 : 4);
     }
-    assert_true(wait_for(s, under_cap, 10000));
     uint64_t left = stats(s).files;
-    assert_true(left >= 6);
+    assert_int_equal(left, 6);
+    for (int i = 0; i < 10; i++) assert_int_equal(exists(sp[i]), i >= 4);
     kv_store_close(s);
     s = open_store(dir, 0, 0);
     assert_int_equal(stats(s).files, left);
@@ -871,6 +888,130 @@ static void test_background_sweeper(void **st)
     free(b);
     rm_rf(dir);
     free(dir);
+}
+
+/* A sweep's count vs this process's writes and deletes landing in the middle
+ * of its walk.  store.c calls kv_store_test_walk_hook (a test-only hook, NULL
+ * otherwise) before judging each file; at the hook_at-th call the hook writes
+ * a new file into each of the 256 fan-out directories (some already walked,
+ * some not, one being walked), rewrites files with another size (a longer
+ * TTL forces it) and has get delete expired ones, then flushes.  Whatever the
+ * walk had or had not seen, the totals after the sweep must equal what is on
+ * disk (a sweep that simply stored its own count lost the writes into
+ * directories already walked and kept the deletes there).  64 files, two in
+ * each of 32 directories, so that calls 2j+1 and 2j+2 are one directory's
+ * first and second file (names sorted): hook_at picks where the walk stands. */
+extern void (*kv_store_test_walk_hook)(void);
+
+enum { RW_N = 64 };
+static struct {
+    kv_store *s;
+    const char *dir;
+    int armed, calls, at, fired;
+    uint8_t *b;
+} rw;
+
+static void rw_key(int i, uint8_t k[32])
+{
+    mkkey(3000 + (uint32_t)i, k);
+    k[0] = (uint8_t)(i / 2 * 8); /* two files in each of 32 fan-out directories */
+}
+
+static void rw_hook(void)
+{
+    if (!rw.armed || ++rw.calls != rw.at) return;
+    rw.fired = 1;
+    uint8_t k[32];
+    char p[512];
+    for (int hh = 0; hh < 256; hh++) {
+        mkkey(5000 + (uint32_t)hh, k);
+        k[0] = (uint8_t)hh;
+        assert_int_equal(kv_store_put(rw.s, k, 1, rw.b, 500 + (size_t)hh, HOUR), 0);
+    }
+    for (int i = 0; i < RW_N; i++) {
+        rw_key(i, k);
+        if (i % 4 < 2) { /* both files of every other directory: rewritten bigger */
+            assert_int_equal(kv_store_put(rw.s, k, 1, rw.b, 3000 + 16 * (size_t)i, 2 * HOUR), 0);
+        } else if (i % 4 == 3) { /* one file of the others: expired, get deletes it */
+            fpath(rw.dir, k, 1, p);
+            set_age(p, 100);
+            expect_miss(rw.s, k, 1);
+            assert_false(exists(p));
+        }
+    }
+    kv_store_flush(rw.s);
+}
+
+/* files and bytes of the final files on disk */
+static void disk_totals(const char *dir, uint64_t *files, uint64_t *bytes)
+{
+    *files = *bytes = 0;
+    char v1[512];
+    snprintf(v1, sizeof v1, "%s/v1", dir);
+    DIR *d = opendir(v1);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strlen(e->d_name) != 2 || e->d_name[0] == '.') continue;
+        char sub[600];
+        snprintf(sub, sizeof sub, "%s/%s", v1, e->d_name);
+        DIR *x = opendir(sub);
+        assert_non_null(x);
+        struct dirent *f;
+        while ((f = readdir(x))) {
+            if (f->d_name[0] == '.') continue;
+            char fp[900];
+            snprintf(fp, sizeof fp, "%s/%s", sub, f->d_name);
+            struct stat st;
+            assert_int_equal(lstat(fp, &st), 0);
+            (*files)++, *bytes += (uint64_t)st.st_size;
+        }
+        closedir(x);
+    }
+    closedir(d);
+}
+
+static void test_sweep_races_writes(void **st)
+{
+    (void)st;
+    static const int ats[] = {1, 2, 3, 33, 34, 35, 36, 63, 64};
+    rw.b = blob(4096, 77, 0);
+    kv_store_test_walk_hook = rw_hook; /* before open: the store's threads see it from their start */
+    for (size_t t = 0; t < sizeof ats / sizeof *ats; t++) {
+        char *dir = mkdir_tmp();
+        kv_store *s = open_store(dir, 0, 0);
+        uint8_t k[32];
+        for (int i = 0; i < RW_N; i++) {
+            rw_key(i, k);
+            assert_int_equal(kv_store_put(s, k, 1, rw.b, 1000 + 16 * (size_t)i, i % 4 == 3 ? 30 : HOUR), 0);
+        }
+        kv_store_flush(s);
+        rw.s = s, rw.dir = dir, rw.calls = 0, rw.at = ats[t], rw.fired = 0, rw.armed = 1;
+        kv_store_sweep(s);
+        rw.armed = 0;
+        assert_true(rw.fired);
+        uint64_t files, bytes;
+        disk_totals(dir, &files, &bytes);
+        assert_int_equal(files, RW_N - RW_N / 4 + 256);
+        kv_store_stats t1 = stats(s);
+        if (t1.files != files || t1.bytes != bytes)
+            print_error("hook at %d: stats %llu files %llu bytes, disk %llu files %llu bytes\n", ats[t],
+                        (unsigned long long)t1.files, (unsigned long long)t1.bytes, (unsigned long long)files,
+                        (unsigned long long)bytes);
+        assert_int_equal(t1.files, files);
+        assert_int_equal(t1.bytes, bytes);
+        assert_int_equal(t1.expired, RW_N / 4);
+        assert_int_equal(t1.written, RW_N + 256 + RW_N / 2);
+        /* and a sweep with nothing racing it agrees */
+        kv_store_sweep(s);
+        assert_int_equal(stats(s).files, files);
+        assert_int_equal(stats(s).bytes, bytes);
+        kv_store_close(s);
+        rm_rf(dir);
+        free(dir);
+    }
+    kv_store_test_walk_hook = NULL;
+    free(rw.b);
 }
 
 static void test_queue_limit(void **st)
@@ -1035,6 +1176,11 @@ static void test_stale_temps_and_foreign_files(void **st)
     assert_string_not_equal(upper, good);
     spit(stale, "half", 4), spit(fresh, "half", 4), spit(notmp, "keep", 4), spit(foreign, "keep", 4);
     spit(garbage, "this is not a store file", 24), spit(oddkind, "keep", 4), spit(upper, "keep", 4);
+    /* a FIFO under a name of ours: the sweep must neither block opening it
+     * nor delete it */
+    char fifo[512];
+    fpath(dir, k, 9, fifo);
+    assert_int_equal(mkfifo(fifo, 0644), 0);
     set_age(stale, 11 * 60);
     set_age(fresh, 9 * 60);
     set_age(notmp, 3600);
@@ -1057,7 +1203,7 @@ static void test_stale_temps_and_foreign_files(void **st)
     set_age(fresh, 11 * 60);
     kv_store_sweep(s);
     assert_false(exists(fresh));
-    assert_true(exists(notmp) && exists(foreign) && exists(oddkind) && exists(upper));
+    assert_true(exists(notmp) && exists(foreign) && exists(oddkind) && exists(upper) && exists(fifo));
     kv_store_close(s);
     free(b);
     rm_rf(dir);
@@ -1261,6 +1407,7 @@ int main(void)
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_capacity_lru),
         cmocka_unit_test(test_background_sweeper),
+        cmocka_unit_test(test_sweep_races_writes),
         cmocka_unit_test(test_queue_limit),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_dir_removed_or_replaced),
