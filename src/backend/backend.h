@@ -245,19 +245,20 @@ typedef struct be_dev_ops {
      * 0 made before the fork and writes its own outputs); a region ends joined. */
     void (*lane)(be_backend *be, int k);
     void (*join)(be_backend *be);
-    /* Optional (NULL: hc_pre, or hc_head, then rmsnorm, then copy and fq).  hc_pre (head 0) or hc_head (head 1:
-     * post and comb unused), then rmsnorm of coll in place with w (the model's host array, NULL: ones) and eps, and
-     * (xq != NULL) xq = v4.c's act_quant of coll (fq, FP8, blocks of 128 columns): the values those ops give, from a
-     * backend that does them in fewer launches. */
-    void (*hc_pre_norm)(be_backend *be, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
+    /* The three below fuse a chain of the ops above, for a backend that does it in fewer launches.  Each returns 0
+     * when it did the chain (the values the ops give), > 0 when it declines (nothing done: the caller issues the
+     * ops one by one); NULL: always declines.
+     * hc_pre_norm: hc_pre (head 0) or hc_head (head 1: post and comb unused), then rmsnorm of coll in place with w
+     * (the model's host array, NULL: ones) and eps, and (xq != NULL) xq = v4.c's act_quant of coll (a copy, then fq:
+     * FP8, blocks of 128 columns). */
+    int (*hc_pre_norm)(be_backend *be, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
                         float *comb, const float *w, float eps, float *xq);
-    /* Optional (NULL: rmsnorm, then rope).  rmsnorm of each row of x [rows, dim] in place with w (host, NULL: ones)
-     * and eps, then rope on its last rd channels (off dim - rd, stride dim) at pos[r / per] (pos device). */
-    void (*norm_rope)(be_backend *be, float *x, size_t rows, size_t dim, const float *w, float eps, int rd,
+    /* norm_rope: rmsnorm of each row of x [rows, dim] in place with w (host, NULL: ones) and eps, then rope on its
+     * last rd channels (off dim - rd, stride dim) at pos[r / per] (pos device). */
+    int (*norm_rope)(be_backend *be, float *x, size_t rows, size_t dim, const float *w, float eps, int rd,
                       const float *inv_freq, const int64_t *pos, int per);
-    /* Optional (NULL: add, then hc_post).  hc_post with f + f2 for f (f2 [R, D] added first, as add(f, f2) does;
-     * f itself may stay as it was). */
-    void (*hc_post_add)(be_backend *be, float *X, const float *f, const float *f2, const float *post,
+    /* hc_post_add: add(f, f2) (f2 [R, D]), then hc_post with f; f itself may stay as it was. */
+    int (*hc_post_add)(be_backend *be, float *X, const float *f, const float *f2, const float *post,
                         const float *comb, int n, int D, size_t R);
 } be_dev_ops;
 

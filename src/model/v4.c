@@ -1589,16 +1589,13 @@ static void djoin(dev_ctx *x)
 }
 
 /* hc_pre (head 0) or hc_head (head 1) of X, then the RMSNorm of coll with the model's weight w, and (xq != NULL)
- * act_quant's copy of coll into xq: in one op where the backend fuses them (be_dev_ops.hc_pre_norm) */
+ * act_quant's copy of coll into xq: in one op where the backend fuses them (be_dev_ops.hc_pre_norm), else one by one */
 static void dhc_pre_norm(dev_ctx *x, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
                          float *comb, const float *w, float *xq)
 {
     const be_dev_ops *dv = x->dv;
     const float eps = x->m->cfg.rms_eps;
-    if (dv->hc_pre_norm) {
-        dv->hc_pre_norm(x->be, h, head, X, R, coll, post, comb, w, eps, xq);
-        return;
-    }
+    if (dv->hc_pre_norm && dv->hc_pre_norm(x->be, h, head, X, R, coll, post, comb, w, eps, xq) == 0) return;
     if (head) dv->hc_head(x->be, h, X, R, coll);
     else dv->hc_pre(x->be, h, X, R, coll, post, comb);
     dv->rmsnorm(x->be, coll, coll, R, (size_t)h->D, w, eps);
@@ -1609,17 +1606,24 @@ static void dhc_pre_norm(dev_ctx *x, const be_hc *h, int head, const float *X, s
 }
 
 /* rmsnorm of each row of x [rows, dim] in place, then RoPE on its last rd channels at pos[r / per]: in one op where
- * the backend fuses them (be_dev_ops.norm_rope) */
+ * the backend fuses them (be_dev_ops.norm_rope), else one by one */
 static void dnorm_rope(dev_ctx *x, float *v, size_t rows, size_t dim, const float *w, int rd, const float *inv, int per)
 {
     const be_dev_ops *dv = x->dv;
     const float eps = x->m->cfg.rms_eps;
-    if (dv->norm_rope) {
-        dv->norm_rope(x->be, v, rows, dim, w, eps, rd, inv, x->pos, per);
-        return;
-    }
+    if (dv->norm_rope && dv->norm_rope(x->be, v, rows, dim, w, eps, rd, inv, x->pos, per) == 0) return;
     dv->rmsnorm(x->be, v, v, rows, dim, w, eps);
     dv->rope(x->be, v, rows, dim, dim - (size_t)rd, rd, inv, x->pos, per);
+}
+
+/* f += f2, then hc_post of X with f: in one op where the backend fuses them (be_dev_ops.hc_post_add), else one by one */
+static void dhc_post_add(dev_ctx *x, float *X, float *f, const float *f2, const float *post, const float *comb, size_t R)
+{
+    const be_dev_ops *dv = x->dv;
+    const int n = x->m->cfg.hc_mult, D = x->m->cfg.hidden_size;
+    if (dv->hc_post_add && dv->hc_post_add(x->be, X, f, f2, post, comb, n, D, R) == 0) return;
+    dv->add(x->be, f, f2, R * (size_t)D);
+    dv->hc_post(x->be, X, f, post, comb, n, D, R);
 }
 
 /* the host path of attention for device activations: q, iq, iw down, o up (the backend declined) */
@@ -2268,12 +2272,7 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
             dhc_pre_norm(&x, &h, 0, X, R, coll, post, comb, ly->ffn_norm, xq);
             const float *sd = NULL;
             rc = x.oom ? RC_ENOMEM : moe_dev(&x, l, coll, xq, f, &sd);
-            if (!rc && dv->hc_post_add) {
-                dv->hc_post_add(be, X, f, sd, post, comb, n, D, R);
-            } else if (!rc) {
-                dv->add(be, f, sd, R * (size_t)D);
-                dv->hc_post(be, X, f, post, comb, n, D, R);
-            }
+            if (!rc) dhc_post_add(&x, X, f, sd, post, comb, R);
             dregion_end(&x);
             if (rc) break;
         }

@@ -2002,35 +2002,24 @@ static void dv_hc_head(be_backend *be, const be_hc *h, const float *X, size_t R,
     DV_LEAVE;
 }
 
-static void dv_fq(be_backend *be, float *x, size_t rows, size_t stride, size_t n, int block, int fp4);
-
 /* hc_pre or hc_head, then the norm (and act_quant's copy): one kernel for them after the dot products where the rows
- * are few (no GEMM for them) and fit it, else the ops one by one */
-static void dv_hc_pre_norm(be_backend *be, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
-                           float *comb, const float *w, float eps, float *xq)
+ * are few (no GEMM for them) and fit it; else declined (v4.c issues the ops) */
+static int dv_hc_pre_norm(be_backend *be, const be_hc *h, int head, const float *X, size_t R, float *coll, float *post,
+                          float *comb, const float *w, float eps, float *xq)
 {
-    int fused = 0;
-    {
-        DV_ENTER(BCU_PROF_GRAPH);
-        bcu_hc_site s;
-        const size_t wb = bcu_hc_ws_bytes(R, h->n);
-        const int mix = head ? h->n : (2 + h->n) * h->n;
-        const float *dw = NULL;
-        if (c->fuse && R && R < c->hc_gemm_R && bcu_hc_pre_norm_fits(h->n, h->D, R)) {
-            fused = 1;
-            if (!hc_site(c, h, mix, head ? 1 : 3, &s) && !scratch(c, wb) && (!w || (dw = norm_weight(c, w, h->D))))
-                DV_CU(bcu_hc_pre_norm(&s, head, X, R, coll, post, comb, dw, eps, xq, c->scratch, wb, c->st));
-        }
-        DV_LEAVE;
+    int declined = 1;
+    DV_ENTER(BCU_PROF_GRAPH);
+    bcu_hc_site s;
+    const size_t wb = bcu_hc_ws_bytes(R, h->n);
+    const int mix = head ? h->n : (2 + h->n) * h->n;
+    const float *dw = NULL;
+    if (c->fuse && R && R < c->hc_gemm_R && bcu_hc_pre_norm_fits(h->n, h->D, R)) {
+        declined = 0;
+        if (!hc_site(c, h, mix, head ? 1 : 3, &s) && !scratch(c, wb) && (!w || (dw = norm_weight(c, w, h->D))))
+            DV_CU(bcu_hc_pre_norm(&s, head, X, R, coll, post, comb, dw, eps, xq, c->scratch, wb, c->st));
     }
-    if (fused) return;
-    if (head) dv_hc_head(be, h, X, R, coll);
-    else dv_hc_pre(be, h, X, R, coll, post, comb);
-    dv_rmsnorm(be, coll, coll, R, (size_t)h->D, w, eps);
-    if (xq) {
-        dv_copy(be, xq, coll, R * (size_t)h->D * sizeof(float));
-        dv_fq(be, xq, R, (size_t)h->D, (size_t)h->D, 128, 0);
-    }
+    DV_LEAVE;
+    return declined;
 }
 
 static void dv_hc_post(be_backend *be, float *X, const float *f, const float *post, const float *comb, int n, int D,
@@ -2041,18 +2030,18 @@ static void dv_hc_post(be_backend *be, float *X, const float *f, const float *po
     DV_LEAVE;
 }
 
-/* hc_post of f + f2: the add inside its kernel (DEEPINFER_CUDA_FUSE=0: the two kernels) */
-static void dv_hc_post_add(be_backend *be, float *X, const float *f, const float *f2, const float *post,
-                           const float *comb, int n, int D, size_t R)
+/* hc_post of f + f2: the add inside its kernel (DEEPINFER_CUDA_FUSE=0: declined) */
+static int dv_hc_post_add(be_backend *be, float *X, const float *f, const float *f2, const float *post,
+                          const float *comb, int n, int D, size_t R)
 {
+    int declined = 1;
     DV_ENTER(BCU_PROF_GRAPH);
-    if (c->fuse || !f2) {
+    if (c->fuse) {
+        declined = 0;
         DV_CU(bcu_hc_post_add(X, f, f2, post, comb, n, D, R, c->st));
-    } else {
-        DV_CU(bcu_add((float *)f, f2, R * (size_t)D, c->st));
-        if (!c->failed) DV_CU(bcu_hc_post(X, f, post, comb, n, D, R, c->st));
     }
     DV_LEAVE;
+    return declined;
 }
 
 static void dv_rope(be_backend *be, float *x, size_t rows, size_t stride, size_t off, int rd, const float *inv,
@@ -2064,25 +2053,21 @@ static void dv_rope(be_backend *be, float *x, size_t rows, size_t stride, size_t
     DV_LEAVE;
 }
 
-/* rmsnorm then rope, in one kernel where the rows fit it */
-static void dv_norm_rope(be_backend *be, float *x, size_t rows, size_t dim, const float *w, float eps, int rd,
-                         const float *inv, const int64_t *pos, int per)
+/* rmsnorm then rope, in one kernel where the rows fit it; else declined */
+static int dv_norm_rope(be_backend *be, float *x, size_t rows, size_t dim, const float *w, float eps, int rd,
+                        const float *inv, const int64_t *pos, int per)
 {
-    int fused = 0;
-    {
-        DV_ENTER(BCU_PROF_GRAPH);
-        if (c->fuse && bcu_norm_rope_fits(dim, rd) && per > 0) {
-            fused = 1;
-            const float *dw = NULL, *di = NULL;
-            if (rows && (!w || (dw = norm_weight(c, w, dim))) &&
-                (!rd || (di = norm_weight(c, inv, (size_t)(rd / 2 > 0 ? rd / 2 : 1)))))
-                DV_CU(bcu_norm_rope(x, rows, dim, dw, eps, rd, di, pos, per, c->st));
-        }
-        DV_LEAVE;
+    int declined = 1;
+    DV_ENTER(BCU_PROF_GRAPH);
+    if (c->fuse && bcu_norm_rope_fits(dim, rd) && per > 0) {
+        declined = 0;
+        const float *dw = NULL, *di = NULL;
+        if (rows && (!w || (dw = norm_weight(c, w, dim))) &&
+            (!rd || (di = norm_weight(c, inv, (size_t)(rd / 2 > 0 ? rd / 2 : 1)))))
+            DV_CU(bcu_norm_rope(x, rows, dim, dw, eps, rd, di, pos, per, c->st));
     }
-    if (fused) return;
-    dv_rmsnorm(be, x, x, rows, dim, w, eps);
-    dv_rope(be, x, rows, dim, dim - (size_t)rd, rd, inv, pos, per);
+    DV_LEAVE;
+    return declined;
 }
 
 static_assert(sizeof(be_comp_slot) == sizeof(bcu_comp_slot) && offsetof(be_comp_slot, g) == offsetof(bcu_comp_slot, g) &&
