@@ -351,6 +351,22 @@ void (*kv_store_test_walk_hook)(void);
 
 /* ---------------------------------------------------------------- reading */
 
+/* Open a final file for reading: its fd (and *st), or -1 when it is absent or
+ * not a regular file.  O_NONBLOCK as in sweep_file: a FIFO under a name of
+ * ours must not hang a get, a contains or the writer (it means nothing for a
+ * regular file); a FIFO or device there is not ours, so it is a miss that is
+ * neither blamed nor unlinked. */
+static int open_final(const char *path, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return -1;
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int kv_store_get(kv_store *s, const uint8_t key[32], uint8_t kind, void **data, size_t *n)
 {
     if (data) *data = NULL;
@@ -359,13 +375,11 @@ int kv_store_get(kv_store *s, const uint8_t key[32], uint8_t kind, void **data, 
     char path[PATH_MAX];
     if (file_path(s, key, kind, path) != 0) return RC_EINVAL;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) goto miss; /* absent, directory gone, fd limit, ...: a miss, the file (if any) is not blamed */
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        goto miss; /* not a file of ours: leave it alone */
-    }
+    /* absent, directory gone, fd limit, not a regular file, ...: a miss, the
+     * file (if any) is not blamed */
+    int fd = open_final(path, &st);
+    if (fd < 0) goto miss;
     uint8_t *buf = NULL, *out = NULL;
     uint64_t fsize = (uint64_t)st.st_size;
     hdr h;
@@ -431,13 +445,13 @@ int kv_store_contains(kv_store *s, const uint8_t key[32], uint8_t kind)
     if (!s || !key || !kind) return 0;
     char path[PATH_MAX];
     if (file_path(s, key, kind, path) != 0) return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return 0;
     struct stat st;
+    int fd = open_final(path, &st);
+    if (fd < 0) return 0;
     uint8_t h[KV_STORE_HDR_BYTES];
     hdr d;
-    int yes = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && pread_full(fd, h, sizeof h, 0) == 0 &&
-              hdr_check(h, key, kind, (uint64_t)st.st_size, &d) == 0 && !is_expired(d.ttl, &st, now_s());
+    int yes = pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, key, kind, (uint64_t)st.st_size, &d) == 0 &&
+              !is_expired(d.ttl, &st, now_s());
     close(fd);
     return yes;
 }
@@ -487,19 +501,14 @@ int kv_store_put(kv_store *s, const uint8_t key[32], uint8_t kind, const void *d
  * refresh its mtime and return 1. */
 static int already_there(const char *path, const item *it)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return 0;
     struct stat st;
-    int yes = 0;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        uint8_t h[KV_STORE_HDR_BYTES];
-        hdr d;
-        if (pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, it->key, it->kind, (uint64_t)st.st_size, &d) == 0 &&
-            !is_expired(d.ttl, &st, now_s()) && ttl_covers(d.ttl, it->ttl)) {
-            (void)futimens(fd, NULL);
-            yes = 1;
-        }
-    }
+    int fd = open_final(path, &st);
+    if (fd < 0) return 0;
+    uint8_t h[KV_STORE_HDR_BYTES];
+    hdr d;
+    int yes = pread_full(fd, h, sizeof h, 0) == 0 && hdr_check(h, it->key, it->kind, (uint64_t)st.st_size, &d) == 0 &&
+              !is_expired(d.ttl, &st, now_s()) && ttl_covers(d.ttl, it->ttl);
+    if (yes) (void)futimens(fd, NULL);
     close(fd);
     return yes;
 }

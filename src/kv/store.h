@@ -22,6 +22,9 @@
  *                      gives a non-NULL pointer), KV_STORE_ENOENT = miss.
  *                      Damaged files (any check below fails) and expired ones
  *                      are misses and are unlinked.  A hit refreshes mtime.
+ *                      Anything there that is not a regular file (a FIFO, a
+ *                      device) is a miss, left alone; no read path of the
+ *                      store (get, contains, the writer) blocks opening it.
  *   kv_store_contains  1 if a file for (key, kind) exists, has our header and
  *                      has not expired (open + fstat + one 80-byte pread; no
  *                      CRC), else 0.  Does not refresh mtime.

@@ -14,7 +14,8 @@
  *     test-only hook in store.c): files/bytes still exact afterwards;
  *   - faults: a file size limit (real EFBIG, in a child), the directory
  *     removed or replaced by a file, a writer killed with SIGKILL mid-stream,
- *     stale temp files, foreign files (a FIFO too) left alone;
+ *     stale temp files, foreign files (a FIFO too) left alone; a FIFO at a
+ *     key's own path: get and contains miss at once, a put replaces it;
  *   - a reader hammering get (through a second instance) while blobs are
  *     written and rewritten sees only misses or exact bytes.
  * The tests run as root: nothing here depends on permission bits. */
@@ -1210,6 +1211,105 @@ static void test_stale_temps_and_foreign_files(void **st)
     free(dir);
 }
 
+/* A FIFO at the very path of a key (planted on a shared mount, by mistake or
+ * not): get and contains must miss at once and leave it alone, and a put of
+ * that key must not hang the writer (its check for an existing file opens the
+ * path too).  Each call runs in a thread with a 5 s deadline, so a regression
+ * fails instead of hanging the suite: past the deadline the test releases the
+ * blocked open by opening the FIFO for writing, then joins. */
+typedef struct {
+    kv_store *s;
+    const uint8_t *key;
+    const uint8_t *b;
+    int step; /* 0 get, 1 contains, 2 put + flush */
+    int rc;
+    void *d;
+    size_t n;
+    atomic_int done;
+} fifo_call;
+
+static void *fifo_call_main(void *arg)
+{
+    fifo_call *c = arg;
+    if (c->step == 0) c->rc = kv_store_get(c->s, c->key, 1, &c->d, &c->n);
+    else if (c->step == 1) c->rc = kv_store_contains(c->s, c->key, 1);
+    else if ((c->rc = kv_store_put(c->s, c->key, 1, c->b, 1000, HOUR)) == 0) kv_store_flush(c->s);
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+/* 1 if the call finished within 5 s */
+static int fifo_call_run(fifo_call *c, const char *fifo)
+{
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fifo_call_main, c), 0);
+    int ok = 0;
+    for (int i = 0; i < 500 && !(ok = atomic_load(&c->done)); i++) usleep(10000);
+    while (!atomic_load(&c->done)) {
+        /* a writer's open wakes a reader blocked opening the FIFO */
+        int w = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (w >= 0) close(w);
+        usleep(10000);
+    }
+    assert_int_equal(pthread_join(t, NULL), 0);
+    return ok;
+}
+
+static void test_fifo_at_key_path(void **st)
+{
+    (void)st;
+    char *dir = mkdir_tmp();
+    kv_store *s = open_store(dir, 0, 0);
+    uint8_t k[32];
+    mkkey(97, k);
+    uint8_t *b = blob(1000, 97, 0);
+    char fifo[512], sub[512];
+    fpath(dir, k, 1, fifo);
+    snprintf(sub, sizeof sub, "%.*s", (int)(strrchr(fifo, '/') - fifo), fifo);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+
+    fifo_call get = {.s = s, .key = k, .step = 0, .d = (void *)1, .n = 12345};
+    fifo_call has = {.s = s, .key = k, .step = 1, .rc = -1};
+    fifo_call put = {.s = s, .key = k, .b = b, .step = 2, .rc = -1};
+    int get_ok = fifo_call_run(&get, fifo);
+    int has_ok = fifo_call_run(&has, fifo);
+    struct stat sf;
+    assert_int_equal(lstat(fifo, &sf), 0);
+    int left_alone = S_ISFIFO(sf.st_mode);
+    kv_store_stats t = stats(s);
+    int put_ok = fifo_call_run(&put, fifo);
+    if (!get_ok || !has_ok || !put_ok)
+        fail_msg("blocked on a FIFO at the key's path:%s%s%s", get_ok ? "" : " get", has_ok ? "" : " contains",
+                 put_ok ? "" : " put (writer)");
+
+    assert_int_equal(get.rc, KV_STORE_ENOENT);
+    assert_null(get.d);
+    assert_int_equal(get.n, 0);
+    assert_int_equal(has.rc, 0);
+    assert_true(left_alone); /* not ours: neither blamed nor unlinked */
+    assert_int_equal(t.misses, 1);
+    assert_int_equal(t.hits, 0);
+    assert_int_equal(t.damaged, 0);
+    assert_int_equal(t.files, 0);
+
+    /* the put renamed a real file over the FIFO */
+    assert_int_equal(put.rc, 0);
+    t = stats(s);
+    assert_int_equal(t.written, 1);
+    assert_int_equal(t.existing, 0);
+    assert_int_equal(t.write_errors, 0);
+    assert_int_equal(t.files, 1);
+    assert_int_equal(lstat(fifo, &sf), 0);
+    assert_true(S_ISREG(sf.st_mode));
+    expect_hit(s, k, 1, b, 1000);
+    assert_int_equal(kv_store_contains(s, k, 1), 1);
+    kv_store_close(s);
+    free(b);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* A child writes big blobs as fast as it can; it is killed with SIGKILL.
  * Every final file it left must read back exactly; only temp files may be
  * incomplete, and a sweep removes them once stale. */
@@ -1412,6 +1512,7 @@ int main(void)
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_dir_removed_or_replaced),
         cmocka_unit_test(test_stale_temps_and_foreign_files),
+        cmocka_unit_test(test_fifo_at_key_path),
         cmocka_unit_test(test_kill9_mid_write),
         cmocka_unit_test(test_concurrent_reader),
     };
