@@ -1494,6 +1494,53 @@ static void test_route(void **st)
     printf("  route: 15 cases x R 1, 7, 300; idx exact (%d rows differ at a near-tie of random scores)\n", flips);
 }
 
+/* Programmatic dependent launch (pdl.cuh), as every kernel of the backend is launched: the second kernel reads
+ * what the first wrote after a 200 us spin (its wait orders it), on a stream and replayed from a CUDA graph; with
+ * PDL on it was on the GPU before the first finished (else the attribute did nothing), with DEEPINFER_CUDA_PDL=0
+ * after. */
+static void test_pdl(void **st)
+{
+    (void)st;
+    const char *e = getenv("DEEPINFER_CUDA_PDL");
+    const int on = !(e && *e && atoi(e) == 0);
+    cudaStream_t s;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    int *ws = dmalloc(2 * sizeof(int));
+    unsigned long long *dt = dmalloc(2 * sizeof(unsigned long long));
+    RUN(bcu_pdl_probe(ws, dt, 1.0, s)); /* the kernels' first launches load them (lazy loading waits) */
+    for (int mode = 0; mode < 2; mode++) { /* 0: the stream, 1: a graph of the same launches */
+        for (int rep = 0; rep < 3; rep++) {
+            if (mode == 0) {
+                RUN(bcu_pdl_probe(ws, dt, 200.0, s));
+            } else {
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+                CK(bcu_pdl_probe(ws, dt, 200.0, s));
+                assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+                assert_int_equal(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+                assert_int_equal(cudaGraphLaunch(ge, s), cudaSuccess);
+                assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+                cudaGraphExecDestroy(ge);
+                cudaGraphDestroy(g);
+            }
+            assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+            int seen[2];
+            unsigned long long t[2];
+            down(seen, ws, sizeof seen);
+            down(t, dt, sizeof t);
+            if (seen[1] != 1) fail_msg("pdl (%s): the second kernel read %d before the first's write", mode ? "graph" : "stream", seen[1]);
+            const double lead_us = ((double)t[0] - (double)t[1]) / 1e3; /* > 0: the second started first */
+            printf("  pdl %s: the second kernel started %.1f us %s the first finished\n", mode ? "graph" : "stream", fabs(lead_us), lead_us > 0 ? "before" : "after");
+            if (on && !(lead_us > 50.0)) fail_msg("pdl on (%s): the second kernel started %.1f us before the first ended, want > 50", mode ? "graph" : "stream", lead_us);
+            if (!on && !(lead_us < 0.0)) fail_msg("pdl off (%s): the second kernel started %.1f us before the first ended", mode ? "graph" : "stream", lead_us);
+        }
+    }
+    CK(cudaFree(ws));
+    CK(cudaFree(dt));
+    cudaStreamDestroy(s);
+}
+
 int main(void)
 {
     const char *filter = getenv("TEST_CUDA_GRAPH_FILTER");
@@ -1518,6 +1565,7 @@ int main(void)
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_comp_pool),
+        cmocka_unit_test(test_pdl),
     };
     const int gpu_fail = cmocka_run_group_tests_name("gpu", gpu, NULL, NULL);
     return cpu_fail || gpu_fail ? 1 : 0;

@@ -40,6 +40,7 @@
 
 #include "backend/cuda/attn.h"
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/pdl.cuh"
 
 #define BLOCK_TOKENS 128 /* MD_BLOCK_TOKENS */
 
@@ -234,6 +235,7 @@ __device__ __forceinline__ const float *ix_key(const IxArgs &a, const bcu_attn_s
 
 __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
 {
+    pdl_enter();
     extern __shared__ float4 ix_sm4[];
     float *Qt = (float *)ix_sm4;       /* [ID][IX_LD]: Qt[c][h] = q_h[c] */
     float *Kt = Qt + a.ID * IX_LD;     /* [ID][IX_LD]: Kt[c][k] = key_k[c] */
@@ -316,6 +318,7 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
  * times a power of two): bf16 holds them exactly and only the order of the fp32 sums differs from ix_score_kernel. */
 __global__ void __launch_bounds__(IX_NT) ix_mma_kernel(IxArgs a)
 {
+    pdl_enter();
     extern __shared__ float4 im_sm4[];
     const int LD = a.ID + 8;                /* bf16 row stride */
     uint16_t *Qs = (uint16_t *)im_sm4;      /* [IX_HT][LD] */
@@ -520,6 +523,7 @@ __device__ __forceinline__ int64_t visible(const SelArgs &a, const bcu_attn_seq 
 
 __global__ void __launch_bounds__(SEL_NT_A) sel_groups_kernel(SelArgs a)
 {
+    pdl_enter();
     __shared__ SelShared<SEL_NT_A, SEL_CAP_A> sh;
     const int row = blockIdx.y;
     bcu_attn_seq s;
@@ -548,6 +552,7 @@ __global__ void __launch_bounds__(SEL_NT_A) sel_groups_kernel(SelArgs a)
 
 __global__ void __launch_bounds__(SEL_NT_B) sel_final_kernel(SelArgs a)
 {
+    pdl_enter();
     __shared__ SelShared<SEL_NT_B, SEL_CAP_B> sh;
     const int row = blockIdx.x;
     bcu_attn_seq s;
@@ -618,12 +623,12 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
         const size_t smem = (size_t)(IX_HT + IX_KT) * (a->index_dim + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         const size_t smem_max = (size_t)(IX_HT + IX_KT) * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_mma_kernel, 9, smem_max)) != cudaSuccess) return r;
-        ix_mma_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
+        pdl_launch(ix_mma_kernel, dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st, ia);
     } else {
         const size_t smem = (size_t)(2 * a->index_dim * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
         const size_t smem_max = (size_t)(2 * IX_MAX_ID * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_score_kernel, 0, smem_max)) != cudaSuccess) return r;
-        ix_score_kernel<<<dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st>>>(ia);
+        pdl_launch(ix_score_kernel, dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st, ia);
     }
     if ((r = cudaGetLastError()) != cudaSuccess) return r;
 
@@ -645,9 +650,9 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     if (ga > 65535) ga = 65535;
     /* every row's visible keys are at most vis (b->max_len bounds the rows' positions) */
     sa.direct = vis <= range;
-    sel_groups_kernel<<<dim3((unsigned)ga, (unsigned)b->ntok), SEL_NT_A, 0, st>>>(sa);
+    pdl_launch(sel_groups_kernel, dim3((unsigned)ga, (unsigned)b->ntok), SEL_NT_A, 0, st, sa);
     if ((r = cudaGetLastError()) != cudaSuccess || sa.direct) return r;
-    sel_final_kernel<<<(unsigned)b->ntok, SEL_NT_B, 0, st>>>(sa);
+    pdl_launch(sel_final_kernel, (unsigned)b->ntok, SEL_NT_B, 0, st, sa);
     return cudaGetLastError();
 }
 
@@ -763,6 +768,7 @@ __device__ __forceinline__ bool split_job(const AtArgs &a, SplitJob &j)
 template <int NG>
 __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
 {
+    pdl_enter();
     constexpr int D = 128 * NG;
     static_assert((AT_HB * D / 4) % AT_NT == 0 && (AT_KT * D / 4) % AT_NT == 0, "whole rounds of loads");
     extern __shared__ float4 at_sm4[];
@@ -959,6 +965,7 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
 
 __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
 {
+    pdl_enter();
     constexpr int D = 512;
     extern __shared__ float4 am_sm4[];
     uint16_t *Qs = (uint16_t *)am_sm4;         /* [AM_HB][AM_QLD] */
@@ -1182,6 +1189,7 @@ struct MgArgs {
 #define MG_U 16
 __global__ void at_merge_kernel(MgArgs a)
 {
+    pdl_enter();
     extern __shared__ float2 mg_ml[]; /* [S + MG_U]: the pairs, then MG_U of (-inf, 0) */
     const int h = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
     bcu_attn_seq s;
@@ -1239,7 +1247,7 @@ static cudaError_t launch_split(const AtArgs &aa, int ntok, cudaStream_t st)
     const size_t smem = (size_t)(AT_HB * D + AT_KT * D + 2 * AT_HB * AT_KT + 3 * AT_HB) * sizeof(float);
     cudaError_t r = opt_in_smem(at_split_kernel<NG>, NG, smem);
     if (r != cudaSuccess) return r;
-    at_split_kernel<NG><<<dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AT_NT, smem, st>>>(aa);
+    pdl_launch(at_split_kernel<NG>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AT_NT, smem, st, aa);
     return cudaGetLastError();
 }
 
@@ -1314,7 +1322,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     if (mma) {
         r = opt_in_smem(at_mma_kernel, 8, AM_SMEM);
         if (r == cudaSuccess) {
-            at_mma_kernel<<<dim3((unsigned)(aa.S * aa.HG), (unsigned)b->ntok), AM_NT, AM_SMEM, st>>>(aa);
+            pdl_launch(at_mma_kernel, dim3((unsigned)(aa.S * aa.HG), (unsigned)b->ntok), AM_NT, AM_SMEM, st, aa);
             r = cudaGetLastError();
         }
     } else switch (D / 128) {
@@ -1339,6 +1347,6 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     ma.po = aa.po;
     ma.out = a->out;
     const size_t msm = (size_t)(aa.S + MG_U) * sizeof(float2); /* S <= 2 x the SM count (above): a few KB */
-    at_merge_kernel<<<dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), msm, st>>>(ma);
+    pdl_launch(at_merge_kernel, dim3((unsigned)a->n_heads, (unsigned)b->ntok), (unsigned)(D / 2), msm, st, ma);
     return cudaGetLastError();
 }

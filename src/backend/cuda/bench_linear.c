@@ -31,7 +31,8 @@
  * against the decode kernel on f16 codes (bcu_rowdot_args.xq), with the
  * largest difference between the two (0: the same bits).
  *
- * BENCH_LINEAR_ONLY=decode runs the decode and act_quant tables alone.
+ * BENCH_LINEAR_ONLY=decode runs the decode and act_quant tables alone.  BENCH_LINEAR_L2=1 times every call on
+ * one copy of the weight (what a GEMV takes when its weight is already in L2).
  *
  * A third table is prefill on FP8 weights (T = 512 .. 16384), device
  * pointers: bcu_rowdot as be_linear runs it today, against expanding the
@@ -131,6 +132,8 @@ static void run_case(be_backend *be, const shape *s, size_t T, double bw)
     /* enough copies to cover 256 MB, so the timed loop streams from HBM */
     int ncopy = (int)((256u << 20) / wb) + 1;
     if (ncopy > 64) ncopy = 64;
+    const char *l2 = getenv("BENCH_LINEAR_L2");
+    if (l2 && *l2 && atoi(l2)) ncopy = 1; /* one copy: up to ~40 MB it stays in L2 between calls */
     be_weight *ws = calloc((size_t)ncopy, sizeof *ws);
     void **bufs = calloc((size_t)ncopy * 2, sizeof *bufs);
     size_t db = s->fmt == BE_W_DENSE ? (size_t)(s->rows * s->cols) * 2
@@ -305,6 +308,8 @@ static int device_copies(const shape *s, const be_weight *w0, const void *d0, co
     const size_t db = s->fmt == BE_W_FP8 ? (size_t)(s->rows * s->cols) : (size_t)(s->rows * s->cols) / 2, sb = wb - db;
     int ncopy = (int)((256u << 20) / wb) + 1;
     if (ncopy > 64) ncopy = 64;
+    const char *l2 = getenv("BENCH_LINEAR_L2");
+    if (l2 && *l2 && atoi(l2)) ncopy = 1; /* one copy: up to ~40 MB it stays in L2 between calls */
     for (int k = 0; k < ncopy; k++) {
         CK(cudaMalloc(&dw[k], db));
         CK(cudaMalloc(&ds[k], sb));

@@ -44,6 +44,7 @@
 #include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_wg.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/profile.h"
 #include "backend/part_slots.h"
 
@@ -1162,6 +1163,7 @@ typedef struct {
 template <int V>
 __global__ void win_build_kernel(const win_desc *ds, int W, int d)
 {
+    pdl_enter();
     typedef typename std::conditional<V == 4, float4, float>::type vec;
     const win_desc D = ds[blockIdx.y];
     const int dv = d / V;
@@ -1175,6 +1177,7 @@ __global__ void win_build_kernel(const win_desc *ds, int W, int d)
 template <int V>
 __global__ void win_put_kernel(const win_desc *ds, int W, int d)
 {
+    pdl_enter();
     typedef typename std::conditional<V == 4, float4, float>::type vec;
     const win_desc D = ds[blockIdx.y];
     const int keep = D.T < W ? D.T : W, dv = d / V;
@@ -1191,6 +1194,7 @@ __global__ void win_put_kernel(const win_desc *ds, int W, int d)
 template <int V>
 __global__ void win_step_kernel(const win_desc *ds, int W, int d)
 {
+    pdl_enter();
     typedef typename std::conditional<V == 4, float4, float>::type vec;
     const win_desc D = ds[blockIdx.y];
     const int dv = d / V;
@@ -1337,6 +1341,7 @@ struct ent_patch {
 
 __global__ void ent_patch_kernel(const ent_patch *p)
 {
+    pdl_enter();
     const ent_patch q = p[blockIdx.x];
     for (int64_t j = threadIdx.x; j < q.n; j += blockDim.x) q.dst[j] = q.src[j];
 }
@@ -1512,7 +1517,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     if (kb) CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, kb * sizeof(float *), cudaMemcpyHostToDevice, c->st));
     if (np) { /* the rows the slots lacked, and the rows the device made, into their blocks */
         CU(cudaMemcpyAsync(dev + o_patch, hst + o_patch, np * sizeof(ent_patch), cudaMemcpyHostToDevice, c->st));
-        ent_patch_kernel<<<(unsigned)np, 128, 0, c->st>>>((const ent_patch *)(dev + o_patch));
+        pdl_launch(ent_patch_kernel, (unsigned)np, 128, 0, c->st, (const ent_patch *)(dev + o_patch));
         CU(cudaGetLastError());
     }
     if (nwd) {
@@ -1531,14 +1536,14 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         int one = 1; /* every descriptor one key whose window starts W - 1 before it: one kernel for both */
         for (size_t i = 0; one && i < nwd; i++) one = hwd[i].T == 1 && hwd[i].kstart >= hwd[i].p0 - a->window + 1;
         const win_desc *wd = (const win_desc *)(dev + o_wd);
-        if (one && v4) win_step_kernel<4><<<grid, 256, 0, c->st>>>(wd, a->window, d);
-        else if (one) win_step_kernel<1><<<grid, 256, 0, c->st>>>(wd, a->window, d);
-        else if (v4) win_build_kernel<4><<<grid, 256, 0, c->st>>>(wd, a->window, d);
-        else win_build_kernel<1><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+        if (one && v4) pdl_launch(win_step_kernel<4>, grid, 256, 0, c->st, wd, a->window, d);
+        else if (one) pdl_launch(win_step_kernel<1>, grid, 256, 0, c->st, wd, a->window, d);
+        else if (v4) pdl_launch(win_build_kernel<4>, grid, 256, 0, c->st, wd, a->window, d);
+        else pdl_launch(win_build_kernel<1>, grid, 256, 0, c->st, wd, a->window, d);
         CU(cudaGetLastError());
         if (!one) {
-            if (v4) win_put_kernel<4><<<grid, 256, 0, c->st>>>(wd, a->window, d);
-            else win_put_kernel<1><<<grid, 256, 0, c->st>>>(wd, a->window, d);
+            if (v4) pdl_launch(win_put_kernel<4>, grid, 256, 0, c->st, wd, a->window, d);
+            else pdl_launch(win_put_kernel<1>, grid, 256, 0, c->st, wd, a->window, d);
             CU(cudaGetLastError());
         }
         for (int s = 0; s < nseq; s++) /* the slots are at p0 + T now */
@@ -2148,6 +2153,7 @@ static void dv_gather(be_backend *be, float *dst, const float *src, const int32_
 
 __global__ void scatter_add_kernel(float *y, const float *src, const int32_t *rows, const float *rw, size_t width)
 {
+    pdl_enter();
     const size_t r = blockIdx.x;
     const float f = rw ? rw[r] : 1.0f;
     float *yr = y + (size_t)rows[r] * width;
@@ -2161,7 +2167,7 @@ static void dv_scatter_add(be_backend *be, float *y, const float *src, const int
     DV_ENTER(BCU_PROF_GRAPH);
     if (n > 0x7fffffff) fail(c, "scatter_add of %zu rows", n);
     else if (n) {
-        scatter_add_kernel<<<(unsigned)n, 256, 0, c->st>>>(y, src, rows, rw, width);
+        pdl_launch(scatter_add_kernel, (unsigned)n, 256, 0, c->st, y, src, rows, rw, width);
         DV_CU(cudaGetLastError());
     }
     DV_LEAVE;

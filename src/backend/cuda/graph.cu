@@ -45,6 +45,7 @@
 
 #include "backend/cuda/graph.h"
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rmsnorm.cuh"
 
 #define GR_NT 256          /* threads per block, every kernel */
@@ -68,10 +69,6 @@ static_assert(HC_PASS % GR_NT == 0 && HC_RB <= 32 && HC_MAX_N * HC_MAX_N <= GR_N
               "mHC: a pass is whole blocks, a lane stores a row, C[i][k] is a thread each");
 
 namespace {
-
-/* let a decode row-dot launched after this kernel with programmatic dependent launch (kernels.cu) start its weight
- * loads now; it waits for this grid to finish before it reads what this grid writes */
-__device__ __forceinline__ void gr_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 /* ---------------------------------------------------------------- codecs (src/model/dtype.c, bit for bit) */
 
@@ -133,6 +130,7 @@ unsigned gr_grid(size_t n)
 __global__ void __launch_bounds__(GR_NT)
     gr_embed_kernel(float *X, const void *table, int emb, const int32_t *ids, size_t R, size_t D, int ns)
 {
+    pdl_enter();
     for (size_t q = GR_TID; q < R * D; q += GR_STEP) {
         const size_t t = q / D, d = q % D, src = (size_t)ids[t] * D + d;
         float v;
@@ -172,6 +170,7 @@ __host__ __device__ __forceinline__ size_t hc_chunk(size_t N) { return ((N + HC_
 __global__ void __launch_bounds__(GR_NT)
     gr_hc_mix_kernel(HcArgs a, const float *X, size_t R, float *pmix, double *pss)
 {
+    pdl_enter();
     __shared__ float xs[HC_RB * HC_PASS];
     const int tid = threadIdx.x, lane = tid & 31;
     const int mix = a.head ? a.n : (2 + a.n) * a.n;
@@ -248,6 +247,7 @@ __global__ void __launch_bounds__(GR_NT)
  * a lane sums the same elements in the same order as gr_hc_mix_kernel, so the partials are the same bits. */
 __global__ void __launch_bounds__(GR_NT) gr_hc_ss_kernel(HcArgs a, const float *X, size_t R, double *pss)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const size_t N = (size_t)a.n * a.D, L = hc_chunk(N);
     for (size_t w = GR_TID / 32; w < R * HC_S; w += GR_STEP / 32) {
@@ -435,6 +435,7 @@ __global__ void __launch_bounds__(GR_NT)
     gr_hc_pre_kernel(HcArgs a, const float *X, const float *pmix, const double *pss, float *coll, float *post,
                      float *comb, int ncb)
 {
+    pdl_enter();
     __shared__ float sp[NS * HC_S];
     __shared__ double sd[HC_S];
     __shared__ float pmx[NS];
@@ -485,7 +486,8 @@ __global__ void __launch_bounds__(NT)
     gr_hc_pre_norm_kernel(HcArgs a, const float *X, const float *pmix, const double *pss, float *coll, float *post,
                           float *comb, const float *w, float eps, float *xq)
 {
-    gr_pdl_trigger(); /* the decode row-dot that reads coll may start its weight loads (it waits for coll) */
+    pdl_trigger(); /* the decode row-dot that reads coll may start its weight loads (it waits for coll) */
+    pdl_wait();
     __shared__ float sp[NS * HC_S];
     __shared__ double sd[HC_S];
     __shared__ float pmx[NS];
@@ -561,6 +563,7 @@ template <int NS>
 __global__ void __launch_bounds__(GR_NT)
     gr_hc_post_kernel(float *X, const float *f, const float *f2, const float *post, const float *comb, int n, int D)
 {
+    pdl_enter();
     __shared__ float ps[NS];
     __shared__ float cs[NS * NS];
     const int tid = threadIdx.x, nb = (D - 1) / HC_CPB + 1;
@@ -606,7 +609,8 @@ __global__ void __launch_bounds__(GR_NT)
 __global__ void __launch_bounds__(GR_NT) gr_rope_kernel(float *x, size_t rows, size_t stride, size_t off, int half,
                                                         const float *inv, const int64_t *pos, int per, int inverse)
 {
-    gr_pdl_trigger(); /* wkv follows the RoPE of q */
+    pdl_trigger(); /* wkv follows the RoPE of q */
+    pdl_wait();
     for (size_t q = GR_TID; q < rows * half; q += GR_STEP) {
         const size_t r = q / half;
         const int i = (int)(q % half);
@@ -629,7 +633,8 @@ template <int NT>
 __global__ void __launch_bounds__(NT) gr_norm_rope_kernel(float *x, int dim, const float *w, float eps, int rd,
                                                           const float *inv, const int64_t *pos, int per)
 {
-    gr_pdl_trigger(); /* the decode row-dot after it may start its weight loads */
+    pdl_trigger(); /* the decode row-dot after it may start its weight loads */
+    pdl_wait();
     __shared__ double part[NT / 32];
     const size_t r = blockIdx.x;
     float *xr = x + r * (size_t)dim;
@@ -664,7 +669,8 @@ template <int FP4>
 __global__ void __launch_bounds__(GR_NT)
     gr_fq_kernel(float *x, size_t rows, size_t stride, size_t n, size_t block, size_t nb)
 {
-    gr_pdl_trigger();
+    pdl_trigger();
+    pdl_wait();
     const size_t g = GR_TID / 32;
     const int lane = threadIdx.x & 31;
     if (g >= rows * nb) return;
@@ -686,6 +692,7 @@ __global__ void __launch_bounds__(GR_NT)
  * hadamard() (the pairs of a stage are independent, the stages ordered). */
 __global__ void __launch_bounds__(GR_NT) gr_hadamard_kernel(float *x, int n)
 {
+    pdl_enter();
     __shared__ float v[HD_MAX_N];
     const int tid = threadIdx.x;
     float *xr = x + (size_t)blockIdx.x * n;
@@ -709,7 +716,8 @@ __global__ void __launch_bounds__(GR_NT) gr_hadamard_kernel(float *x, int n)
 __global__ void __launch_bounds__(GR_NT)
     gr_swiglu_kernel(float *g, const float *up, size_t rows, size_t I, float limit, const float *rw)
 {
-    gr_pdl_trigger(); /* the shared expert's w2 follows */
+    pdl_trigger(); /* the shared expert's w2 follows */
+    pdl_wait();
     for (size_t q = GR_TID; q < rows * I; q += GR_STEP) {
         float gv = g[q], u = up[q];
         if (limit > 0) {
@@ -724,6 +732,7 @@ __global__ void __launch_bounds__(GR_NT)
 
 __global__ void __launch_bounds__(GR_NT) gr_scale_kernel(float *x, size_t n, float s)
 {
+    pdl_enter();
     for (size_t q = GR_TID; q < n; q += GR_STEP) x[q] = __fmul_rn(x[q], s);
 }
 
@@ -744,6 +753,7 @@ __device__ __forceinline__ void gr_am_take(float &bv, unsigned &bi, float v, uns
 
 __global__ void __launch_bounds__(GR_AM_NT) gr_argmax_kernel(int32_t *ids, const float *x, size_t V)
 {
+    pdl_enter();
     __shared__ float sv[GR_AM_NT / 32];
     __shared__ unsigned si[GR_AM_NT / 32];
     const float *row = x + (size_t)blockIdx.x * V;
@@ -794,12 +804,14 @@ __global__ void __launch_bounds__(GR_AM_NT) gr_argmax_kernel(int32_t *ids, const
 
 __global__ void __launch_bounds__(GR_NT) gr_add_kernel(float *y, const float *x, size_t n)
 {
+    pdl_enter();
     for (size_t q = GR_TID; q < n; q += GR_STEP) y[q] = __fadd_rn(y[q], x[q]);
 }
 
 __global__ void __launch_bounds__(GR_NT)
     gr_gather_kernel(float *dst, const float *src, const int32_t *rows, size_t n, size_t width)
 {
+    pdl_enter();
     for (size_t q = GR_TID; q < n * width; q += GR_STEP) dst[q] = src[(size_t)rows[q / width] * width + q % width];
 }
 
@@ -833,6 +845,7 @@ __device__ __forceinline__ bool gr_better(float v, int e, float bv, int be)
  * the winner; then thread 0 sums the K scores in k order. */
 __global__ void __launch_bounds__(GR_NT) gr_route_kernel(RouteArgs a, const float *logits, int32_t *idx, float *wt)
 {
+    pdl_enter();
     __shared__ float score[RT_MAX_E], biased[RT_MAX_E];
     __shared__ unsigned char taken[RT_MAX_E];
     __shared__ float rv[GR_NT];
@@ -892,6 +905,38 @@ __global__ void __launch_bounds__(GR_NT) gr_route_kernel(RouteArgs a, const floa
     }
 }
 
+/* ---------------------------------------------------------------- the PDL probe (bcu_pdl_probe) */
+
+__device__ __forceinline__ unsigned long long gr_now_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* one thread: lets the next kernel launch, spins for spin_ns, then writes the flag and the time it did */
+__global__ void gr_pdl_slow_kernel(int *flag, unsigned long long *t, unsigned long long spin_ns)
+{
+    pdl_trigger();
+    pdl_wait();
+    const unsigned long long t0 = gr_now_ns();
+    while (gr_now_ns() - t0 < spin_ns) {
+    }
+    *(volatile int *)flag = 1;
+    __threadfence();
+    t[0] = gr_now_ns();
+}
+
+/* one thread: the time it started (before its wait), then what it reads of the flag after it */
+__global__ void gr_pdl_check_kernel(const int *flag, int *seen, unsigned long long *t)
+{
+    const unsigned long long t1 = gr_now_ns();
+    pdl_wait();
+    pdl_trigger();
+    t[1] = t1;
+    *seen = *(volatile const int *)flag;
+}
+
 } /* namespace */
 
 /* ---------------------------------------------------------------- API */
@@ -904,7 +949,7 @@ extern "C" cudaError_t bcu_embed(float *X, const void *table, int emb, const int
     if (emb < BCU_EMB_F32 || emb > BCU_EMB_F16 || D <= 0 || n_streams <= 0) return GR_INVALID;
     if (!R) return cudaSuccess;
     if (!X || !table || !ids) return GR_INVALID;
-    gr_embed_kernel<<<gr_grid(R * (size_t)D), GR_NT, 0, st>>>(X, table, emb, ids, R, (size_t)D, n_streams);
+    pdl_launch(gr_embed_kernel, gr_grid(R * (size_t)D), GR_NT, 0, st, X, table, emb, ids, R, (size_t)D, n_streams);
     return cudaGetLastError();
 }
 
@@ -936,11 +981,11 @@ static cudaError_t hc_stage1(const bcu_hc_site *s, int head, const float *X, siz
     *pmix = bcu_hc_ws_mixes(ws, R);
     if (a->gemm) {
         /* the sums of squares alone: a warp per row chunk */
-        gr_hc_ss_kernel<<<gr_grid(R * HC_S * 32), GR_NT, 0, st>>>(*a, X, R, *pss);
+        pdl_launch(gr_hc_ss_kernel, gr_grid(R * HC_S * 32), GR_NT, 0, st, *a, X, R, *pss);
     } else {
         /* the dot products and the sum of squares: values 0 .. mix, 8 a block */
         const dim3 g1((unsigned)((R + HC_RB - 1) / HC_RB), HC_S, (unsigned)(mix / (GR_NT / 32) + 1));
-        gr_hc_mix_kernel<<<g1, GR_NT, 0, st>>>(*a, X, R, *pmix, *pss);
+        pdl_launch(gr_hc_mix_kernel, g1, GR_NT, 0, st, *a, X, R, *pmix, *pss);
     }
     return cudaGetLastError();
 }
@@ -956,8 +1001,8 @@ static cudaError_t hc_launch(const bcu_hc_site *s, int head, const float *X, siz
     /* the collapse over column blocks, and (hc_pre) one more block per row for post and comb */
     const int nb = (s->D - 1) / HC_CPB + 1, ncb = nb < HC_YMAX ? nb : HC_YMAX - 1;
     const dim3 g2((unsigned)R, (unsigned)(ncb + !head));
-    if (s->n <= HC_SMALL_N) gr_hc_pre_kernel<HC_SMALL_N><<<g2, GR_NT, 0, st>>>(a, X, pmix, pss, coll, post, comb, ncb);
-    else gr_hc_pre_kernel<HC_MAX_N><<<g2, GR_NT, 0, st>>>(a, X, pmix, pss, coll, post, comb, ncb);
+    if (s->n <= HC_SMALL_N) pdl_launch(gr_hc_pre_kernel<HC_SMALL_N>, g2, GR_NT, 0, st, a, X, pmix, pss, coll, post, comb, ncb);
+    else pdl_launch(gr_hc_pre_kernel<HC_MAX_N>, g2, GR_NT, 0, st, a, X, pmix, pss, coll, post, comb, ncb);
     return cudaGetLastError();
 }
 
@@ -979,11 +1024,11 @@ extern "C" cudaError_t bcu_hc_pre_norm(const bcu_hc_site *s, int head, const flo
     const dim3 g((unsigned)R, head ? 1u : 2u);
     const bool small = s->n <= HC_SMALL_N;
     if (RMS_NT(s->D) == 1024) {
-        if (small) gr_hc_pre_norm_kernel<HC_SMALL_N, 1024><<<g, 1024, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
-        else gr_hc_pre_norm_kernel<HC_MAX_N, 1024><<<g, 1024, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
+        if (small) pdl_launch(gr_hc_pre_norm_kernel<HC_SMALL_N, 1024>, g, 1024, 0, st, a, X, pmix, pss, coll, post, comb, w, eps, xq);
+        else pdl_launch(gr_hc_pre_norm_kernel<HC_MAX_N, 1024>, g, 1024, 0, st, a, X, pmix, pss, coll, post, comb, w, eps, xq);
     } else {
-        if (small) gr_hc_pre_norm_kernel<HC_SMALL_N, 256><<<g, 256, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
-        else gr_hc_pre_norm_kernel<HC_MAX_N, 256><<<g, 256, 0, st>>>(a, X, pmix, pss, coll, post, comb, w, eps, xq);
+        if (small) pdl_launch(gr_hc_pre_norm_kernel<HC_SMALL_N, 256>, g, 256, 0, st, a, X, pmix, pss, coll, post, comb, w, eps, xq);
+        else pdl_launch(gr_hc_pre_norm_kernel<HC_MAX_N, 256>, g, 256, 0, st, a, X, pmix, pss, coll, post, comb, w, eps, xq);
     }
     return cudaGetLastError();
 }
@@ -1008,8 +1053,8 @@ extern "C" cudaError_t bcu_hc_post_add(float *X, const float *f, const float *f2
     if (!X || !f || !post || !comb) return GR_INVALID;
     const int nb = (D - 1) / HC_CPB + 1;
     const dim3 g((unsigned)R, (unsigned)(nb < HC_YMAX ? nb : HC_YMAX));
-    if (n <= HC_SMALL_N) gr_hc_post_kernel<HC_SMALL_N><<<g, GR_NT, 0, st>>>(X, f, f2, post, comb, n, D);
-    else gr_hc_post_kernel<HC_MAX_N><<<g, GR_NT, 0, st>>>(X, f, f2, post, comb, n, D);
+    if (n <= HC_SMALL_N) pdl_launch(gr_hc_post_kernel<HC_SMALL_N>, g, GR_NT, 0, st, X, f, f2, post, comb, n, D);
+    else pdl_launch(gr_hc_post_kernel<HC_MAX_N>, g, GR_NT, 0, st, X, f, f2, post, comb, n, D);
     return cudaGetLastError();
 }
 
@@ -1033,8 +1078,8 @@ extern "C" cudaError_t bcu_norm_rope(float *x, size_t rows, size_t dim, const fl
     if (!rows) return cudaSuccess;
     if (!x || (rd && (!inv_freq || !pos))) return GR_INVALID;
     if (RMS_NT(dim) == 1024)
-        gr_norm_rope_kernel<1024><<<(unsigned)rows, 1024, 0, st>>>(x, (int)dim, w, eps, rd, inv_freq, pos, per);
-    else gr_norm_rope_kernel<256><<<(unsigned)rows, 256, 0, st>>>(x, (int)dim, w, eps, rd, inv_freq, pos, per);
+        pdl_launch(gr_norm_rope_kernel<1024>, (unsigned)rows, 1024, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
+    else pdl_launch(gr_norm_rope_kernel<256>, (unsigned)rows, 256, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
     return cudaGetLastError();
 }
 
@@ -1046,7 +1091,7 @@ extern "C" cudaError_t bcu_rope(float *x, size_t rows, size_t stride, size_t off
     if (!rows || !rd) return cudaSuccess;
     if (!x || !inv_freq || !pos) return GR_INVALID;
     const size_t half = (size_t)rd / 2;
-    gr_rope_kernel<<<gr_grid(rows * half), GR_NT, 0, st>>>(x, rows, stride, off, (int)half, inv_freq, pos, per,
+    pdl_launch(gr_rope_kernel, gr_grid(rows * half), GR_NT, 0, st, x, rows, stride, off, (int)half, inv_freq, pos, per,
                                                           inverse);
     return cudaGetLastError();
 }
@@ -1059,8 +1104,8 @@ static cudaError_t fq_launch(int fp4, float *x, size_t rows, size_t stride, size
     const size_t nb = (n + (size_t)block - 1) / (size_t)block, warps = rows * nb;
     const size_t grid = (warps + GR_NT / 32 - 1) / (GR_NT / 32);
     if (nb > SIZE_MAX / rows || grid > INT_MAX) return GR_INVALID;
-    if (fp4) gr_fq_kernel<1><<<(unsigned)grid, GR_NT, 0, st>>>(x, rows, stride, n, (size_t)block, nb);
-    else gr_fq_kernel<0><<<(unsigned)grid, GR_NT, 0, st>>>(x, rows, stride, n, (size_t)block, nb);
+    if (fp4) pdl_launch(gr_fq_kernel<1>, (unsigned)grid, GR_NT, 0, st, x, rows, stride, n, (size_t)block, nb);
+    else pdl_launch(gr_fq_kernel<0>, (unsigned)grid, GR_NT, 0, st, x, rows, stride, n, (size_t)block, nb);
     return cudaGetLastError();
 }
 
@@ -1079,7 +1124,7 @@ extern "C" cudaError_t bcu_hadamard(float *x, size_t rows, size_t n, cudaStream_
     if (!n || (n & (n - 1)) || n > HD_MAX_N || rows > INT_MAX) return GR_INVALID;
     if (!rows) return cudaSuccess;
     if (!x) return GR_INVALID;
-    gr_hadamard_kernel<<<(unsigned)rows, GR_NT, 0, st>>>(x, (int)n);
+    pdl_launch(gr_hadamard_kernel, (unsigned)rows, GR_NT, 0, st, x, (int)n);
     return cudaGetLastError();
 }
 
@@ -1089,7 +1134,7 @@ extern "C" cudaError_t bcu_swiglu(float *g, const float *up, size_t rows, int I,
     if (I <= 0) return GR_INVALID;
     if (!rows) return cudaSuccess;
     if (!g || !up) return GR_INVALID;
-    gr_swiglu_kernel<<<gr_grid(rows * (size_t)I), GR_NT, 0, st>>>(g, up, rows, (size_t)I, limit, rw);
+    pdl_launch(gr_swiglu_kernel, gr_grid(rows * (size_t)I), GR_NT, 0, st, g, up, rows, (size_t)I, limit, rw);
     return cudaGetLastError();
 }
 
@@ -1097,7 +1142,7 @@ extern "C" cudaError_t bcu_scale(float *x, size_t n, float s, cudaStream_t st)
 {
     if (!n) return cudaSuccess;
     if (!x) return GR_INVALID;
-    gr_scale_kernel<<<gr_grid(n), GR_NT, 0, st>>>(x, n, s);
+    pdl_launch(gr_scale_kernel, gr_grid(n), GR_NT, 0, st, x, n, s);
     return cudaGetLastError();
 }
 
@@ -1105,7 +1150,7 @@ extern "C" cudaError_t bcu_argmax(int32_t *ids, const float *x, size_t rows, siz
 {
     if (!rows) return cudaSuccess;
     if (!ids || !x || !V || rows > INT_MAX || V > INT_MAX) return GR_INVALID;
-    gr_argmax_kernel<<<(unsigned)rows, GR_AM_NT, 0, st>>>(ids, x, V);
+    pdl_launch(gr_argmax_kernel, (unsigned)rows, GR_AM_NT, 0, st, ids, x, V);
     return cudaGetLastError();
 }
 
@@ -1113,7 +1158,7 @@ extern "C" cudaError_t bcu_add(float *y, const float *x, size_t n, cudaStream_t 
 {
     if (!n) return cudaSuccess;
     if (!y || !x) return GR_INVALID;
-    gr_add_kernel<<<gr_grid(n), GR_NT, 0, st>>>(y, x, n);
+    pdl_launch(gr_add_kernel, gr_grid(n), GR_NT, 0, st, y, x, n);
     return cudaGetLastError();
 }
 
@@ -1127,7 +1172,7 @@ extern "C" cudaError_t bcu_route(const bcu_route_args *a, const float *logits, s
     if (!R) return cudaSuccess;
     if (!logits || !idx || !wt) return GR_INVALID;
     const RouteArgs ra = {a->E, a->K, a->score_func, a->official, a->route_scale, a->bias, a->tid2eid, a->ids};
-    gr_route_kernel<<<(unsigned)R, GR_NT, 0, st>>>(ra, logits, idx, wt);
+    pdl_launch(gr_route_kernel, (unsigned)R, GR_NT, 0, st, ra, logits, idx, wt);
     return cudaGetLastError();
 }
 
@@ -1136,7 +1181,7 @@ extern "C" cudaError_t bcu_gather_rows(float *dst, const float *src, const int32
 {
     if (!n || !width) return cudaSuccess;
     if (!dst || !src || !rows) return GR_INVALID;
-    gr_gather_kernel<<<gr_grid(n * width), GR_NT, 0, st>>>(dst, src, rows, n, width);
+    pdl_launch(gr_gather_kernel, gr_grid(n * width), GR_NT, 0, st, dst, src, rows, n, width);
     return cudaGetLastError();
 }
 
@@ -1145,6 +1190,7 @@ extern "C" cudaError_t bcu_gather_rows(float *dst, const float *src, const int32
  * rounded operations (no contraction into FMAs the host does not do) */
 __global__ void gr_comp_pool_kernel(float *out, int ns, int hd, const bcu_comp_slot *slots, const float *ape)
 {
+    pdl_enter();
     __shared__ bcu_comp_slot sl[BCU_COMP_MAX_SLOTS];
     const size_t i = blockIdx.y;
     for (int s = threadIdx.x; s < ns; s += blockDim.x) sl[s] = slots[i * (size_t)ns + s];
@@ -1174,9 +1220,20 @@ extern "C" cudaError_t bcu_comp_pool(float *out, size_t n, int ns, int hd, const
     for (size_t i0 = 0; i0 < n; i0 += 65535) { /* grid.y is at most 65535 entries */
         const size_t k = n - i0 < 65535 ? n - i0 : 65535;
         const dim3 grid((unsigned)((hd + nt - 1) / nt), (unsigned)k);
-        gr_comp_pool_kernel<<<grid, nt, 0, st>>>(out + i0 * (size_t)hd, ns, hd, slots + i0 * (size_t)ns, ape);
+        pdl_launch(gr_comp_pool_kernel, grid, nt, 0, st, out + i0 * (size_t)hd, ns, hd, slots + i0 * (size_t)ns, ape);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
+}
+
+extern "C" cudaError_t bcu_pdl_probe(int *ws, unsigned long long *t, double spin_us, cudaStream_t st)
+{
+    if (!ws || !t || !(spin_us >= 0.0 && spin_us <= 1e6)) return GR_INVALID;
+    cudaError_t e = cudaMemsetAsync(ws, 0, 2 * sizeof(int), st);
+    if (e != cudaSuccess) return e;
+    e = pdl_launch(gr_pdl_slow_kernel, 1, 1, 0, st, ws, t, (unsigned long long)(spin_us * 1e3));
+    if (e != cudaSuccess) return e;
+    e = pdl_launch(gr_pdl_check_kernel, 1, 1, 0, st, (const int *)ws, ws + 1, t);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }

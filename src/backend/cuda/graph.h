@@ -138,6 +138,13 @@ cudaError_t bcu_comp_pool(float *out, size_t n, int ns, int hd, const bcu_comp_s
 cudaError_t bcu_gather_rows(float *dst, const float *src, const int32_t *rows, size_t n, size_t width,
                             cudaStream_t st);
 
+/* The check of programmatic dependent launch (pdl.cuh) the tests run: two one-thread kernels launched as every
+ * kernel of the backend is; the first lets the second launch, spins for spin_us, then sets ws[0] = 1 and writes the
+ * time it did into t[0]; the second writes the time it started (before its wait) into t[1] and what it read of
+ * ws[0] after its wait into ws[1].  ws[1] must be 1 (the wait orders it after the first); with PDL on (the default:
+ * DEEPINFER_CUDA_PDL) t[1] < t[0] shows the second was on the GPU while the first ran.  ws: 2 ints, t: 2, device. */
+cudaError_t bcu_pdl_probe(int *ws, unsigned long long *t, double spin_us, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

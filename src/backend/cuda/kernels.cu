@@ -95,6 +95,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rmsnorm.cuh"
 
 /* ==== rowdot primitives (begin) ==== */
@@ -141,26 +142,8 @@ static void rd_cluster_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, in
     cfg->numAttrs = 1;
 }
 
-/* Programmatic dependent launch (sm_90): a kernel launched with rd_launch_ex(pdl = true) may start while the kernel before
- * it in the stream is still running (once all of that one's blocks have called rd_pdl_trigger or finished); it
- * must call rd_pdl_wait, which returns when the kernel before has finished and its writes are visible, before
- * it reads anything an earlier kernel writes or writes anything at all.  What it does before (the decode
- * row-dot: its first weight loads, which no kernel writes) overlaps the previous kernel's tail and the launch.
- * DEEPINFER_CUDA_PDL=0 (read once) launches them as ordinary kernels (the wait then returns at once). */
-__device__ __forceinline__ void rd_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void rd_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-static bool rd_pdl_on(void)
-{
-    static std::atomic<int> on(-1);
-    int v = on.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("DEEPINFER_CUDA_PDL");
-        v = !(e && *e && atoi(e) == 0);
-        on.store(v, std::memory_order_relaxed);
-    }
-    return v != 0;
-}
+/* Programmatic dependent launch (pdl.cuh): the decode row-dot triggers first and issues its first weight loads
+ * (which no kernel writes) before pdl_wait, so they overlap the previous kernel's tail and the launch. */
 
 /* launch kern<<<grid, block, smem, st>>>(args), as a cluster of cluster_x blocks along x when cluster_x > 1, with
  * programmatic dependent launch when pdl (and DEEPINFER_CUDA_PDL is not 0) */
@@ -175,13 +158,7 @@ cudaError_t rd_launch_ex(void (*kern)(P...), dim3 grid, dim3 block, size_t smem,
     cfg.stream = st;
     cudaLaunchAttribute at[2] = {};
     if (cluster_x > 1) rd_cluster_attr(&cfg, at, cluster_x);
-    if (pdl && rd_pdl_on()) {
-        cudaLaunchAttribute *p = &at[cfg.numAttrs];
-        p->id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        p->val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs++;
-    }
+    if (pdl) pdl_attr(&cfg, at);
     return cudaLaunchKernelEx(&cfg, kern, args...);
 }
 
@@ -382,6 +359,7 @@ __device__ __forceinline__ void fma8_tokens(const RowArgs &a, const float (&wv)[
 template <int FMT, bool VEC>
 __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * BCU_WARPS + (threadIdx.x >> 5);
     if (o >= a.n) return; /* warp-uniform */
@@ -428,6 +406,7 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
 template <int FMT, int KS>
 __global__ void __launch_bounds__(32 * BCU_KS_WARPS) rowdot_ks_kernel(RowArgs a)
 {
+    pdl_enter();
     __shared__ float part[BCU_KS_WARPS][BCU_TT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
     const int64_t o = (int64_t)blockIdx.x * (BCU_KS_WARPS / KS) + warp / KS;
@@ -482,12 +461,12 @@ static cudaError_t launch_rowdot(const RowArgs &a, bool vec, cudaStream_t st)
             void (*kern)(RowArgs) = ks == 2   ? rowdot_ks_kernel<FMT, 2>
                                     : ks == 4 ? rowdot_ks_kernel<FMT, 4>
                                               : rowdot_ks_kernel<FMT, 8>;
-            return rd_launch(kern, g, dim3(32 * BCU_KS_WARPS), 0, 1, st, a);
+            return rd_launch_ex(kern, g, dim3(32 * BCU_KS_WARPS), 0, 1, true, st, a);
         }
     }
     dim3 grid((unsigned)((a.n + BCU_WARPS - 1) / BCU_WARPS), (unsigned)((a.T + BCU_TT - 1) / BCU_TT));
-    if (vec) return rd_launch(rowdot_kernel<FMT, true>, grid, dim3(32 * BCU_WARPS), 0, 1, st, a);
-    return rd_launch(rowdot_kernel<FMT, false>, grid, dim3(32 * BCU_WARPS), 0, 1, st, a);
+    if (vec) return rd_launch_ex(rowdot_kernel<FMT, true>, grid, dim3(32 * BCU_WARPS), 0, 1, true, st, a);
+    return rd_launch_ex(rowdot_kernel<FMT, false>, grid, dim3(32 * BCU_WARPS), 0, 1, true, st, a);
 }
 
 static cudaError_t simple_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
@@ -892,7 +871,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
 {
     typedef DecCfg<FMT, WN, XQ> C;
     extern __shared__ __align__(16) unsigned char rd_smem[];
-    rd_pdl_trigger(); /* a decode row-dot after this one may start its weight loads */
+    pdl_trigger(); /* a decode row-dot after this one may start its weight loads */
     const int tid = (int)threadIdx.x, lane = tid & 31, wn = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int ns = (int)gridDim.x; /* blocks of the K split (a cluster), 1 = none */
@@ -954,7 +933,7 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
 #pragma unroll
     for (int i = 0; i < C::PD; i++)
         if (i < nc) wload(cs + i, wr[i], sr[i]);
-    rd_pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
+    pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
 
     /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
     const int ipc = 16 * tbv; /* items per chunk */
@@ -1573,6 +1552,7 @@ __device__ __forceinline__ uint4 rq_ldw(const uint8_t *p)
 template <int KS>
 __global__ void __launch_bounds__(128) rowq8_kernel(RowQ8Args a)
 {
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char rq_smem[];
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int T = a.T, K = a.K, nb = K / 128, nch = K / 64;
@@ -1739,7 +1719,7 @@ extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
     }
     const int64_t grid = ks == 4 ? (p->n + 8 * RQ_TW - 1) / (8 * RQ_TW) : blocks1;
     if (grid > 0x7fffffff) return cudaErrorNotSupported;
-    kern<<<(unsigned)grid, 128, sm, st>>>(a);
+    pdl_launch(kern, (unsigned)grid, 128, sm, st, a);
     return cudaGetLastError();
 }
 
@@ -1750,7 +1730,8 @@ extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
 template <int NT>
 __global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, size_t dim, const float *w, float eps)
 {
-    rd_pdl_trigger(); /* the decode row-dot that reads y may start its weight loads (it waits for y) */
+    pdl_trigger(); /* the decode row-dot that reads y may start its weight loads (it waits for y) */
+    pdl_wait();
     __shared__ double part[NT / 32];
     const float *xr = x + blockIdx.x * dim;
     float *yr = y + blockIdx.x * dim;
@@ -1775,8 +1756,8 @@ extern "C" cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t
 {
     if (!rows || !dim) return cudaSuccess;
     if (rows > 0x7fffffffu) return cudaErrorInvalidConfiguration;
-    if (RMS_NT(dim) == 1024) rmsnorm_kernel<1024><<<(unsigned)rows, 1024, 0, st>>>(y, x, dim, w, eps);
-    else rmsnorm_kernel<256><<<(unsigned)rows, 256, 0, st>>>(y, x, dim, w, eps);
+    if (RMS_NT(dim) == 1024) pdl_launch(rmsnorm_kernel<1024>, (unsigned)rows, 1024, 0, st, y, x, dim, w, eps);
+    else pdl_launch(rmsnorm_kernel<256>, (unsigned)rows, 256, 0, st, y, x, dim, w, eps);
     return cudaGetLastError();
 }
 
@@ -1784,6 +1765,7 @@ extern "C" cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t
 
 __global__ void split_kernel(uint16_t *dst, const float *x, size_t n, int planes)
 {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float r = x[i];
         for (int p = 0; p < planes; p++) {
@@ -1796,12 +1778,14 @@ __global__ void split_kernel(uint16_t *dst, const float *x, size_t n, int planes
 
 __global__ void sum3_kernel(float *y, const float *p, size_t n)
 {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = p[i] + (p[n + i] + p[2 * n + i]);
 }
 
 __global__ void widen_kernel(float *dst, const uint16_t *src, size_t n, int is_f16)
 {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = is_f16 ? __half2float(__ushort_as_half(src[i])) : dec_bf16(src[i]);
 }
@@ -1815,20 +1799,20 @@ static unsigned grid_for(size_t n)
 extern "C" cudaError_t bcu_split_bf16(uint16_t *dst, const float *x, size_t n, int planes, cudaStream_t st)
 {
     if (!n) return cudaSuccess;
-    split_kernel<<<grid_for(n), 256, 0, st>>>(dst, x, n, planes);
+    pdl_launch(split_kernel, grid_for(n), 256, 0, st, dst, x, n, planes);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t bcu_sum3(float *y, const float *p, size_t n, cudaStream_t st)
 {
     if (!n) return cudaSuccess;
-    sum3_kernel<<<grid_for(n), 256, 0, st>>>(y, p, n);
+    pdl_launch(sum3_kernel, grid_for(n), 256, 0, st, y, p, n);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t bcu_widen(float *dst, const uint16_t *src, size_t n, int is_f16, cudaStream_t st)
 {
     if (!n) return cudaSuccess;
-    widen_kernel<<<grid_for(n), 256, 0, st>>>(dst, src, n, is_f16);
+    pdl_launch(widen_kernel, grid_for(n), 256, 0, st, dst, src, n, is_f16);
     return cudaGetLastError();
 }

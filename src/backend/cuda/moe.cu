@@ -49,6 +49,7 @@
 #include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/mma_frag.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/moe_ops.cuh"
 #include "backend/cuda/moe_wg.h"
 
@@ -245,6 +246,7 @@ __host__ __device__ void comb_token(const int32_t *pos, const float *w, int topk
 /* the routing plan in one block (decode-sized batches: one launch) */
 __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
 {
+    pdl_enter();
     extern __shared__ int hist[]; /* [RT_WARPS][E]: per chunk, counts, then running rows */
     __shared__ int buf[32];
     __shared__ int s_bad;
@@ -289,6 +291,7 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
  * expert (bh: [chunks][E], then the chunks' bad counts), the scatter per chunk, the combine lists per token. */
 __global__ void __launch_bounds__(32) rm_count_kernel(RouteArgs a, int32_t *bh)
 {
+    pdl_enter();
     extern __shared__ int hc[]; /* [E] */
     const int lane = threadIdx.x, E = a.E;
     for (int i = lane; i < E; i += 32) hc[i] = 0;
@@ -302,6 +305,7 @@ __global__ void __launch_bounds__(32) rm_count_kernel(RouteArgs a, int32_t *bh)
 
 __global__ void __launch_bounds__(RT_THREADS) rm_scan_kernel(RouteArgs a, int32_t *bh, int nb)
 {
+    pdl_enter();
     __shared__ int buf[32];
     const int tid = threadIdx.x, E = a.E;
     int cnt = 0;
@@ -321,6 +325,7 @@ __global__ void __launch_bounds__(RT_THREADS) rm_scan_kernel(RouteArgs a, int32_
 
 __global__ void __launch_bounds__(32) rm_scatter_kernel(RouteArgs a, const int32_t *bh)
 {
+    pdl_enter();
     extern __shared__ int hc[]; /* [E] */
     const int lane = threadIdx.x, E = a.E;
     for (int i = lane; i < E; i += 32) hc[i] = bh[(int64_t)blockIdx.x * E + i];
@@ -331,6 +336,7 @@ __global__ void __launch_bounds__(32) rm_scatter_kernel(RouteArgs a, const int32
 
 __global__ void rm_comb_kernel(RouteArgs a)
 {
+    pdl_enter();
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t < a.T) comb_token(a.pos, a.w, a.topk, t, a.comb, a.combw);
 }
@@ -453,6 +459,7 @@ __device__ __forceinline__ void rows_pass(const MoeArgs &a, int e, int64_t row0,
 template <int G>
 __global__ void __launch_bounds__(32 * RW_WARPS, 2) rows_kernel(MoeArgs a)
 {
+    pdl_enter();
     const int e = a.act[blockIdx.y];
     if (e < 0) return;
     const int64_t r0 = a.off[e], n = a.off[e + 1] - r0;
@@ -569,6 +576,7 @@ __device__ __forceinline__ const float *tile_xrow(const MoeArgs &a, const Tile &
 template <int G>
 __global__ void __launch_bounds__(256, 2) simt_kernel(MoeArgs a)
 {
+    pdl_enter();
     __shared__ __align__(16) float xs[TL_K][TL_M];
     __shared__ __align__(16) float ws[TL_K][TL_W];
     const Tile t = tile_of<G>(a);
@@ -689,6 +697,7 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 template <int G, int PL>
 __global__ void __launch_bounds__(256, 2) mma_kernel(MoeArgs a)
 {
+    pdl_enter();
     __shared__ __align__(16) uint16_t Ws[TL_W][SM_LD];
     __shared__ __align__(16) uint16_t Xs[PL][TL_M][SM_LD];
     const Tile t = tile_of<G>(a);
@@ -849,6 +858,7 @@ __device__ __forceinline__ int64_t mr_perm(int64_t c) { return (c & ~(int64_t)7)
 /* planes of x [T, D] -> xq [T][3][Dp] (Dp = D rounded up to a chunk, zero past D); a thread per 8-column group */
 __global__ void mr_split_kernel(uint16_t *xq, const float *x, int64_t T, int64_t D, int64_t Dp)
 {
+    pdl_enter();
     const int64_t ng = Dp / 8;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * ng; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / ng, c0 = (i - t * ng) * 8;
@@ -881,6 +891,7 @@ __global__ void mr_split_kernel(uint16_t *xq, const float *x, int64_t T, int64_t
 template <int G, int MT, int KS, int NP>
 __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
 {
+    pdl_enter();
     constexpr int TOK = 16 * MT / NP;
     __shared__ float red[MR_WARPS][16 * MT][8 * MR_WN + 1];
     const int e = a.act[blockIdx.y];
@@ -1051,6 +1062,7 @@ __global__ void __launch_bounds__(32 * MR_WARPS) mr_kernel(MoeArgs a)
 __global__ void combine_kernel(float *y, const float *yp, const int32_t *comb, const float *combw, int64_t T,
                                int topk, int64_t D, int use_w)
 {
+    pdl_enter();
     const int64_t d = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (d >= D) return;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
@@ -1086,8 +1098,8 @@ template <int MT, int KS, int NP>
 static void mr_launch_v(const MoeArgs &a, unsigned ny, int g, cudaStream_t st)
 {
     const int64_t r1 = 8 * (MR_WARPS / KS), r2 = 8 * MR_WN * (MR_WARPS / KS); /* weight rows per block */
-    if (g == 1) mr_kernel<1, MT, KS, NP><<<dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st>>>(a);
-    else mr_kernel<2, MT, KS, NP><<<dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st>>>(a);
+    if (g == 1) pdl_launch(mr_kernel<1, MT, KS, NP>, dim3((unsigned)((a.I + r1 - 1) / r1), ny), 32 * MR_WARPS, 0, st, a);
+    else pdl_launch(mr_kernel<2, MT, KS, NP>, dim3((unsigned)((a.D + r2 - 1) / r2), ny), 32 * MR_WARPS, 0, st, a);
 }
 
 template <int NP>
@@ -1289,15 +1301,15 @@ static void route_launch(const bcu_moe_plan &p, const int32_t *ids, const float 
     r.comb = p.comb;
     r.combw = p.combw;
     if (p.P < RM_MIN_P) {
-        route_kernel<<<1, RT_THREADS, (size_t)RT_WARPS * (size_t)E * sizeof(int), st>>>(r);
+        pdl_launch(route_kernel, 1, RT_THREADS, (size_t)RT_WARPS * (size_t)E * sizeof(int), st, r);
         return;
     }
     const int64_t nb = (p.P + RM_PAIRS - 1) / RM_PAIRS;
     int32_t *bh = (int32_t *)p.h; /* (nb + 1) E ints at most: P / 512 (E + 1) <= P inter floats */
-    rm_count_kernel<<<(unsigned)nb, 32, (size_t)E * sizeof(int), st>>>(r, bh);
-    rm_scan_kernel<<<1, RT_THREADS, 0, st>>>(r, bh, (int)nb);
-    rm_scatter_kernel<<<(unsigned)nb, 32, (size_t)E * sizeof(int), st>>>(r, bh);
-    rm_comb_kernel<<<(unsigned)((T + 255) / 256), 256, 0, st>>>(r);
+    pdl_launch(rm_count_kernel, (unsigned)nb, 32, (size_t)E * sizeof(int), st, r, bh);
+    pdl_launch(rm_scan_kernel, 1, RT_THREADS, 0, st, r, bh, (int)nb);
+    pdl_launch(rm_scatter_kernel, (unsigned)nb, 32, (size_t)E * sizeof(int), st, r, bh);
+    pdl_launch(rm_comb_kernel, (unsigned)((T + 255) / 256), 256, 0, st, r);
 }
 
 extern "C" cudaError_t bcu_moe_route(const int32_t *ids, const float *w, int64_t T, int topk, int n_experts,
@@ -1407,7 +1419,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
             if (e != cudaSuccess) return e;
         }
         const int64_t ng = T * (Dp / 8);
-        mr_split_kernel<<<(unsigned)(ng < 4096 * 256 ? (ng + 255) / 256 : 4096), 256, 0, st>>>(p.xq, x, T, a.D, Dp);
+        pdl_launch(mr_split_kernel, (unsigned)(ng < 4096 * 256 ? (ng + 255) / 256 : 4096), 256, 0, st, p.xq, x, T, a.D, Dp);
         const unsigned ny = (unsigned)p.n_slots;
         /* planes: three for bf16x3, the hi plane alone for the bf16 maths (exact for act_quant'd x and h, which
          * the backend sends here as bf16).  MT by the average rows per expert (H200, bench_gpu_moe, three planes:
@@ -1422,39 +1434,39 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
             e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
             const int64_t nh = p.P * (Ip / 8);
             if (e == cudaSuccess)
-                mr_split_kernel<<<(unsigned)(nh < 4096 * 256 ? (nh + 255) / 256 : 4096), 256, 0, st>>>(p.hq, p.h, p.P,
+                pdl_launch(mr_split_kernel, (unsigned)(nh < 4096 * 256 ? (nh + 255) / 256 : 4096), 256, 0, st, p.hq, p.h, p.P,
                                                                                                     a.I, Ip);
         }
         if (e == cudaSuccess) e = mr_launch(np, mt, ks, a, ny, 2, st);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_ROWS) {
         const unsigned ny = (unsigned)p.n_slots;
-        rows_kernel<1><<<dim3((unsigned)((a.I + 2 * RW_WARPS - 1) / (2 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
+        pdl_launch(rows_kernel<1>, dim3((unsigned)((a.I + 2 * RW_WARPS - 1) / (2 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st, a);
         if (ex->act_fp8_h) {
             cudaError_t e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
             if (e != cudaSuccess) return e;
         }
-        rows_kernel<2><<<dim3((unsigned)((a.D + 4 * RW_WARPS - 1) / (4 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st>>>(a);
+        pdl_launch(rows_kernel<2>, dim3((unsigned)((a.D + 4 * RW_WARPS - 1) / (4 * RW_WARPS)), ny), 32 * RW_WARPS, 0, st, a);
     } else {
         const unsigned ny = (unsigned)p.max_tiles;
         const dim3 g1((unsigned)((a.I + TL_W / 2 - 1) / (TL_W / 2)), ny), g2((unsigned)((a.D + TL_W - 1) / TL_W), ny);
         switch (math) { /* stage 1: h */
-        case BCU_MOE_FP32: simt_kernel<1><<<g1, 256, 0, st>>>(a); break;
-        case BCU_MOE_BF16X3: mma_kernel<1, 3><<<g1, 256, 0, st>>>(a); break;
-        case BCU_MOE_BF16: mma_kernel<1, 1><<<g1, 256, 0, st>>>(a); break;
+        case BCU_MOE_FP32: pdl_launch(simt_kernel<1>, g1, 256, 0, st, a); break;
+        case BCU_MOE_BF16X3: pdl_launch(mma_kernel<1, 3>, g1, 256, 0, st, a); break;
+        case BCU_MOE_BF16: pdl_launch(mma_kernel<1, 1>, g1, 256, 0, st, a); break;
         }
         if (ex->act_fp8_h) {
             cudaError_t e = bcu_fq_fp8(p.h, (size_t)p.P, (size_t)a.I, (size_t)a.I, 128, st);
             if (e != cudaSuccess) return e;
         }
         switch (math) { /* stage 2: W2 h */
-        case BCU_MOE_FP32: simt_kernel<2><<<g2, 256, 0, st>>>(a); break;
-        case BCU_MOE_BF16X3: mma_kernel<2, 3><<<g2, 256, 0, st>>>(a); break;
-        case BCU_MOE_BF16: mma_kernel<2, 1><<<g2, 256, 0, st>>>(a); break;
+        case BCU_MOE_FP32: pdl_launch(simt_kernel<2>, g2, 256, 0, st, a); break;
+        case BCU_MOE_BF16X3: pdl_launch(mma_kernel<2, 3>, g2, 256, 0, st, a); break;
+        case BCU_MOE_BF16: pdl_launch(mma_kernel<2, 1>, g2, 256, 0, st, a); break;
         }
     }
     const unsigned gy = (unsigned)(T < 65535 ? T : 65535);
-    combine_kernel<<<dim3((unsigned)((a.D / 4 + 255) / 256), gy), 256, 0, st>>>(y, p.yp, p.comb, p.combw, T, topk, a.D,
+    pdl_launch(combine_kernel, dim3((unsigned)((a.D / 4 + 255) / 256), gy), 256, 0, st, y, p.yp, p.comb, p.combw, T, topk, a.D,
                                                                                  !a.official);
     return cudaGetLastError();
 }

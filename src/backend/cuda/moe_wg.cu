@@ -43,6 +43,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_ops.cuh"
 #include "backend/cuda/moe_wg.h"
+#include "backend/cuda/pdl.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ON 1
@@ -189,6 +190,7 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
 template <int MODE>
 __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
 {
+    pdl_enter();
     const int64_t nch = K / 128, gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (gw >= R * nch) return; /* warp-uniform */
@@ -280,6 +282,7 @@ __device__ __forceinline__ void wg_store(const bcu_wg_args &a, int64_t row, cons
 template <int G, int F16>
 __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 {
+    pdl_enter();
 #if WG_ON
     constexpr int SPB = F16 ? 2 : 1;        /* wgmma steps a scale block */
     constexpr int WSTEPS = WG_WIN / 32 * SPB; /* steps of B in the window */
@@ -503,6 +506,7 @@ __device__ __forceinline__ uint64_t wt_desc(uint32_t saddr)
 template <int G>
 __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
 {
+    pdl_enter();
 #if WG_ON
     extern __shared__ __align__(128) uint8_t smem[];
     const int e = a.tile_e[blockIdx.y];
@@ -682,7 +686,7 @@ template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, c
         attr_done = 1;
     }
     const unsigned gx = (unsigned)(G == 1 ? a->I / (WT_ROWS / 2) : a->D / WT_ROWS);
-    wt_kernel<G><<<dim3(gx, n_tiles), WT_THREADS, WT_SMEM, st>>>(*a);
+    pdl_launch(wt_kernel<G>, dim3(gx, n_tiles), WT_THREADS, WT_SMEM, st, *a);
     return cudaGetLastError();
 }
 
@@ -703,7 +707,7 @@ template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n
     const size_t smem = wg_smem_bytes(G == 1 ? a->D : a->I, F16);
     if (smem > 227 * 1024) return cudaErrorInvalidValue;
     const unsigned gx = (unsigned)(G == 1 ? a->I / 32 : a->D / 64);
-    wg_kernel<G, F16><<<dim3(gx, n_slots), WG_THREADS, smem, st>>>(*a);
+    pdl_launch(wg_kernel<G, F16>, dim3(gx, n_slots), WG_THREADS, smem, st, *a);
     return cudaGetLastError();
 }
 
@@ -732,9 +736,9 @@ extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mod
     if (R == 0) return cudaSuccess;
     const int64_t threads = R * (K / 128) * 32;
     const unsigned grid = (unsigned)((threads + 255) / 256);
-    if (mode == 2) wg_code_kernel<2><<<grid, 256, 0, st>>>(x, R, K, codes, NULL, writeback);
-    else if (mode == 1) wg_code_kernel<1><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
-    else wg_code_kernel<0><<<grid, 256, 0, st>>>(x, R, K, codes, scales, writeback);
+    if (mode == 2) pdl_launch(wg_code_kernel<2>, grid, 256, 0, st, x, R, K, codes, (float *)NULL, writeback);
+    else if (mode == 1) pdl_launch(wg_code_kernel<1>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
+    else pdl_launch(wg_code_kernel<0>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
     return cudaGetLastError();
 }
 
