@@ -709,6 +709,25 @@ static void run_case(const tcase *c, int controls)
         CK(cudaMemcpy(keys, dkeys, (size_t)h.ntok * ks * sizeof *keys, cudaMemcpyDeviceToHost));
         ir = check_indexer(&h, sel, nsel, keys, ks, 1);
         bad += ir.bad;
+        /* the 16-key and the 64-key tiles of the fp32 scores: the same bits, whichever the call picked */
+        for (int tile = 16; tile <= 64; tile *= 4) {
+            bcu_indexer_args it = ia;
+            it.tile = tile;
+            cudaError_t rt = bcu_indexer_topk(&h.ws, &b, &it, h.st, err, sizeof err);
+            if (rt != cudaSuccess) fail_msg("%s: bcu_indexer_topk (tile %d): %s %s", c->name, tile, cudaGetErrorString(rt), err);
+            CK(cudaStreamSynchronize(h.st));
+            uint32_t *kt = malloc((size_t)h.ntok * ks * sizeof *kt + 4);
+            CK(cudaMemcpy(kt, dkeys, (size_t)h.ntok * ks * sizeof *kt, cudaMemcpyDeviceToHost));
+            int differ = 0;
+            for (int row = 0; row < h.ntok; row++) {
+                const int s = seq_of(&h, row);
+                int64_t nv = (c->s[s].p0 + (row - h.row0[s]) + 1) / c->ratio;
+                if (nv > (int64_t)ks) nv = (int64_t)ks;
+                for (int64_t e = 0; e < nv; e++) differ += kt[(size_t)row * ks + e] != keys[(size_t)row * ks + e];
+            }
+            free(kt);
+            if (differ) fail_msg("%s: indexer scores with %d-key tiles: %d differ from the automatic call's", c->name, tile, differ);
+        }
         if (controls && !ir.bad) {
             /* a swapped index must be caught: replace the first chosen entry
              * of the first row with more than topk visible by one left out */

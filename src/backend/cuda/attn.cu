@@ -310,6 +310,77 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
     }
 }
 
+/* The same scores for few rows (decode): IX_KT1 keys a tile, so a 4K context is 64 blocks a row, not 16.  Thread
+ * (ht, k) takes heads 4 ht .. 4 ht + 3 of key k, where ix_score_kernel's thread takes them for four keys: each
+ * q.k is the same chain of FMAs over the channels, each head quad's partial the same sum in head order, and the 16
+ * partials of a key are added in the same order, so the keys are those of ix_score_kernel bit for bit
+ * (test_cuda_attn compares the two). */
+#define IX_KT1 16
+__global__ void __launch_bounds__(IX_NT) ix_score1_kernel(IxArgs a)
+{
+    pdl_enter();
+    extern __shared__ float4 ix_sm4[];
+    float *Qt = (float *)ix_sm4;        /* [ID][IX_LD]: Qt[c][h] = q_h[c] */
+    float *Kt = Qt + a.ID * IX_LD;      /* [ID][IX_KT1]: Kt[c][k] = key_k[c] */
+    float *red = Kt + a.ID * IX_KT1;    /* [16][IX_KT1] per-head-quad partial scores */
+    float *wsm = red + 16 * IX_KT1;     /* [IX_HT] */
+    __shared__ const float *kp[IX_KT1]; /* the tile's key rows */
+    static_assert(IX_NT == 16 * IX_KT1, "a thread per (head quad, key)");
+
+    const int tid = threadIdx.x, row = blockIdx.y;
+    bcu_attn_seq s;
+    int64_t nv = 0;
+    if (ix_row(a, row, &s, &nv) == 0) return;
+    const int64_t ntiles = (nv + IX_KT1 - 1) / IX_KT1;
+    if ((int64_t)blockIdx.x >= ntiles) return;
+
+    const float *q = a.iq + (size_t)row * a.IH * a.ID;
+    for (int i = tid; i < IX_HT * a.ID; i += IX_NT) {
+        const int h = i / a.ID, c = i % a.ID;
+        Qt[c * IX_LD + h] = h < a.IH ? q[(size_t)h * a.ID + c] : 0.0f;
+    }
+    if (tid < IX_HT) wsm[tid] = tid < a.IH ? a.iw[(size_t)row * a.IH + tid] : 0.0f;
+
+    const int ht = tid / IX_KT1, k = tid % IX_KT1; /* heads 4ht..4ht+3 of key k */
+    uint32_t *keys = a.keys + (size_t)row * a.vis_cap;
+    const int nc4 = a.ID / 4;
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int64_t k0 = tile * IX_KT1;
+        __syncthreads(); /* Q is in; the previous tile's Kt, red and kp are consumed */
+        if (tid < IX_KT1) kp[tid] = ix_key(a, s, k0 + tid, nv);
+        __syncthreads();
+        for (int i = tid; i < IX_KT1 * nc4; i += IX_NT) {
+            const int kk = i % IX_KT1, c4 = i / IX_KT1;
+            const float *p = kp[kk];
+            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            Kt[(4 * c4 + 0) * IX_KT1 + kk] = v.x;
+            Kt[(4 * c4 + 1) * IX_KT1 + kk] = v.y;
+            Kt[(4 * c4 + 2) * IX_KT1 + kk] = v.z;
+            Kt[(4 * c4 + 3) * IX_KT1 + kk] = v.w;
+        }
+        __syncthreads();
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int c = 0; c < a.ID; c++) {
+            const float4 qv = *(const float4 *)&Qt[c * IX_LD + 4 * ht];
+            const float kv = Kt[c * IX_KT1 + k];
+            const float qa[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] = fmaf(qa[i], kv, acc[i]);
+        }
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) p += acc[i] > 0.0f ? acc[i] * wsm[4 * ht + i] : 0.0f;
+        red[ht * IX_KT1 + k] = p;
+        __syncthreads();
+        if (tid < IX_KT1 && k0 + tid < nv) {
+            float sc = 0.0f;
+            for (int i = 0; i < 16; i++) sc += red[i * IX_KT1 + tid];
+            keys[k0 + tid] = f2key(sc);
+        }
+    }
+}
+
 /* The same scores on bf16 tensor cores (bcu_indexer_args.bf16; index_dim a multiple of 16).  Same grid and output
  * as ix_score_kernel; 8 warps, warp w: heads 16 (w % 4) .. + 15, keys 32 (w / 4) .. + 31 of the 64-key tile.  Q and
  * the tile sit in shared memory as bf16 [row][channel] (rows 4 banks apart); q.k as m16n8k16 MMAs over the
@@ -587,6 +658,8 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     if (a->index_dim < 4 || a->index_dim % 4 || a->index_dim > IX_MAX_ID)
         return bad(err, errlen, "indexer: index_head_dim %d (a multiple of 4 up to %d)", a->index_dim, IX_MAX_ID);
     if (a->key_off % 4) return bad(err, errlen, "indexer: key_off %zu is not a multiple of 4 floats", a->key_off);
+    if (a->tile != 0 && a->tile != IX_KT1 && a->tile != IX_KT)
+        return bad(err, errlen, "indexer: tile %d (0, %d or %d keys)", a->tile, IX_KT1, IX_KT);
     if (b->ntok < 0 || b->ntok > l->max_rows || b->ntok > 65535)
         return bad(err, errlen, "indexer: %d rows, the workspace holds %d", b->ntok, l->max_rows);
     if (b->max_len > l->max_len)
@@ -624,6 +697,16 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
         const size_t smem_max = (size_t)(IX_HT + IX_KT) * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_mma_kernel, 9, smem_max)) != cudaSuccess) return r;
         pdl_launch(ix_mma_kernel, dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st, ia);
+    } else if (a->tile == IX_KT1 || (a->tile == 0 && tiles * b->ntok < 2 * (int64_t)sms)) {
+        /* few rows: the wide tiles would leave most of the GPU idle (a decode step's 4K context: 16 blocks) */
+        const int64_t tiles1 = (vis + IX_KT1 - 1) / IX_KT1;
+        int64_t gx1 = (4 * (int64_t)sms + b->ntok - 1) / b->ntok;
+        if (gx1 > tiles1) gx1 = tiles1;
+        if (gx1 < 1) gx1 = 1;
+        const size_t smem = (size_t)(a->index_dim * (IX_LD + IX_KT1) + 16 * IX_KT1 + IX_HT) * sizeof(float);
+        const size_t smem_max = (size_t)(IX_MAX_ID * (IX_LD + IX_KT1) + 16 * IX_KT1 + IX_HT) * sizeof(float);
+        if ((r = opt_in_smem(ix_score1_kernel, 10, smem_max)) != cudaSuccess) return r;
+        pdl_launch(ix_score1_kernel, dim3((unsigned)gx1, (unsigned)b->ntok), IX_NT, smem, st, ia);
     } else {
         const size_t smem = (size_t)(2 * a->index_dim * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
         const size_t smem_max = (size_t)(2 * IX_MAX_ID * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);

@@ -94,6 +94,8 @@ typedef struct {
     int32_t *nsel;              /* [ntok] out: min(topk, visible) */
     int bf16;                   /* 1 (index_dim a multiple of 16): the scores' q.k on bf16 tensor cores (q and keys
                                    rounded to bf16: exact for official semantics' fq_fp4 values), fp32 sums */
+    int tile;                   /* fp32 scores: keys a block takes, 0 = automatic (16 when 64-key tiles would not
+                                   fill the GPU, else 64); the scores are the same bits either way (for tests) */
 } bcu_indexer_args;
 
 cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_indexer_args *a,

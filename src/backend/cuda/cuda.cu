@@ -1607,7 +1607,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                                    cudaMemcpyHostToDevice, c->st));
                 CU(cudaMemcpyAsync(diw, a->iw + (size_t)row * IH, (size_t)rows * IH * 4, cudaMemcpyHostToDevice, c->st));
             }
-            bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel, c->attn_mma};
+            bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel, c->attn_mma, 0};
             if (bcu_indexer_topk(&c->aws, &bt, &ia, c->st, msg, sizeof msg) != cudaSuccess)
                 return fail(c, "indexer: %s", msg[0] ? msg : "launch failed");
         }

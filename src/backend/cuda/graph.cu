@@ -170,7 +170,6 @@ __host__ __device__ __forceinline__ size_t hc_chunk(size_t N) { return ((N + HC_
 __global__ void __launch_bounds__(GR_NT)
     gr_hc_mix_kernel(HcArgs a, const float *X, size_t R, float *pmix, double *pss)
 {
-    pdl_enter();
     __shared__ float xs[HC_RB * HC_PASS];
     const int tid = threadIdx.x, lane = tid & 31;
     const int mix = a.head ? a.n : (2 + a.n) * a.n;
@@ -188,13 +187,21 @@ __global__ void __launch_bounds__(GR_NT)
         acc[r] = 0.0f;
         ss[r] = 0.0;
     }
-    for (size_t p = c0; p < c1; p += HC_PASS) {
-        float fv[HC_EPL], xr[HC_RB * HC_PASS / GR_NT];
+    /* the first pass's weights before the wait (no kernel writes them): launched early (pdl_launch), their round
+     * trip overlaps the kernel before (at V4's sizes a chunk is one pass) */
+    float fv[HC_EPL];
+    auto load_fv = [&](size_t p) {
 #pragma unroll
         for (int q = 0; q < HC_EPL; q++) {
             const size_t i = p + (size_t)(q * 32 + lane);
             fv[q] = dot && i < c1 ? f[i] : 0.0f;
         }
+    };
+    load_fv(c0);
+    pdl_enter();
+    for (size_t p = c0; p < c1; p += HC_PASS) {
+        float xr[HC_RB * HC_PASS / GR_NT];
+        if (p != c0) load_fv(p);
         /* the x chunk: every load issued before the first store waits for one */
 #pragma unroll
         for (int u = 0; u < HC_RB * HC_PASS / GR_NT; u++) {

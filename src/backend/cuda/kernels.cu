@@ -300,22 +300,33 @@ __device__ __forceinline__ float wget(const RowArgs &a, int64_t r, int64_t c)
 
 /* W[r, c..c+7] as f32; c % 8 == 0, wcols % 8 == 0, and (quantised) the 8
  * lie in one scale block.  One 16/8/4-byte load per lane. */
+/* bf16 / f16: the 16 bytes of W[r, c..c+7], and their values */
+template <int FMT>
+__device__ __forceinline__ uint4 wraw8(const RowArgs &a, int64_t r, int64_t c)
+{
+    return *(const uint4 *)((const uint16_t *)a.w + r * a.wcols + c);
+}
+template <int FMT>
+__device__ __forceinline__ void wdec8(uint4 q, float *v)
+{
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (FMT == BCU_RW_BF16) {
+            v[2 * k] = dec_bf16(u[k] & 0xffffu);
+            v[2 * k + 1] = dec_bf16(u[k] >> 16);
+        } else {
+            v[2 * k] = __half2float(__ushort_as_half((unsigned short)(u[k] & 0xffffu)));
+            v[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(u[k] >> 16)));
+        }
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ void wget8(const RowArgs &a, int64_t r, int64_t c, float *v)
 {
     if (FMT == BCU_RW_BF16 || FMT == BCU_RW_F16) {
-        uint4 q = *(const uint4 *)((const uint16_t *)a.w + r * a.wcols + c);
-        uint32_t u[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (FMT == BCU_RW_BF16) {
-                v[2 * k] = dec_bf16(u[k] & 0xffffu);
-                v[2 * k + 1] = dec_bf16(u[k] >> 16);
-            } else {
-                v[2 * k] = __half2float(__ushort_as_half((unsigned short)(u[k] & 0xffffu)));
-                v[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(u[k] >> 16)));
-            }
-        }
+        wdec8<FMT>(wraw8<FMT>(a, r, c), v);
     } else if (FMT == BCU_RW_F32) {
         const float4 *p = (const float4 *)((const float *)a.w + r * a.wcols + c);
         float4 p0 = p[0], p1 = p[1];
@@ -406,7 +417,6 @@ __global__ void __launch_bounds__(32 * BCU_WARPS) rowdot_kernel(RowArgs a)
 template <int FMT, int KS>
 __global__ void __launch_bounds__(32 * BCU_KS_WARPS) rowdot_ks_kernel(RowArgs a)
 {
-    pdl_enter();
     __shared__ float part[BCU_KS_WARPS][BCU_TT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
     const int64_t o = (int64_t)blockIdx.x * (BCU_KS_WARPS / KS) + warp / KS;
@@ -415,11 +425,31 @@ __global__ void __launch_bounds__(32 * BCU_KS_WARPS) rowdot_ks_kernel(RowArgs a)
     const int64_t r = a.r0 + (o < a.n ? o : 0);
     const int64_t kp = (a.K / 8 + KS - 1) / KS * 8; /* columns per part, a multiple of 8 */
     const int64_t k0 = ks * kp, k1 = k0 + kp < a.K ? k0 + kp : a.K;
+    /* the lane's first KS_PRE steps of weights, loaded before the wait (no kernel writes a weight): launched early
+     * (pdl_launch), the GEMV's first round trip overlaps the kernel before it */
+    constexpr int KS_PRE = 4;
+    uint4 pre[KS_PRE];
+    const int64_t j0 = k0 + (int64_t)lane * 8;
+#pragma unroll
+    for (int u = 0; u < KS_PRE; u++) {
+        const int64_t j = j0 + (int64_t)u * 32 * 8;
+        pre[u] = j < k1 ? wraw8<FMT>(a, r, a.c0 + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    pdl_enter();
     float acc[BCU_TT];
 #pragma unroll
     for (int i = 0; i < BCU_TT; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KS_PRE; u++) { /* in column order, as the loop below continues it */
+        const int64_t j = j0 + (int64_t)u * 32 * 8;
+        if (j < k1) {
+            float wv[8];
+            wdec8<FMT>(pre[u], wv);
+            fma8_tokens(a, wv, t0, nt, j, acc);
+        }
+    }
 #pragma unroll 4
-    for (int64_t j = k0 + (int64_t)lane * 8; j < k1; j += 32 * 8) {
+    for (int64_t j = j0 + (int64_t)KS_PRE * 32 * 8; j < k1; j += 32 * 8) {
         float wv[8];
         wget8<FMT>(a, r, a.c0 + j, wv);
         fma8_tokens(a, wv, t0, nt, j, acc);
