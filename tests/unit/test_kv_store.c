@@ -943,33 +943,49 @@ static void rw_hook(void)
     kv_store_flush(rw.s);
 }
 
-/* files and bytes of the final files on disk */
-static void disk_totals(const char *dir, uint64_t *files, uint64_t *bytes)
+/* fn(path, ctx) for each file under dir/v1/xx/ (names not starting with '.'); -1 when dir/v1 or a directory in it
+ * cannot be opened (what it saw of the rest is still walked) */
+static int walk_final(const char *dir, void (*fn)(const char *path, void *ctx), void *ctx)
 {
-    *files = *bytes = 0;
     char v1[512];
-    snprintf(v1, sizeof v1, "%s/v1", dir);
+    if (snprintf(v1, sizeof v1, "%s/v1", dir) >= (int)sizeof v1) return -1;
     DIR *d = opendir(v1);
-    assert_non_null(d);
+    if (!d) return -1;
+    int rc = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         if (strlen(e->d_name) != 2 || e->d_name[0] == '.') continue;
         char sub[600];
-        snprintf(sub, sizeof sub, "%s/%s", v1, e->d_name);
-        DIR *x = opendir(sub);
-        assert_non_null(x);
+        DIR *x = snprintf(sub, sizeof sub, "%s/%s", v1, e->d_name) < (int)sizeof sub ? opendir(sub) : NULL;
+        if (!x) {
+            rc = -1;
+            continue;
+        }
         struct dirent *f;
         while ((f = readdir(x))) {
-            if (f->d_name[0] == '.') continue;
             char fp[900];
-            snprintf(fp, sizeof fp, "%s/%s", sub, f->d_name);
-            struct stat st;
-            assert_int_equal(lstat(fp, &st), 0);
-            (*files)++, *bytes += (uint64_t)st.st_size;
+            if (f->d_name[0] != '.' && snprintf(fp, sizeof fp, "%s/%s", sub, f->d_name) < (int)sizeof fp) fn(fp, ctx);
         }
         closedir(x);
     }
     closedir(d);
+    return rc;
+}
+
+static void add_file(const char *path, void *ctx)
+{
+    uint64_t *fb = ctx; /* files, bytes */
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    fb[0]++, fb[1] += (uint64_t)st.st_size;
+}
+
+/* files and bytes of the final files on disk */
+static void disk_totals(const char *dir, uint64_t *files, uint64_t *bytes)
+{
+    uint64_t fb[2] = {0, 0};
+    assert_int_equal(walk_final(dir, add_file, fb), 0);
+    *files = fb[0], *bytes = fb[1];
 }
 
 static void test_sweep_races_writes(void **st)
@@ -1323,21 +1339,16 @@ static uint8_t *kill_blob(uint32_t i)
     return p;
 }
 
+static void count_one(const char *path, void *ctx)
+{
+    (void)path;
+    (*(int *)ctx)++;
+}
+
 static int count_final(const char *dir)
 {
-    char v1[512];
-    snprintf(v1, sizeof v1, "%s/v1", dir);
-    DIR *d = opendir(v1);
-    if (!d) return 0;
     int c = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strlen(e->d_name) != 2 || e->d_name[0] == '.') continue;
-        char sub[600];
-        snprintf(sub, sizeof sub, "%s/%s", v1, e->d_name);
-        c += count_dir(sub);
-    }
-    closedir(d);
+    (void)walk_final(dir, count_one, &c); /* absent yet: 0 */
     return c;
 }
 
