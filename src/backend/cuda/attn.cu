@@ -233,6 +233,33 @@ __device__ __forceinline__ const float *ix_key(const IxArgs &a, const bcu_attn_s
     return b < nv ? s.blocks[b / a.epb] + a.key_off + (size_t)(b % a.epb) * a.ID : NULL;
 }
 
+/* the row's Q transposed into Qt [ID][IX_LD] (Qt[c][h] = q_h[c], heads past IH zero) and its head weights into wsm */
+__device__ __forceinline__ void ix_stage_q(const IxArgs &a, int row, float *Qt, float *wsm, int tid)
+{
+    const float *q = a.iq + (size_t)row * a.IH * a.ID;
+    for (int i = tid; i < IX_HT * a.ID; i += IX_NT) {
+        const int h = i / a.ID, c = i % a.ID;
+        Qt[c * IX_LD + h] = h < a.IH ? q[(size_t)h * a.ID + c] : 0.0f;
+    }
+    if (tid < IX_HT) wsm[tid] = tid < a.IH ? a.iw[(size_t)row * a.IH + tid] : 0.0f;
+}
+
+/* the tile's KT key rows (kp[k], NULL: zeros) transposed into Kt [ID][LD] (Kt[c][k] = key_k[c]) */
+template <int KT, int LD>
+__device__ __forceinline__ void ix_stage_keys(const IxArgs &a, const float *const *kp, float *Kt, int tid)
+{
+    const int nc4 = a.ID / 4;
+    for (int i = tid; i < KT * nc4; i += IX_NT) {
+        const int k = i % KT, c4 = i / KT;
+        const float *p = kp[k];
+        const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        Kt[(4 * c4 + 0) * LD + k] = v.x;
+        Kt[(4 * c4 + 1) * LD + k] = v.y;
+        Kt[(4 * c4 + 2) * LD + k] = v.z;
+        Kt[(4 * c4 + 3) * LD + k] = v.w;
+    }
+}
+
 __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
 {
     pdl_enter();
@@ -249,16 +276,10 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
     const int64_t ntiles = ix_row(a, row, &s, &nv);
     if ((int64_t)blockIdx.x >= ntiles) return;
 
-    const float *q = a.iq + (size_t)row * a.IH * a.ID;
-    for (int i = tid; i < IX_HT * a.ID; i += IX_NT) {
-        const int h = i / a.ID, c = i % a.ID;
-        Qt[c * IX_LD + h] = h < a.IH ? q[(size_t)h * a.ID + c] : 0.0f;
-    }
-    if (tid < IX_HT) wsm[tid] = tid < a.IH ? a.iw[(size_t)row * a.IH + tid] : 0.0f;
+    ix_stage_q(a, row, Qt, wsm, tid);
 
     const int ht = tid >> 4, kt = tid & 15; /* heads 4ht..4ht+3, keys 4kt..4kt+3 */
     uint32_t *keys = a.keys + (size_t)row * a.vis_cap;
-    const int nc4 = a.ID / 4;
     for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         const int64_t k0 = tile * IX_KT;
         __syncthreads(); /* Q is in; the previous tile's Kt, red and kp are consumed */
@@ -267,15 +288,7 @@ __global__ void __launch_bounds__(IX_NT) ix_score_kernel(IxArgs a)
             kp[tid] = ix_key(a, s, b, nv);
         }
         __syncthreads();
-        for (int i = tid; i < IX_KT * nc4; i += IX_NT) {
-            const int k = i % IX_KT, c4 = i / IX_KT;
-            const float *p = kp[k];
-            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            Kt[(4 * c4 + 0) * IX_LD + k] = v.x;
-            Kt[(4 * c4 + 1) * IX_LD + k] = v.y;
-            Kt[(4 * c4 + 2) * IX_LD + k] = v.z;
-            Kt[(4 * c4 + 3) * IX_LD + k] = v.w;
-        }
+        ix_stage_keys<IX_KT, IX_LD>(a, kp, Kt, tid);
         __syncthreads();
         float acc[4][4];
 #pragma unroll
@@ -334,30 +347,16 @@ __global__ void __launch_bounds__(IX_NT) ix_score1_kernel(IxArgs a)
     const int64_t ntiles = (nv + IX_KT1 - 1) / IX_KT1;
     if ((int64_t)blockIdx.x >= ntiles) return;
 
-    const float *q = a.iq + (size_t)row * a.IH * a.ID;
-    for (int i = tid; i < IX_HT * a.ID; i += IX_NT) {
-        const int h = i / a.ID, c = i % a.ID;
-        Qt[c * IX_LD + h] = h < a.IH ? q[(size_t)h * a.ID + c] : 0.0f;
-    }
-    if (tid < IX_HT) wsm[tid] = tid < a.IH ? a.iw[(size_t)row * a.IH + tid] : 0.0f;
+    ix_stage_q(a, row, Qt, wsm, tid);
 
     const int ht = tid / IX_KT1, k = tid % IX_KT1; /* heads 4ht..4ht+3 of key k */
     uint32_t *keys = a.keys + (size_t)row * a.vis_cap;
-    const int nc4 = a.ID / 4;
     for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         const int64_t k0 = tile * IX_KT1;
         __syncthreads(); /* Q is in; the previous tile's Kt, red and kp are consumed */
         if (tid < IX_KT1) kp[tid] = ix_key(a, s, k0 + tid, nv);
         __syncthreads();
-        for (int i = tid; i < IX_KT1 * nc4; i += IX_NT) {
-            const int kk = i % IX_KT1, c4 = i / IX_KT1;
-            const float *p = kp[kk];
-            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            Kt[(4 * c4 + 0) * IX_KT1 + kk] = v.x;
-            Kt[(4 * c4 + 1) * IX_KT1 + kk] = v.y;
-            Kt[(4 * c4 + 2) * IX_KT1 + kk] = v.z;
-            Kt[(4 * c4 + 3) * IX_KT1 + kk] = v.w;
-        }
+        ix_stage_keys<IX_KT1, IX_KT1>(a, kp, Kt, tid);
         __syncthreads();
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4

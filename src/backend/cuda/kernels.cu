@@ -151,11 +151,7 @@ template <typename... P, typename... A>
 cudaError_t rd_launch_ex(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, int cluster_x, bool pdl,
                          cudaStream_t st, A... args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
+    cudaLaunchConfig_t cfg = launch_cfg(grid, block, smem, st);
     cudaLaunchAttribute at[2] = {};
     if (cluster_x > 1) rd_cluster_attr(&cfg, at, cluster_x);
     if (pdl) pdl_attr(&cfg, at);

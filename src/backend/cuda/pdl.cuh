@@ -57,16 +57,23 @@ static inline void pdl_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at)
     cfg->numAttrs++;
 }
 
-/* kern<<<grid, block, smem, st>>>(args...) with programmatic dependent launch; kern must begin with pdl_enter()
- * (or keep the rule above) */
-template <typename... P, typename... A>
-static cudaError_t pdl_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args)
+/* the launch configuration of <<<grid, block, smem, st>>>, no attributes */
+static inline cudaLaunchConfig_t launch_cfg(dim3 grid, dim3 block, size_t smem, cudaStream_t st)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
+    return cfg;
+}
+
+/* kern<<<grid, block, smem, st>>>(args...) with programmatic dependent launch; kern must begin with pdl_enter()
+ * (or keep the rule above) */
+template <typename... P, typename... A>
+static cudaError_t pdl_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args)
+{
+    cudaLaunchConfig_t cfg = launch_cfg(grid, block, smem, st);
     cudaLaunchAttribute at[1] = {};
     pdl_attr(&cfg, at);
     return cudaLaunchKernelEx(&cfg, kern, args...);
