@@ -16,6 +16,8 @@
  *   fl floor  2 * T * topk * 3 * dim * inter FLOPs / the bf16 peak
  *   %bw, %fl  floor / measured; the larger one is how close the call is to
  *             its roofline
+ *   bits      a hash of the last call's output bits (two builds on the same
+ *             T list print the same hash when a change kept every bit)
  * Rows marked "aq" run official semantics with act_quant'd x and h, as the V4
  * graph does: the mma rows on one bf16 plane, and the wgmma path (moe_wg.cu,
  * sm_90a only) on f16 values (bf16x3) and on e4m3 codes (bf16), the one-plane
@@ -56,6 +58,18 @@ static double elapsed(void)
     return ms * 1e-3;
 }
 
+
+/* FNV-1a over the bits of the last call's y: the same inputs give the same hash exactly when a kernel change kept
+ * every output bit (the routing draws depend on BENCH_GPU_MOE_T only) */
+static uint32_t out_hash(const float *dy, size_t n)
+{
+    uint32_t *h = malloc(n * sizeof *h), x = 2166136261u;
+    CK(cudaMemcpy(h, dy, n * sizeof *h, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) x = (x ^ ((h[i] >> (8 * b)) & 255u)) * 16777619u;
+    free(h);
+    return x;
+}
 
 int main(void)
 {
@@ -166,8 +180,8 @@ int main(void)
     float *wt = malloc((size_t)NDRAW * Tmax * TOPK * 4);
     printf("workspace at T = %lld: %.2f GB\n\n", (long long)Tmax, (double)wsb / 1e9);
 
-    printf("| T | path | math | experts | us | GB/s | bw floor us | %% bw | TFLOP/s | fl floor us | %% fl |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| T | path | math | experts | us | GB/s | bw floor us | %% bw | TFLOP/s | fl floor us | %% fl | bits |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int ti = 0; ti < nT; ti++) {
         const int64_t T = Ts[ti];
         /* NDRAW routings: top-6 distinct experts per token, uniform */
@@ -232,9 +246,10 @@ int main(void)
             }
             CK(cudaGetLastError());
             const double tm = median(t, reps);
-            printf("| %lld | %s | %s%s | %.0f | %.1f | %.0f | %.1f | %.1f%% | %.2f | %.1f | %.1f%% |\n", (long long)T,
+            printf("| %lld | %s | %s%s | %.0f | %.1f | %.0f | %.1f | %.1f%% | %.2f | %.1f | %.1f%% | %08x |\n", (long long)T,
                    bcu_moe_path_name(runs[ri].path), bcu_moe_math_name(runs[ri].math), runs[ri].aq ? " aq" : "", distinct, tm * 1e6,
-                   bytes / tm / 1e9, tbw * 1e6, 100.0 * tbw / tm, flops / tm / 1e12, tfl * 1e6, 100.0 * tfl / tm);
+                   bytes / tm / 1e9, tbw * 1e6, 100.0 * tbw / tm, flops / tm / 1e12, tfl * 1e6, 100.0 * tfl / tm,
+                   out_hash(dy, (size_t)T * DIM));
             fflush(stdout);
         }
     }
