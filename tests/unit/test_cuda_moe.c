@@ -302,14 +302,23 @@ static uint8_t *rand_codes(size_t n)
 }
 /* 0: ue8m0 bytes 118..125 (weights' usual range); 1: each block tiny (1..3), usual or large (129..135), which
  * takes the wgmma tiles' decode through both of its scale paths (2^(b - 1) in one bf16 multiply up to b = 128,
- * two above) and bf16 subnormals */
+ * two above) and bf16 subnormals; 2: the usual range with one block in 48 at byte 0 (dtype.c's 2^-127), which
+ * sends the chunks holding one down wg_kernel's general scale path (the warp's other lanes with it) */
 static int scale_range;
 static uint8_t *rand_scales(size_t n)
 {
     uint8_t *p = xmalloc(n);
     static const uint8_t base[3] = {1, 118, 129};
-    for (size_t i = 0; i < n; i++)
-        p[i] = scale_range ? (uint8_t)(base[rnd() % 3] + rnd() % 3) : (uint8_t)(118 + rnd() % 8);
+    for (size_t i = 0; i < n; i++) {
+        if (scale_range == 1) {
+            p[i] = (uint8_t)(base[rnd() % 3] + rnd() % 3);
+        } else if (scale_range == 2) {
+            const uint64_t r = rnd();
+            p[i] = r % 48 == 0 ? 0 : (uint8_t)(118 + (r >> 8) % 8);
+        } else {
+            p[i] = (uint8_t)(118 + rnd() % 8);
+        }
+    }
     return p;
 }
 
@@ -985,6 +994,21 @@ static void test_gpu_wgtiles_scales(void **st)
     scale_range = 0;
 }
 
+/* The wgmma decode kernel with scale bytes of 0 among the usual ones (scale_range 2), beside the mma rows: the
+ * chunks that hold one take the general ue8m0 path for the whole warp */
+static void test_gpu_wgmma_scales(void **st)
+{
+    (void)st;
+    if (!bcu_wg_available()) skip();
+    const int64_t Ts[] = {1, 16};
+    const variant vs[] = {{BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0}};
+    scale_range = 2;
+    act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, 3);
+    scale_range = 0;
+}
+
 /* The wgmma tiles over experts of 5 to 270 rows (skewed routing): tiles of every wgmma width (16, 32, .., 128 tokens)
  * and experts cut into two and three tiles, beside the one-plane tiles */
 static void test_gpu_wgtiles_sizes(void **st)
@@ -1173,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_gpu_wg_probe),
         cmocka_unit_test(test_gpu_wgmma_v4dims),
         cmocka_unit_test(test_gpu_wgtiles_scales),
+        cmocka_unit_test(test_gpu_wgmma_scales),
         cmocka_unit_test(test_gpu_wgtiles_sizes),
     };
     return cmocka_run_group_tests_name("moe_gpu", gpu, NULL, NULL);

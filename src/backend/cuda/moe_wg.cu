@@ -336,7 +336,10 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
             }
         }
     };
+    /* the descriptors differ in their address field alone (bits 0..13: B is under 256 KB, so adding a step's 16 to
+     * the low word never carries out of it): the high word once, a 32-bit add a wgmma */
     const uint64_t desc0 = wg_desc(smem_u32(bsm), 128, 256);
+    const uint32_t dlo0 = (uint32_t)desc0, dhi = (uint32_t)(desc0 >> 32);
     const int n_me = tid & 7; /* the token this thread stages: the staging strides are multiples of 8 */
     const uint8_t *csrc = G == 1 ? a.xc : a.hc;
     const float *ssrc0 = G == 1 ? a.xs : a.hs;
@@ -390,7 +393,7 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
             for (int j = 0; j < 4; j++) /* the descriptor's address field counts 16 bytes: a step is 256 */
 #pragma unroll
                 for (int h = 0; h < SPB; h++) {
-                    const uint64_t dsc = desc0 + (uint64_t)((wl + SPB * j + h) * 16);
+                    const uint64_t dsc = (uint64_t)dhi << 32 | (uint32_t)(dlo0 + (uint32_t)((wl + SPB * j + h) * 16));
                     if (!F16) wg_mma(dd[j], Ac[j][0], dsc);
                     else if (h == 0) wg_mma_h<0>(dd[j], Ac[j][h], dsc);
                     else wg_mma_h<1>(dd[j], Ac[j][h], dsc);
@@ -408,8 +411,23 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
                 convert(c + 1, An);
             }
             /* the weight scales as floats: 2^(b - 127) is the byte shifted into the exponent, except for dtype.c's
-             * two special bytes 0 (2^-127, a subnormal) and 255 (NaN), which take ue8m0() */
-            const bool plain = !(has_byte0(swA) | has_byte0(swB) | has_byte0(~swA) | has_byte0(~swB));
+             * two special bytes 0 (2^-127, a subnormal) and 255 (NaN), which take ue8m0().  Whether any lane has
+             * one is asked of the warp, so the common case is a branch, not both paths predicated (H200 SASS: the
+             * predicated form cost ~35 of a chunk's ~300 instructions) */
+            float fa[4], fb[4];
+            if (__all_sync(0xffffffffu, !(has_byte0(swA) | has_byte0(swB) | has_byte0(~swA) | has_byte0(~swB)))) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    fa[j] = __uint_as_float(((swA >> (8 * j)) & 255u) << 23);
+                    fb[j] = __uint_as_float(((swB >> (8 * j)) & 255u) << 23);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    fa[j] = ue8m0((swA >> (8 * j)) & 255u);
+                    fb[j] = ue8m0((swB >> (8 * j)) & 255u);
+                }
+            }
             wg_wait<0>();
             /* the chunk's sums per (row, token): its blocks' sums times their weight scales in block order, then
              * times the token's activation scale (one per 128 columns) */
@@ -417,12 +435,10 @@ __global__ void __launch_bounds__(WG_THREADS) wg_kernel(bcu_wg_args a)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 wg_hold(dd[j]);
-                const float fa = plain ? __uint_as_float(((swA >> (8 * j)) & 255u) << 23) : ue8m0((swA >> (8 * j)) & 255u);
-                const float fb = plain ? __uint_as_float(((swB >> (8 * j)) & 255u) << 23) : ue8m0((swB >> (8 * j)) & 255u);
-                cs[0] = j ? fmaf(dd[j][0], fa, cs[0]) : dd[j][0] * fa;
-                cs[1] = j ? fmaf(dd[j][1], fa, cs[1]) : dd[j][1] * fa;
-                cs[2] = j ? fmaf(dd[j][2], fb, cs[2]) : dd[j][2] * fb;
-                cs[3] = j ? fmaf(dd[j][3], fb, cs[3]) : dd[j][3] * fb;
+                cs[0] = j ? fmaf(dd[j][0], fa[j], cs[0]) : dd[j][0] * fa[j];
+                cs[1] = j ? fmaf(dd[j][1], fa[j], cs[1]) : dd[j][1] * fa[j];
+                cs[2] = j ? fmaf(dd[j][2], fb[j], cs[2]) : dd[j][2] * fb[j];
+                cs[3] = j ? fmaf(dd[j][3], fb[j], cs[3]) : dd[j][3] * fb[j];
             }
             acc[0] = fmaf(cs[0], x0, acc[0]);
             acc[1] = fmaf(cs[1], x1, acc[1]);
