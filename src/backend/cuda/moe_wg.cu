@@ -17,7 +17,7 @@
  * k16 wgmmas a scale block.  Its products are exact and the tensor core sums them in fp32 (the probe measures 0
  * error), where the e4m3 wgmma keeps ~13 bits of its sums (1e-4 of the sum of |terms|): F16 is the default maths.
  *
- * The kernel (wg_kernel<G, F16>, one warpgroup a block): 64 weight rows of one expert (G = 1: 32 features, W1's
+ * The kernel (wg_kernel<G, F16, ST>, one warpgroup a block): 64 weight rows of one expert (G = 1: 32 features, W1's
  * row as A row g and W3's as A row g + 8 of each warp's 16, so a thread holds gate and up of the same (feature,
  * token) and the SwiGLU is its epilogue; G = 2: 64 rows of W2) against up to 8 of the expert's rows (tokens) a
  * pass.  B is in shared memory without swizzle (a step is two 8 x 16-byte core matrices, 128 bytes apart), one
@@ -35,7 +35,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -55,6 +57,9 @@
 #define WG_N 8         /* tokens a pass: the wgmma's n */
 #ifndef WG_STAGES
 #define WG_STAGES 5    /* weight chunks in flight per warp (a stage each) */
+#endif
+#ifndef WG_STAGES_DEEP
+#define WG_STAGES_DEEP 8 /* the same for grids of at most three blocks an SM (wg_launch) */
 #endif
 #ifndef WG_WIN
 #define WG_WIN 1024    /* columns of B in shared memory at a time (restaged between windows) */
@@ -281,7 +286,7 @@ __device__ __forceinline__ void wg_store(const bcu_wg_args &a, int64_t row, cons
  * wgmma a scale block; F16 = 1: two f16 k16 wgmmas (the weights as f16 code * 2^-14), fp32-exact products.
  * Register caps: f16 128 (four blocks an SM; stage 2 used 134, three), e4m3 102 (five; 128 let it take 111, four
  * blocks, 3% slower at T = 256).  No spill, the same bits; on the H200 the f16 experts 2-3% faster at T = 8..256. */
-template <int G, int F16>
+template <int G, int F16, int ST>
 __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args a)
 {
     pdl_enter();
@@ -297,15 +302,15 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
     const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
     uint8_t *bsm = smem;                              /* B window: [step][k half][token][16 bytes] */
     float *xsm = (float *)(smem + WSTEPS * 256);      /* activation scales: [chunk][token] */
-    uint8_t *ring = smem + WSTEPS * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * WG_STAGES * WG_STAGE_BYTES;
+    uint8_t *ring = smem + WSTEPS * 256 + (size_t)nch * WG_N * 4 + (size_t)warp * ST * WG_STAGE_BYTES;
 
     const wg_rows wr = wg_rows_of<G>(a, e, K, 64, warp, g);
     const uint8_t *const wA = wr.wA, *const wB = wr.wB, *const sA = wr.sA, *const sB = wr.sB;
-    /* chunk c of this warp's 16 rows into stage c % WG_STAGES: lane (g, q) copies bytes 16q.. of rows g and
+    /* chunk c of this warp's 16 rows into stage c % ST: lane (g, q) copies bytes 16q.. of rows g and
      * g + 8, lanes q = 0 / 1 the four scale bytes of row g / g + 8; one cp.async group per chunk, empty or not */
     auto issue = [&](int c) {
         if (c < nch) {
-            const uint32_t s = smem_u32(ring + (c % WG_STAGES) * WG_STAGE_BYTES);
+            const uint32_t s = smem_u32(ring + (c % ST) * WG_STAGE_BYTES);
             cp16(s + g * WG_PITCH + 16 * q, wA + 64 * (int64_t)c + 16 * q);
             cp16(s + (8 + g) * WG_PITCH + 16 * q, wB + 64 * (int64_t)c + 16 * q);
             if (q == 0) cp4(s + 16 * WG_PITCH + 4 * g, sA + 4 * c);
@@ -315,7 +320,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
     };
     /* chunk c's A fragments (four scale blocks, SPB steps each) from its stage */
     auto convert = [&](int c, uint32_t (&A)[4][SPB][4]) {
-        const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
+        const uint8_t *stg = ring + (c % ST) * WG_STAGE_BYTES;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const uint32_t wa = *(const uint32_t *)(stg + g * WG_PITCH + 16 * j + 4 * q);
@@ -362,7 +367,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
     for (int64_t t0 = 0; t0 < nrows; t0 += WG_N) {
         const int ntk = nrows - t0 < WG_N ? (int)(nrows - t0) : WG_N;
         __syncthreads(); /* the previous pass has read B and the scales */
-        for (int c = 0; c < WG_STAGES - 1; c++) issue(c); /* the weights' first loads overlap the staging */
+        for (int c = 0; c < ST - 1; c++) issue(c); /* the weights' first loads overlap the staging */
         src = NULL;
         const float *ssrc = NULL;
         if (n_me < ntk) {
@@ -385,7 +390,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
 #pragma unroll
             for (int i = 0; i < 4; i++) dd[j][i] = 0.0f;
         uint32_t A0[4][SPB][4], A1[4][SPB][4];
-        cp_wait<WG_STAGES - 2>(); /* chunk 0 */
+        cp_wait<ST - 2>(); /* chunk 0 */
         __syncwarp();
         convert(0, A0);
         auto chunk = [&](int c, uint32_t (&Ac)[4][SPB][4], uint32_t (&An)[4][SPB][4]) {
@@ -401,14 +406,14 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
                     else wg_mma_h<1>(dd[j], Ac[j][h], dsc);
                 }
             wg_commit();
-            const uint8_t *stg = ring + (c % WG_STAGES) * WG_STAGE_BYTES;
+            const uint8_t *stg = ring + (c % ST) * WG_STAGE_BYTES;
             const uint32_t swA = *(const uint32_t *)(stg + 16 * WG_PITCH + 4 * g);
             const uint32_t swB = *(const uint32_t *)(stg + 16 * WG_PITCH + 32 + 4 * g);
             const float x0 = xsm[c * WG_N + 2 * q] * unit, x1 = xsm[c * WG_N + 2 * q + 1] * unit;
             __syncwarp(); /* every lane has read the stage that issue() refills (chunk c - 1's) */
-            issue(c + WG_STAGES - 1);
+            issue(c + ST - 1);
             if (c + 1 < nch) {
-                cp_wait<WG_STAGES - 2>(); /* chunk c + 1 */
+                cp_wait<ST - 2>(); /* chunk c + 1 */
                 __syncwarp();
                 convert(c + 1, An);
             }
@@ -708,25 +713,48 @@ template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, c
     return cudaGetLastError();
 }
 
-size_t wg_smem_bytes(int64_t K, int f16)
+size_t wg_smem_bytes(int64_t K, int f16, int stages)
 {
     return (size_t)(WG_WIN / 32) * (f16 ? 512 : 256) + (size_t)(K / 128) * WG_N * 4 +
-           4 * (size_t)WG_STAGES * WG_STAGE_BYTES;
+           4 * (size_t)stages * WG_STAGE_BYTES;
 }
 
-template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+template <int G, int F16, int ST> cudaError_t wg_launch_st(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
 {
     static int attr_done; /* above 48 KB a kernel must ask for its dynamic shared memory */
     if (!attr_done) {
-        cudaError_t r = cudaFuncSetAttribute(wg_kernel<G, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        cudaError_t r = cudaFuncSetAttribute(wg_kernel<G, F16, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
         if (r != cudaSuccess) return r;
         attr_done = 1;
     }
-    const size_t smem = wg_smem_bytes(G == 1 ? a->D : a->I, F16);
+    const size_t smem = wg_smem_bytes(G == 1 ? a->D : a->I, F16, ST);
     if (smem > 227 * 1024) return cudaErrorInvalidValue;
     const unsigned gx = (unsigned)(G == 1 ? a->I / 32 : a->D / 64);
-    pdl_launch(wg_kernel<G, F16>, dim3(gx, n_slots), WG_THREADS, smem, st, *a);
+    pdl_launch(wg_kernel<G, F16, ST>, dim3(gx, n_slots), WG_THREADS, smem, st, *a);
     return cudaGetLastError();
+}
+
+/* A grid of at most three blocks an SM (a decode batch of a token or two: 6 experts x 64 blocks at top-6) leaves
+ * shared memory to spare and few warps to hide the weights' latency: its warps keep WG_STAGES_DEEP chunks in
+ * flight instead of WG_STAGES (DEEPINFER_CUDA_WG_DEEP=0, read once: never).  The ring's depth moves no output
+ * bit. */
+template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+{
+    static std::atomic<int> sms_once(0); /* 0: not read yet; -1: the deep ring is off */
+    int sms = sms_once.load(std::memory_order_relaxed);
+    if (!sms) {
+        const char *e = getenv("DEEPINFER_CUDA_WG_DEEP");
+        int dev = 0, n = 0;
+        sms = !(e && *e == '0') && cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0
+                  ? n
+                  : -1;
+        sms_once.store(sms, std::memory_order_relaxed);
+    }
+    const int64_t blocks = (int64_t)(G == 1 ? a->I / 32 : a->D / 64) * n_slots;
+    if (WG_STAGES_DEEP > WG_STAGES && sms > 0 && blocks <= 3 * (int64_t)sms)
+        return wg_launch_st<G, F16, WG_STAGES_DEEP>(a, n_slots, st);
+    return wg_launch_st<G, F16, WG_STAGES>(a, n_slots, st);
 }
 
 } /* namespace */
@@ -740,7 +768,7 @@ extern "C" int bcu_wg_available(void)
     int ok = cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
-             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1, 1>) == cudaSuccess;
+             minor == 0 && cudaFuncGetAttributes(&fa, wg_kernel<1, 1, WG_STAGES>) == cudaSuccess;
     (void)cudaGetLastError();
     cached = ok;
     return ok;
