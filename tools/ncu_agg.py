@@ -43,7 +43,10 @@ def load(path, metric, keep_args):
             name = name[5:]
         if not keep_args:
             name = re.sub(r"[<(].*", "", name)
-        v = float(r[col["Metric Value"]].replace(",", ""))
+        try:
+            v = float(r[col["Metric Value"]].replace(",", ""))
+        except ValueError:
+            raise SystemExit(f"{path}: kernel {name!r}: {metric} is {r[col['Metric Value']]!r}, not a number")
         e = agg.setdefault(name, [0, 0.0])
         e[0] += 1
         e[1] += v

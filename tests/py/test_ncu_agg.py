@@ -1,13 +1,9 @@
 """tools/ncu_agg.py on hand-written ncu --csv listings: names folded, calls and microseconds summed, two side by side."""
-import importlib.util
-import pathlib
-
 import pytest
 
-spec = importlib.util.spec_from_file_location(
-    "ncu_agg", pathlib.Path(__file__).resolve().parents[2] / "tools" / "ncu_agg.py")
-na = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(na)
+from conftest import load_tool
+
+na = load_tool("ncu_agg")
 
 HDR = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
       '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
@@ -58,4 +54,11 @@ def test_not_a_listing(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("no header here\n")
     with pytest.raises(SystemExit):
+        na.main([str(p)])
+
+
+def test_a_value_that_is_not_a_number(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text(HDR + row(0, "void k(int)", "gpu__time_duration.sum", "n/a"))
+    with pytest.raises(SystemExit, match="not a number"):
         na.main([str(p)])

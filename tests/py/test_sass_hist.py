@@ -1,11 +1,7 @@
 """tools/sass_hist.py on a hand-written SASS listing: the loop it picks, its counts, --skip and --range."""
-import importlib.util
-import pathlib
+from conftest import load_tool
 
-spec = importlib.util.spec_from_file_location(
-    "sass_hist", pathlib.Path(__file__).resolve().parents[2] / "tools" / "sass_hist.py")
-sh = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sh)
+sh = load_tool("sass_hist")
 
 LISTING = """
 	code for sm_90a
