@@ -41,6 +41,7 @@
 #include "backend/cuda/attn.h"
 #include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/sm_count.cuh"
 
 #define BLOCK_TOKENS 128 /* MD_BLOCK_TOKENS */
 
@@ -128,19 +129,6 @@ extern "C" const uint32_t *bcu_attn_ws_index_keys(const bcu_attn_ws *ws, size_t 
     if (!w.vis_cap) return NULL;
     if (row_stride) *row_stride = (size_t)w.vis_cap;
     return (const uint32_t *)((const char *)ws->mem + w.keys);
-}
-
-static int sm_count(void)
-{
-    static int cached[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-    if (!cached[dev]) {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-        cached[dev] = n;
-    }
-    return cached[dev];
 }
 
 /* cudaFuncSetAttribute once per kernel and device (bit k of done[dev]) */
@@ -669,7 +657,7 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     if (b->ntok == 0) return cudaSuccess;
     const ws_layout w = layout_of(l);
     char *base = (char *)ws->mem;
-    const int sms = sm_count();
+    const int sms = bcu_sm_count();
 
     IxArgs ia;
     ia.seqs = b->seqs;
@@ -1393,7 +1381,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     }
     const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
     const int64_t per = (int64_t)b->ntok * aa.HG;
-    int64_t S = ((mma ? 1 : 2) * (int64_t)sm_count() + per - 1) / per;
+    int64_t S = ((mma ? 1 : 2) * (int64_t)bcu_sm_count() + per - 1) / per;
     if (S > tiles) S = tiles;
     if (S > w.slots / b->ntok) S = w.slots / b->ntok;
     if (S < 1) S = 1;

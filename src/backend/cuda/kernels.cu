@@ -96,6 +96,7 @@
 #include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/sm_count.cuh"
 #include "backend/cuda/rmsnorm.cuh"
 
 /* ==== rowdot primitives (begin) ==== */
@@ -206,19 +207,6 @@ int rd_device(void)
 {
     int dev = 0;
     return cudaGetDevice(&dev) == cudaSuccess ? dev : 0;
-}
-
-/* SMs of the current device (cached per device) */
-int rd_sm_count(void)
-{
-    static std::atomic<int> cache[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-    int v = cache[dev].load(std::memory_order_relaxed);
-    if (v > 0) return v;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) v = 132;
-    cache[dev].store(v, std::memory_order_relaxed);
-    return v;
 }
 
 } /* namespace */
@@ -1276,7 +1264,7 @@ static cudaError_t mm_launch_cfg(const MmArgs &a, int64_t n, int64_t T, int nsl,
         attr_set.fetch_or(bit, std::memory_order_relaxed);
     }
     int ns = 1;
-    if (nsl > 1 && (split == 2 || (split == 0 && gy * gz < 2 * (int64_t)rd_sm_count()))) ns = nsl;
+    if (nsl > 1 && (split == 2 || (split == 0 && gy * gz < 2 * (int64_t)bcu_sm_count()))) ns = nsl;
     if (ns > 1 && split != 2) {
         static std::atomic<int> fits[9]; /* per cluster size: 0 not asked, 1 fits, 2 does not */
         int f = fits[ns].load(std::memory_order_relaxed);
@@ -1345,7 +1333,7 @@ static cudaError_t dec_launch(const MmArgs &a, int64_t n, int64_t T, int nsl, in
     *took = false;
     constexpr int TB = DecCfg<FMT, 1, XQ>::TB;
     const int tbl = T < TB ? (int)T : TB;
-    const int64_t gz = (T + TB - 1) / TB, sms = rd_sm_count(), ng = a.groups > 1 ? a.groups : 1;
+    const int64_t gz = (T + TB - 1) / TB, sms = bcu_sm_count(), ng = a.groups > 1 ? a.groups : 1;
     const int wn = (n * ng + 63) / 64 * nsl * gz >= 2 * sms ? 2 : 1;
     const int64_t gyg = (n + 32 * wn - 1) / (32 * wn), gy = gyg * ng; /* row tiles per group, in all */
     if (gy > 65535 || gz > 65535) return cudaErrorInvalidConfiguration;
@@ -1733,7 +1721,7 @@ extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
     const size_t sm = rq_smem_bytes(a.T, a.K);
     /* the K split (4 warps on the same 16 rows) while 64 rows per block would not fill the GPU twice over */
     const int64_t blocks1 = (p->n + 4 * 8 * RQ_TW - 1) / (4 * 8 * RQ_TW);
-    const int ks = blocks1 < 2 * (int64_t)rd_sm_count() ? 4 : 1;
+    const int ks = blocks1 < 2 * (int64_t)bcu_sm_count() ? 4 : 1;
     void (*kern)(RowQ8Args) = ks == 4 ? rowq8_kernel<4> : rowq8_kernel<1>;
     static std::atomic<unsigned long long> attr_set[2];
     const int dev = rd_device();

@@ -46,6 +46,7 @@
 #include "backend/cuda/moe_ops.cuh"
 #include "backend/cuda/moe_wg.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/sm_count.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ON 1
@@ -740,19 +741,15 @@ template <int G, int F16, int ST> cudaError_t wg_launch_st(const bcu_wg_args *a,
  * bit.  f16 only: on the H200 slice the bf16 maths' e4m3 experts measured no gain (batch 1 1.235 -> 1.241 ms). */
 template <int G, int F16> cudaError_t wg_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
 {
-    static std::atomic<int> sms_once(0); /* 0: not read yet; -1: the deep ring is off */
-    int sms = sms_once.load(std::memory_order_relaxed);
-    if (!sms) {
+    static std::atomic<int> deep(-1); /* -1: not read yet */
+    int on = deep.load(std::memory_order_relaxed);
+    if (on < 0) {
         const char *e = getenv("DEEPINFER_CUDA_WG_DEEP");
-        int dev = 0, n = 0;
-        sms = !(e && *e == '0') && cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0
-                  ? n
-                  : -1;
-        sms_once.store(sms, std::memory_order_relaxed);
+        on = !(e && *e == '0');
+        deep.store(on, std::memory_order_relaxed);
     }
     const int64_t blocks = (int64_t)(G == 1 ? a->I / 32 : a->D / 64) * n_slots;
-    if (F16 && WG_STAGES_DEEP > WG_STAGES && sms > 0 && blocks <= 3 * (int64_t)sms)
+    if (F16 && on && WG_STAGES_DEEP > WG_STAGES && blocks <= 3 * (int64_t)bcu_sm_count())
         return wg_launch_st<G, F16, WG_STAGES_DEEP>(a, n_slots, st);
     return wg_launch_st<G, F16, WG_STAGES>(a, n_slots, st);
 }
