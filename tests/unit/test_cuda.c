@@ -732,6 +732,116 @@ static void test_rowdot_xq(void **st)
 
 /* ------------------------------------------------------------------ be_ops.linear_grouped */
 
+/* The GEMV kernel (forced: BCU_ROWDOT_TILE_GEMV where bcu_rowdot_gemv_ok) against the decode kernel on the same x
+ * (BCU_ROWDOT_TILE_DEC), bit for bit: raw x as bf16 planes (xq = 0) at T = 1, 2, act_quant'd x as f16 codes (xq =
+ * 1, 2) at T = 1 .. 8; every row-tile and slice shape it cuts (one slice
+ * and 8 tiles a block, 2 slices, 8 slices), a last tile past n, e8m0 / f32 / bf16 scales, scale blocks of 64, rows
+ * and columns not from 0 (xq = 1), a grouped call against a decode-kernel launch per group; x rows 2^-30 .. 2^30
+ * with a zero chunk and a zero row.  Where its x does not fit (T or 3 T rows of K + 8 f16 > 56 KB) it is not taken and the
+ * automatic tile still gives the decode kernel's bits; a forced BCU_ROWDOT_TILE_GEMV there is refused. */
+static void test_rowdot_gemv(void **st)
+{
+    (void)st;
+    struct {
+        const char *name;
+        int64_t rows, cols;
+        int bs;
+        md_dtype sdt;
+        int64_t r0, n, c0;
+        int groups;
+    } cs[] = {{"e8m0 1000x512", 1000, 512, 128, MD_F8_E8M0, 0, 1000, 0, 1},
+              {"f32 72x4096", 72, 4096, 128, MD_F32, 0, 72, 0, 1},
+              {"e8m0 2048x1024", 2048, 1024, 128, MD_F8_E8M0, 0, 2048, 0, 1},
+              {"bf16 520x8192", 520, 8192, 128, MD_BF16, 0, 520, 0, 1},
+              {"e8m0/64 300x1536", 300, 1536, 64, MD_F8_E8M0, 0, 300, 0, 1},
+              {"rows 48.. cols 192..", 640, 2048, 128, MD_F8_E8M0, 48, 500, 192, 1},
+              {"8 groups of 64x640", 512, 640, 128, MD_F8_E8M0, 0, 64, 0, 8}};
+    const size_t TM = 8;
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        rweight r = make_fp8(cs[k].rows, cs[k].cols, cs[k].bs, cs[k].sdt);
+        const be_weight *w = &r.w;
+        const int G = cs[k].groups;
+        const int64_t n = cs[k].n, c0 = cs[k].c0, K = (G > 1 ? w->cols : w->cols - c0), ldx = G * K;
+        const int64_t ny = G > 1 ? w->rows : n; /* y row stride */
+        void *dw, *ds;
+        float *dx, *dxr, *dy;
+        q_upload(w, &dw, &ds);
+        ck(cudaMalloc((void **)&dx, TM * (size_t)ldx * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dxr, TM * (size_t)ldx * sizeof(float)), "cudaMalloc");
+        ck(cudaMalloc((void **)&dy, TM * (size_t)ny * sizeof(float)), "cudaMalloc");
+        float *x = rand_rows(TM * (size_t)ldx), *xraw = malloc(TM * (size_t)ldx * sizeof(float));
+        for (size_t t = 0; t < TM; t++) {
+            float *row = x + t * (size_t)ldx;
+            const float f = ldexpf(1.0f, (int)(t * 60 / (TM - 1)) - 30);
+            for (int64_t i = 0; i < ldx; i++) row[i] *= f;
+            if (t == 2) memset(row + 128, 0, 64 * sizeof(float));
+            if (t == 5) memset(row, 0, (size_t)ldx * sizeof(float));
+            memcpy(xraw + t * (size_t)ldx, row, (size_t)ldx * sizeof(float));
+            for (int g = 0; g < G; g++) aq_ref_row(row + g * K, K, NULL);
+        }
+        ck(cudaMemcpy(dx, x, TM * (size_t)ldx * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        ck(cudaMemcpy(dxr, xraw, TM * (size_t)ldx * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+        const size_t ybytes = TM * (size_t)ny * sizeof(float);
+        float *y0 = malloc(ybytes), *y1 = malloc(ybytes);
+        size_t bad = 0, taken = 0, outs = 0;
+        for (size_t T = 1; T <= TM; T++)
+            for (int xq = 0; xq <= 2; xq++) {
+                if (xq == 2 && (c0 || G > 1)) continue; /* xq = 2 takes whole rows, no groups */
+                if (xq == 0 && T > 2) continue;        /* three planes a token: T <= 2 */
+                bcu_rowdot_args a = q_args(w, dw, ds, cs[k].r0, n, c0, xq == 1 ? dx : dxr, T, dy);
+                a.K = K;
+                a.xq = xq;
+                a.path = BCU_ROWDOT_MMA;
+                a.ldx = ldx;
+                a.ldy = ny;
+                if (G > 1) {
+                    a.groups = G;
+                    a.xg = K;
+                    a.yg = n;
+                }
+                const int gv = bcu_rowdot_gemv_ok(&a);
+                const int expect = (size_t)(xq ? T : 3 * T) * (size_t)(K + 8) * 2 <= 56 * 1024;
+                if (gv != expect) fail_msg("%s T=%zu xq=%d: bcu_rowdot_gemv_ok %d, expected %d", cs[k].name, T, xq, gv, expect);
+                taken += gv != 0;
+                a.tile = gv ? BCU_ROWDOT_TILE_GEMV : 0;
+                ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
+                ck(bcu_rowdot(&a, 0), "bcu_rowdot (GEMV)");
+                ck(cudaDeviceSynchronize(), "bcu_rowdot (GEMV run)");
+                ck(cudaMemcpy(y1, dy, T * (size_t)ny * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+                ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
+                for (int g = 0; g < G; g++) { /* the decode kernel, a launch per group */
+                    bcu_rowdot_args b = a;
+                    b.tile = BCU_ROWDOT_TILE_DEC;
+                    b.groups = 0;
+                    b.r0 = cs[k].r0 + g * n;
+                    b.x = a.x + g * K;
+                    b.y = dy + g * n;
+                    ck(bcu_rowdot(&b, 0), "bcu_rowdot (decode kernel)");
+                }
+                ck(cudaDeviceSynchronize(), "bcu_rowdot (decode kernel run)");
+                ck(cudaMemcpy(y0, dy, T * (size_t)ny * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+                for (size_t t = 0; t < T; t++)
+                    for (int64_t o = 0; o < G * n; o++) {
+                        const size_t i = t * (size_t)ny + (size_t)o;
+                        if (isnan(y1[i]) && !isnan(y0[i])) fail_msg("%s T=%zu xq=%d: output %zu unwritten", cs[k].name, T, xq, i);
+                        bad += memcmp(&y0[i], &y1[i], 4) != 0;
+                        outs++;
+                    }
+                if (!gv) { /* forced where it cannot run: refused */
+                    a.tile = BCU_ROWDOT_TILE_GEMV;
+                    if (bcu_rowdot(&a, 0) != cudaErrorNotSupported) fail_msg("%s T=%zu: a forced GEMV tile ran", cs[k].name, T);
+                }
+            }
+        printf("  rowdot gemv %-22s %zu of %zu calls on the GEMV kernel, %zu of %zu outputs differ from the decode kernel\n",
+               cs[k].name, taken, (size_t)(c0 || G > 1 ? TM + 2 : 2 * TM + 2), bad, outs);
+        if (!taken) fail_msg("%s: the GEMV kernel never ran", cs[k].name);
+        if (bad) fail_msg("%s: the GEMV kernel differs from the decode kernel in %zu outputs", cs[k].name, bad);
+        free(x); free(xraw); free(y0); free(y1);
+        cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dxr); cudaFree(dy);
+        rw_free(&r);
+    }
+}
+
 /* The grouped projection through the backend (host pointers), FP8 and FP4, 8 groups: at T = 3 (the decode
  * kernel, one launch), T = 40 (rowmma per group) and T = 100 and 300 (the dequantised weight and one strided-batched
  * cuBLAS GEMM over the groups) against the CPU backend's linear_rows per group within 1e-5, in bf16x3; and against
@@ -1437,6 +1547,7 @@ int main(void)
         cmocka_unit_test(test_rowdot_x8),
         cmocka_unit_test(test_linear_fp8_gemm),
         cmocka_unit_test(test_rowdot_xq),
+        cmocka_unit_test(test_rowdot_gemv),
         cmocka_unit_test(test_rowdot_bf16_small),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_cache_notices_new_contents),

@@ -31,7 +31,9 @@
  * against the decode kernel on f16 codes (bcu_rowdot_args.xq), with the
  * largest difference between the two (0: the same bits).
  *
- * BENCH_LINEAR_ONLY=decode runs the decode and act_quant tables alone.  BENCH_LINEAR_L2=1 times every call on
+ * BENCH_LINEAR_ONLY=decode runs the decode and act_quant tables alone; BENCH_LINEAR_SHAPE=S only their shapes whose
+ * label holds S (e.g. "wq_b": one shape for a profiler); BENCH_LINEAR_GEMV=1 forces the GEMV kernel in the act_quant
+ * table's auto columns wherever it can run.  BENCH_LINEAR_L2=1 times every call on
  * one copy of the weight (what a GEMV takes when its weight is already in L2).
  *
  * A third table is prefill on FP8 weights (T = 512 .. 16384), device
@@ -279,6 +281,19 @@ static double time_rowdot(bcu_rowdot_args a, void **dw, void **ds, int ncopy, in
     return time_calls(rd_call, &c, ncopy, inner);
 }
 
+/* the read probe over a weight copy's codes */
+typedef struct {
+    void **dw;
+    size_t bytes;
+    uint32_t *sink;
+} read_ctx;
+
+static void read_call(void *ctx, int k)
+{
+    read_ctx *c = ctx;
+    CK(bcu_read_probe(c->dw[k], c->bytes, c->sink, 0));
+}
+
 /* the grouped wo_a as grouped_locked in cuda.cu runs it: one bcu_rowdot per group, strided x and y */
 typedef struct {
     bcu_rowdot_args a; /* group 0's */
@@ -382,32 +397,56 @@ static void run_xq(const shape *s, double bw)
     CK(cudaMalloc((void **)&dx, TM * cols * 4));
     CK(cudaMalloc((void **)&dy, TM * rows * 4));
     CK(cudaMemcpy(dx, x, TM * cols * 4, cudaMemcpyHostToDevice));
-    float *y0 = malloc(TM * rows * 4), *y1 = malloc(TM * rows * 4);
+    float *yv[4];
+    for (int v = 0; v < 4; v++) yv[v] = malloc(TM * rows * 4);
     bcu_rowdot_args a = bench_args(s, w0.block, dw[0], ds[0], dx, 1, dy);
     a.path = BCU_ROWDOT_MMA;
     const size_t Ts[] = {1, 2, 5, 8, 16};
     for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
         a.T = (int64_t)Ts[t];
         const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + cols);
-        double tm[2];
-        for (int v = 0; v < 2; v++) {
-            a.xq = v;
+        /* 0: the bf16 planes (decode kernel); 1: the decode kernel on codes; 2: the automatic tile on codes (the GEMV
+         * kernel where it runs); 3: the same with act_quant in the kernel (xq = 2) */
+        double tm[4];
+        const char *fg = getenv("BENCH_LINEAR_GEMV"); /* 1: the auto columns force the GEMV kernel where it can run */
+        for (int v = 0; v < 4; v++) {
+            a.xq = v == 0 ? 0 : v == 3 ? 2 : 1;
+            a.tile = v <= 1 ? BCU_ROWDOT_TILE_DEC : 0;
+            if (v >= 2 && fg && !strcmp(fg, "1") && bcu_rowdot_gemv_ok(&a)) a.tile = BCU_ROWDOT_TILE_GEMV;
             grouped_ctx c = {a, 1, dw, ds};
             tm[v] = time_calls(rd_grouped_call, &c, ncopy, INNER);
             CK(bcu_rowdot(&a, 0));
-            CK(cudaMemcpy(v ? y1 : y0, dy, Ts[t] * rows * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(yv[v], dy, Ts[t] * rows * 4, cudaMemcpyDeviceToHost));
+        }
+        a.xq = 1;
+        const int gv = bcu_rowdot_gemv_auto(&a); /* a.tile: the auto columns' */
+        a.tile = 0;
+        double trd = 0;
+        if (t == 0) { /* the weight's codes alone, read at the best rate a plain stream gets */
+            uint32_t *sink;
+            CK(cudaMalloc((void **)&sink, 256 * 4));
+            read_ctx rc = {dw, (size_t)(rows * cols), sink};
+            trd = time_calls(read_call, &rc, ncopy, INNER);
+            CK(cudaFree(sink));
         }
         double md = 0, mx = 0;
+        size_t nd = 0;
         for (size_t i = 0; i < Ts[t] * rows; i++) {
-            md = fmax(md, fabs((double)y1[i] - (double)y0[i]));
-            mx = fmax(mx, fabs((double)y0[i]));
+            md = fmax(md, fabs((double)yv[1][i] - (double)yv[0][i]));
+            mx = fmax(mx, fabs((double)yv[0][i]));
+            nd += memcmp(&yv[2][i], &yv[1][i], 4) != 0;
         }
-        printf("| %-16s | %5lldx%-5lld | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %5.2fx | %7.1e |\n", s->label,
-               (long long)s->rows, (long long)s->cols, Ts[t], tm[0] * 1e6, 100.0 * bytes / tm[0] / bw, tm[1] * 1e6,
-               100.0 * bytes / tm[1] / bw, tm[0] / tm[1], mx > 0 ? md / mx : md);
+        if (t == 0)
+            printf("| %-16s | %5lldx%-5lld | read | %9.2f | %6.1f%% | (codes alone: the read probe)\n", s->label,
+                   (long long)s->rows, (long long)s->cols, trd * 1e6, 100.0 * (double)(rows * cols) / trd / bw);
+        printf("| %-16s | %5lldx%-5lld | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %4s | %9.2f | "
+               "%6.1f%% | %5.2fx | %7.1e | %6zu |\n",
+               s->label, (long long)s->rows, (long long)s->cols, Ts[t], tm[0] * 1e6, 100.0 * bytes / tm[0] / bw,
+               tm[1] * 1e6, 100.0 * bytes / tm[1] / bw, tm[2] * 1e6, 100.0 * bytes / tm[2] / bw, gv ? "gemv" : "dec",
+               tm[3] * 1e6, 100.0 * bytes / tm[3] / bw, tm[1] / tm[2], mx > 0 ? md / mx : md, nd);
         fflush(stdout);
     }
-    free(y0); free(y1);
+    for (int v = 0; v < 4; v++) free(yv[v]);
     run_free(dw, ds, ncopy, dx, dy, x, d0, s0);
 }
 
@@ -456,16 +495,36 @@ static void run_decode(const shape *s, int groups, double bw)
         for (size_t t = 0; t < nT; t++) {
             a.T = (int64_t)Ts[t];
             const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + (one ? cols : xcols));
-            double tm[2];
-            for (int v = grouped ? 1 : 0; v < 2; v++) {
-                a.tile = v ? (grouped ? 0 : BCU_ROWDOT_TILE_DEC) : Ts[t] > 5 ? 0 : 1; /* T > 5: what auto runs */
+            /* 0: tile 1 (T > 5: auto); 1: the decode kernel; 2: the automatic tile (the GEMV kernel where it runs;
+             * BENCH_LINEAR_GEMV=1: wherever it can) */
+            double tm[3];
+            float *yo[3] = {NULL, NULL, NULL};
+            const char *fg = getenv("BENCH_LINEAR_GEMV");
+            int gv = 0;
+            for (int v = grouped ? 1 : 0; v < 3; v++) {
+                a.tile = v == 2 ? 0 : v ? BCU_ROWDOT_TILE_DEC : Ts[t] > 5 ? 0 : 1; /* T > 5: what auto runs */
+                if (v == 2) {
+                    if (fg && !strcmp(fg, "1") && bcu_rowdot_gemv_ok(&a)) a.tile = BCU_ROWDOT_TILE_GEMV;
+                    gv = bcu_rowdot_gemv_auto(&a);
+                }
                 grouped_ctx c = {a, one || grouped || groups == 1 ? 1 : groups, dw, ds};
                 tm[v] = time_calls(rd_grouped_call, &c, ncopy, INNER);
+                if (v) {
+                    c.a.x = dx; /* one call on the first copy, its y kept */
+                    rd_grouped_call(&c, 0);
+                    yo[v] = malloc(Ts[t] * rows * 4);
+                    CK(cudaMemcpy(yo[v], dy, Ts[t] * rows * 4, cudaMemcpyDeviceToHost));
+                }
             }
             if (grouped) tm[0] = tm[1];
-            printf("| %-28s | %5lldx%-5lld | %-4s | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %5.2fx |\n", label,
-                   (long long)s->rows, (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4", Ts[t], tm[0] * 1e6,
-                   100.0 * bytes / tm[0] / bw, tm[1] * 1e6, 100.0 * bytes / tm[1] / bw, tm[0] / tm[1]);
+            size_t nd = 0;
+            for (size_t i = 0; i < Ts[t] * rows; i++) nd += memcmp(&yo[1][i], &yo[2][i], 4) != 0;
+            free(yo[1]);
+            free(yo[2]);
+            printf("| %-28s | %5lldx%-5lld | %-4s | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %5.2fx | %9.2f | %6.1f%% | "
+                   "%4s | %6zu |\n", label, (long long)s->rows, (long long)s->cols, s->fmt == BE_W_FP8 ? "fp8" : "fp4",
+                   Ts[t], tm[0] * 1e6, 100.0 * bytes / tm[0] / bw, tm[1] * 1e6, 100.0 * bytes / tm[1] / bw,
+                   tm[0] / tm[1], tm[2] * 1e6, 100.0 * bytes / tm[2] / bw, gv ? "gemv" : "dec", nd);
             fflush(stdout);
         }
     }
@@ -608,23 +667,31 @@ static void decode_tables(double bw)
     /* decode: the decode kernel vs rowmma tile 1 at the V4-Flash decode shapes */
     printf("\ndecode on device pointers: bcu_rowdot's decode kernel (what it runs at T <= 5) vs rowmma tile 1 (what it "
            "ran before; the same bits; the grouped wo_a to T = 32, where the first column is the automatic tile per group), "
-           "%% copy as above\n\n");
+           "and the automatic tile (auto: the GEMV kernel where it runs, else the decode kernel; bits = outputs where it "
+           "differs from the decode kernel), %% copy as above\n\n");
     printf("| case                         | rows x cols | fmt  |    T | tile 1 us | %% copy | decode us | %% copy | "
-           "speedup |\n");
+           "speedup |   auto us | %% copy | kern |   bits |\n");
     printf("|------------------------------|-------------|------|------|-----------|---------|-----------|---------|"
-           "---------|\n");
+           "---------|-----------|--------|------|--------|\n");
     const shape dshapes[] = {{"v4 fp8 wq_b", 32768, 1024, BE_W_FP8},   {"v4 fp8 wo_b", 4096, 8192, BE_W_FP8},
                              {"v4 fp8 1024x4096", 1024, 4096, BE_W_FP8}, {"v4 fp8 512x4096", 512, 4096, BE_W_FP8},
                              {"v4 fp8 2048x4096", 2048, 4096, BE_W_FP8}, {"v4 fp8 4096x2048", 4096, 2048, BE_W_FP8},
                              {"v4 fp4 2048x4096", 2048, 4096, BE_W_FP4}};
-    for (size_t i = 0; i < sizeof dshapes / sizeof dshapes[0]; i++) run_decode(&dshapes[i], 1, bw);
+    const char *only = getenv("BENCH_LINEAR_SHAPE"); /* a substring of the labels to run, e.g. "wq_b" */
+    for (size_t i = 0; i < sizeof dshapes / sizeof dshapes[0]; i++)
+        if (!only || strstr(dshapes[i].label, only)) run_decode(&dshapes[i], 1, bw);
     const shape wo_a = {"v4 fp8 wo_a", 8192, 4096, BE_W_FP8}; /* 8 groups of 1024 rows */
-    run_decode(&wo_a, 8, bw);
-    printf("\nact_quant'd x (official semantics' FP8 GEMMs), device pointers: bf16 planes (xq = 0: the decode kernel to "
-           "T = 5, rowmma above) vs the decode kernel on f16 codes (xq = 1); diff = max |y1 - y0| / max |y0|\n\n");
-    printf("| case             | rows x cols |    T | planes us | %% copy |  codes us | %% copy | speedup |    diff |\n");
-    printf("|------------------|-------------|------|-----------|--------|-----------|--------|---------|---------|\n");
-    for (size_t i = 0; i < 6; i++) run_xq(&dshapes[i], bw);
+    if (!only || strstr(wo_a.label, only)) run_decode(&wo_a, 8, bw);
+    printf("\nact_quant'd x (official semantics' FP8 GEMMs), device pointers: the decode kernel on bf16 planes (xq = 0) "
+           "and on f16 codes (xq = 1), the automatic tile on codes (auto: the GEMV kernel to T = 8 where it runs, else "
+           "the decode kernel) and the same with act_quant in the kernel (xq = 2); speedup = codes / auto; diff = max "
+           "|y_codes - y_planes| / max |y_planes|; bits = outputs where auto differs from the decode kernel on codes\n\n");
+    printf("| case             | rows x cols |    T | planes us | %% copy |  codes us | %% copy |   auto us | %% copy | "
+           "kern |  xq=2 us | %% copy | speedup |    diff |   bits |\n");
+    printf("|------------------|-------------|------|-----------|--------|-----------|--------|-----------|--------|"
+           "------|-----------|--------|---------|---------|--------|\n");
+    for (size_t i = 0; i < 6; i++)
+        if (!only || strstr(dshapes[i].label, only)) run_xq(&dshapes[i], bw);
 }
 
 int main(void)

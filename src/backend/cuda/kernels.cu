@@ -8,7 +8,7 @@
  * the GPU multiplies is the value the CPU reference decodes.  Nothing is built
  * with fast-math: subnormals are kept and sqrtf/division are IEEE.
  *
- * bcu_rowdot (y[t, o] = x[t, :] . W[r0 + o, c0 : c0 + K]) has two kernels:
+ * bcu_rowdot (y[t, o] = x[t, :] . W[r0 + o, c0 : c0 + K]) has these kernels:
  *
  *  - mma, the default for FP8 (power-of-two blocks >= 64) and FP4 (1x32 ue8m0
  *    scales) whose rows allow 16-byte loads.  Tensor cores, mma.sync m16n8k16
@@ -65,14 +65,19 @@
  *    instructions a KB of FP8 weights (half of them the exact e4m3 -> bf16
  *    decode) at 16-20 warps an SM; below ~8 MB, a block's latency (its x
  *    staging, then up to 8 dependent chunks) and the launch.
+ *  - the GEMV kernel (rowgv_kernel, below the decode kernel): the decode
+ *    kernel's sums for T <= 8 act_quant'd tokens (T <= 2 raw ones) with the
+ *    weights as the A operand and the K split inside the block; the
+ *    automatic tile takes it where the H200 measured it faster (gv_pick).
  *  - simple, for everything else (f16, unaligned slices, other block sizes)
  *    and for DEEPINFER_CUDA_ROWDOT=simple (read once): one warp per output
  *    feature, 8 tokens per warp, 8 weights per lane per step decoded in
  *    registers, fp32 FFMA on fp32 activations, a fixed warp reduction.  It
  *    reads each weight row once per tile of BCU_TT tokens.
- * The two kernels agree to rounding (~1e-7 relative), not bit for bit; which
+ * mma and simple agree to rounding (~1e-7 relative), not bit for bit; which
  * one runs depends on the weight's format and alignment and on x being
- * 16-byte aligned (the backend's always is), never on T.
+ * 16-byte aligned (the backend's always is), never on T.  (The GEMV kernel
+ * gives mma's bits; the T it runs at does not move a token's result.)
  *
  * The row-dot's inline PTX, cluster calls and launches sit between the
  * "rowdot primitives" markers.  Before any device time, the code after them
@@ -1379,6 +1384,393 @@ static cudaError_t dec_launch_p(const MmArgs &a, const bcu_rowdot_args *p, int n
     return dec_launch<FMT, false>(a, p->n, p->T, nsl, p->split, st, took);
 }
 
+/* ---- the GEMV kernel (T <= 8 act_quant'd tokens on f16 codes, or T <= 2 raw tokens as bf16 planes)
+ *
+ * The decode kernel's sums with the operands' roles swapped and the K split inside the block.  The weights are the
+ * A operand (m16 = 16 weight rows; lane (g, q) streams 16 bytes of rows g and g + 8 a chunk, the same bytes a
+ * decode-kernel lane streams of its row), the B operand's 8 columns are the tokens (xq: x as f16 codes) or each
+ * token's three bf16 planes (xq = 0), 16 bytes of a column's row a lane and step from shared memory.  A warp owns
+ * one or two 16-row tiles and one slice of their chunks, so its chain S = fmaf(P, sw sx, S) runs over its own
+ * chunks only, and the slices meet in slice order through shared memory at the end: no cluster, no distributed
+ * shared memory.  The products and their order are the decode kernel's (the same 16 k positions a k16 step, P from
+ * zero over a chunk's four steps, one fmaf a chunk, ((0 + S_0) + S_1) + ..., the planes as A_hi + (A_mid + A_lo)),
+ * and on the H200 the tensor core sums a (row, column) element the same whichever operand holds which:
+ * test_rowdot_gemv and test_rowdot_grouped find no bit that differs.
+ * What it buys (bench_cuda_linear, H200, 2026-12-01): where the decode kernel needs its cluster split of long rows,
+ * the grouped wo_a (8 x 1024 x 4096, T = 1: 20.1 -> 14.8 us) and wo_b (4096 x 8192: 20.0 -> 16.9 us); in one
+ * decode step of the 4-layer slice (ncu) the row-dots' kernel time went 445 -> 413 us.  Not a third of the decode
+ * kernel's instructions: at T = 1 its ncu count is 177 warp instructions a KB against this kernel's ~45, yet
+ * without its maths this kernel (DEEPINFER_CUDA_GEMV_NOMATH) is only 10% faster than with it, and a plain stream
+ * of the same bytes (bcu_read_probe) takes 10.2 us for 32 MB and 4.3-5.3 us for 2-8 MB: the small weights are at
+ * a kernel's latency floor, where the decode kernel stays (gv_pick). */
+struct GvSmem {
+    size_t xs, ws, sp, z, total;
+};
+#define GV_NRB 6 /* row blocks of weight scales a block may span: 256 rows, blocks of >= 64, misaligned */
+/* shared memory: x codes [T][K + 8] f16, x scales [nch][8] f32, weight scales [GV_NRB][ncb] f32, slice sums
+ * [8 warps][32 rows][8 tokens] f32, 32 zero bytes */
+__host__ __device__ __forceinline__ GvSmem gv_smem(int T, int64_t K, int nch, int ncb)
+{
+    GvSmem m;
+    m.xs = ((size_t)T * (size_t)(K + 8) * 2 + 15) & ~(size_t)15;
+    m.ws = m.xs + (size_t)nch * 8 * 4;
+    m.sp = (m.ws + (size_t)GV_NRB * ncb * 4 + 15) & ~(size_t)15;
+    m.z = m.sp + (size_t)8 * 256 * 4;
+    m.total = m.z + 32;
+    return m;
+}
+#define GV_XMAX (56 * 1024) /* the x codes' (planes') shared memory at most */
+#define GV_SMAX (80 * 1024) /* the whole block's (the x scales and the weight scales grow with K) */
+
+/* PD chunks of weights in flight a lane, WT 16-row tiles a warp (a lane streams 2 WT rows: 32 WT PD bytes in
+ * flight), MINB blocks an SM.  Grid (tile groups, groups); a block's warp w owns tiles [WT (rt b + w / nsl), +WT)
+ * and slice w % nsl. */
+template <int PD, int WT, int MINB, bool MATH, bool PL>
+__global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int nsl, int ncb)
+{
+    extern __shared__ __align__(16) unsigned char rd_smem[];
+    pdl_trigger(); /* a row-dot after this one may start its weight loads */
+    const int tid = (int)threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int T = (int)a.T, XLD = (int)a.K + 8, NB = PL ? 3 * T : T; /* B columns: tokens, or their planes */
+    const int gi = (int)blockIdx.y;
+    const float *ax = a.x + gi * a.xg;
+    float *ay = a.y + gi * a.yg;
+    const int64_t ar0 = a.r0 + gi * a.n;
+    const int64_t ntl = (a.n + 15) >> 4;
+    const int64_t tile0 = (int64_t)blockIdx.x * rt * WT; /* the block's first tile */
+    const int tl = w / nsl, js = w - tl * nsl;
+    const int64_t tw = tile0 + (int64_t)tl * WT; /* the warp's first tile */
+    const bool act = tl < rt && tw < ntl;
+    const int cs = js * a.cps, ce = min(a.nch, cs + a.cps);
+    const GvSmem L = gv_smem(NB, a.K, a.nch, ncb);
+    __half *Xh = (__half *)rd_smem;
+    float *Xs = (float *)(rd_smem + L.xs);
+    float *Ws = (float *)(rd_smem + L.ws);
+    float *Sp = (float *)(rd_smem + L.sp);
+    uint4 *Z = (uint4 *)(rd_smem + L.z);
+
+    /* the lane's rows g and g + 8 of each tile: 16 bytes at 16 q of each chunk; zeros past n */
+    const uint8_t *wr[2 * WT]; /* rows 8 i apart: one base and a stride (a row past n is never read) */
+    bool ok[2 * WT];
+    {
+        const uint8_t *wb = a.w + (ar0 + (act ? tw * 16 + g : 0)) * a.rowbytes + 64 * a.cb + 16 * q;
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++) {
+            ok[i] = act && tw * 16 + g + 8 * i < a.n;
+            wr[i] = wb + 8 * i * a.rowbytes;
+        }
+    }
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    /* the ring's first chunks are asked for before the wait (no kernel writes weights) */
+    uint4 ring[PD][2 * WT];
+#pragma unroll
+    for (int p = 0; p < PD; p++)
+#pragma unroll
+        for (int i = 0; i < 2 * WT; i++)
+            ring[p][i] = ok[i] && cs + p < ce ? rd_ldg16_stream(wr[i] + 64 * (cs + p)) : zero;
+    pdl_wait(); /* x and y are the previous kernels' from here on */
+
+    /* x as f16 codes and the scale of each (chunk, token); tokens >= T: scale 0 (and no codes: those lanes read
+     * Z).  Four units of x a lane are loaded before any is used. */
+    if (PL) { /* raw x: the three bf16 planes of each value (rd_split3), plane p of token tau in row 3 tau + p */
+        const int n4 = (int)(a.K >> 2), nu = T * n4;
+        for (int u0 = tid; u0 < nu; u0 += 1024) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int u = u0 + 256 * k, tau = u / n4;
+                v[k] = u < nu ? rd_ldg_f4(ax + tau * a.ldx + 4 * (u - tau * n4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int u = u0 + 256 * k, tau = u / n4, i = u - tau * n4;
+                if (u >= nu) break;
+                uint32_t s0[3], s1[3], s2[3], s3[3];
+                rd_split3(v[k].x, s0);
+                rd_split3(v[k].y, s1);
+                rd_split3(v[k].z, s2);
+                rd_split3(v[k].w, s3);
+#pragma unroll
+                for (int pl = 0; pl < 3; pl++)
+                    *(uint2 *)(Xh + (size_t)(3 * tau + pl) * XLD + 4 * i) =
+                        make_uint2(s0[pl] | (s1[pl] << 16), s2[pl] | (s3[pl] << 16));
+            }
+        }
+    } else if (a.aq) { /* act_quant (v4.c fq_fp8) of each block of 128 columns of a token: one warp, a float4 a lane */
+        const int nb = (int)(a.K >> 7), nu = T * nb;
+        for (int u0 = w; u0 < nu; u0 += 32) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int u = u0 + 8 * k, tau = u / nb;
+                v[k] = u < nu ? rd_ldg_f4(ax + tau * a.ldx + 128 * (u - tau * nb) + 4 * lane)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int u = u0 + 8 * k, tau = u / nb, b = u - tau * nb;
+                if (u >= nu) break; /* warp-uniform */
+                const float sc = aq_warp_scale_e4m3(v[k]), inv = aq_inv(sc); /* v / sc, exactly: aq_code_e4m3 */
+                auto code = [&](float f) { return __float2half_rn(gr_dec_e4m3(gr_enc_e4m3(__fmul_rn(f, inv)))); };
+                const __half2 h01 = __halves2half2(code(v[k].x), code(v[k].y));
+                const __half2 h23 = __halves2half2(code(v[k].z), code(v[k].w));
+                uint2 st;
+                st.x = *(const uint32_t *)&h01;
+                st.y = *(const uint32_t *)&h23;
+                *(uint2 *)(Xh + (size_t)tau * XLD + 128 * b + 4 * lane) = st;
+                if (lane == 0) Xs[(2 * b) * 8 + tau] = Xs[(2 * b + 1) * 8 + tau] = sc;
+            }
+        }
+    } else { /* x act_quant'd already: each (token, chunk) over a half-warp, x / 2^k exact in f16 as the decode kernel */
+        const int nu = T * a.nch, hl = lane & 15;
+        for (int u0 = 2 * w; u0 < nu; u0 += 64) {
+            float4 f[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int u = u0 + 16 * k + (lane >> 4), tau = u / a.nch;
+                f[k] = u < nu ? rd_ldg_f4(ax + tau * a.ldx + 64 * (u - tau * a.nch) + 4 * hl)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (u0 + 16 * k >= nu) break; /* warp-uniform */
+                const int u = u0 + 16 * k + (lane >> 4), tau = u / a.nch, c = u - tau * a.nch;
+                float m = fmaxf(fmaxf(fabsf(f[k].x), fabsf(f[k].y)), fmaxf(fabsf(f[k].z), fabsf(f[k].w)));
+#pragma unroll
+                for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                int e = 0;
+                if (m > 0.0f && m <= 3.4e38f) {
+                    int ex;
+                    (void)frexpf(m, &ex);
+                    e = ex - 9 < -126 ? -126 : ex - 9;
+                }
+                const float inv = ldexpf(1.0f, -e);
+                const __half2 h01 = __halves2half2(__float2half_rn(f[k].x * inv), __float2half_rn(f[k].y * inv));
+                const __half2 h23 = __halves2half2(__float2half_rn(f[k].z * inv), __float2half_rn(f[k].w * inv));
+                if (u < nu) {
+                    uint2 st;
+                    st.x = *(const uint32_t *)&h01;
+                    st.y = *(const uint32_t *)&h23;
+                    *(uint2 *)(Xh + (size_t)tau * XLD + 64 * c + 4 * hl) = st;
+                    if (hl == 0) Xs[c * 8 + tau] = ldexpf(1.0f, e);
+                }
+            }
+        }
+    }
+    for (int i = tid; !PL && i < a.nch * (8 - T); i += 256) {
+        const int c = i / (8 - T);
+        Xs[c * 8 + T + (i - c * (8 - T))] = 0.0f;
+    }
+    /* the weight scales of the block's row blocks and the chunks' column blocks */
+    const int cbs = a.bshift - 6;
+    const int cb0 = (int)(a.cb >> cbs);
+    const int64_t rb0 = (ar0 + tile0 * 16) >> a.bshift;
+    {
+        const int64_t last = min(ar0 + (tile0 + (int64_t)rt * WT) * 16, ar0 + a.n) - 1;
+        const int nrb = (int)((last >> a.bshift) - rb0 + 1);
+        for (int i = tid; i < nrb * ncb; i += 256) {
+            const int ri = i / ncb;
+            Ws[i] = scale_at(a.scale, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
+        }
+    }
+    if (tid < 2) Z[tid] = zero;
+    __syncthreads();
+
+    float S[WT][4];
+#pragma unroll
+    for (int t = 0; t < WT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) S[t][e] = 0.0f;
+    if (act) {
+        /* B column g's 16 codes (planes) of chunk c: xp + 64 c (lanes of no column read the zeros) */
+        const __half *xp = g < NB ? Xh + (size_t)g * XLD + 16 * q : (const __half *)Z;
+        const int xst = g < NB ? 64 : 0;
+        const float *wsr[WT]; /* tile t's scale row, by column block */
+#pragma unroll
+        for (int t = 0; t < WT; t++) wsr[t] = Ws + (int)(((ar0 + (tw + t) * 16) >> a.bshift) - rb0) * ncb - cb0;
+        const int cbb = (int)a.cb;
+        for (int base = cs; base < ce; base += PD) {
+#pragma unroll
+            for (int p = 0; p < PD; p++) {
+                const int c = base + p;
+                if (c >= ce) break; /* warp-uniform */
+                const uint4 *v = ring[p];
+                const uint4 xa = *(const uint4 *)(xp + c * xst), xb = *(const uint4 *)(xp + c * xst + 8);
+                const float2 sx = PL ? make_float2(1.0f, 1.0f) : *(const float2 *)&Xs[c * 8 + 2 * q];
+#pragma unroll
+                for (int t = 0; t < WT && !MATH; t++) { /* a probe of the loads alone (DEEPINFER_CUDA_GEMV_NOMATH) */
+                    S[t][0] += __uint_as_float((v[2 * t].x ^ v[2 * t + 1].y) & 0x3fffffffu);
+                    S[t][1] += __uint_as_float((v[2 * t].y ^ v[2 * t + 1].z) & 0x3fffffffu);
+                    S[t][2] += __uint_as_float((v[2 * t].z ^ v[2 * t + 1].w ^ xa.x) & 0x3fffffffu);
+                    S[t][3] += __uint_as_float((v[2 * t].w ^ v[2 * t + 1].x ^ xb.y) & 0x3fffffffu) * sx.x;
+                }
+#pragma unroll
+                for (int t = 0; t < WT && MATH; t++) {
+                    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int s4 = 0; s4 < 4; s4++) {
+                        const uint32_t wa = word_of(v[2 * t], s4), wb = word_of(v[2 * t + 1], s4);
+                        const uint4 &xv = s4 < 2 ? xa : xb;
+                        if (PL) { /* e4m3 -> bf16 exactly, bf16 planes */
+                            const uint32_t af[4] = {rd_e4m3x2(wa), rd_e4m3x2(wb), rd_e4m3x2(wa >> 16), rd_e4m3x2(wb >> 16)};
+                            rd_mma(P, af, word_of(xv, (2 * s4) & 3), word_of(xv, (2 * s4 + 1) & 3));
+                        } else {
+                            const uint32_t af[4] = {rd_e4m3x2_h(wa), rd_e4m3x2_h(wb), rd_e4m3x2_h(wa >> 16),
+                                                    rd_e4m3x2_h(wb >> 16)};
+                            rd_mma_h(P, af, word_of(xv, (2 * s4) & 3), word_of(xv, (2 * s4 + 1) & 3));
+                        }
+                    }
+                    const float sw = wsr[t][(cbb + c) >> cbs];
+                    const float m0 = PL ? sw : __fmul_rn(sw, sx.x), m1 = PL ? sw : __fmul_rn(sw, sx.y);
+                    S[t][0] = fmaf(P[0], m0, S[t][0]);
+                    S[t][1] = fmaf(P[1], m1, S[t][1]);
+                    S[t][2] = fmaf(P[2], m0, S[t][2]);
+                    S[t][3] = fmaf(P[3], m1, S[t][3]);
+                }
+                if (c + PD < ce) /* the slot is free: chunk c + PD into it */
+#pragma unroll
+                    for (int i = 0; i < 2 * WT; i++) ring[p][i] = ok[i] ? rd_ldg16_stream(wr[i] + 64 * (c + PD)) : zero;
+            }
+        }
+    }
+    /* tile t's rows g, g + 8, tokens 2q, 2q + 1 of this warp's slice: Sp[w][16 t + row][token] */
+#pragma unroll
+    for (int t = 0; t < WT; t++) {
+        *(float2 *)&Sp[w * 256 + (16 * t + g) * 8 + 2 * q] = make_float2(S[t][0], S[t][1]);
+        *(float2 *)&Sp[w * 256 + (16 * t + g + 8) * 8 + 2 * q] = make_float2(S[t][2], S[t][3]);
+    }
+    __syncthreads();
+    const int rows = rt * WT * 16;
+    for (int e = tid; e < rows * T; e += 256) {
+        const int rb = e / T, tau = e - rb * T; /* the block's row rb: warp group rb / (16 WT) */
+        const int t2 = rb / (16 * WT), rw = rb - t2 * 16 * WT;
+        const int64_t o = tile0 * 16 + rb;
+        if (o >= a.n) continue;
+        const float *sp = Sp + t2 * nsl * 256 + rw * 8 + (PL ? 3 * tau : tau);
+        float acc = 0.0f, a1 = 0.0f, a2 = 0.0f;
+        for (int j = 0; j < nsl; j++) {
+            acc = acc + sp[j * 256];
+            if (PL) {
+                a1 = a1 + sp[j * 256 + 1];
+                a2 = a2 + sp[j * 256 + 2];
+            }
+        }
+        ay[tau * a.ldy + o] = PL ? acc + (a1 + a2) : acc;
+    }
+}
+
+/* DEEPINFER_CUDA_GEMV, read once: 0 turns the GEMV kernel off (the decode kernel runs, the same bits) */
+static bool gv_env(void)
+{
+    static std::atomic<int> on(-1);
+    int v = on.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_GEMV");
+        v = !(e && !strcmp(e, "0"));
+        on.store(v, std::memory_order_relaxed);
+    }
+    return v != 0;
+}
+
+/* whether the GEMV kernel can take these arguments (after mm_supported): FP8 weights; act_quant'd x (xq) at
+ * 1 <= T <= 8, or raw x as three bf16 planes (xq = 0) at T <= 2; whole chunks (c0, K multiples of 64), 16-row
+ * tiles inside a row block of scales (r0 and, grouped, n multiples of 16), x's codes or planes in GV_XMAX, the
+ * automatic or the GEMV tile, DEEPINFER_CUDA_GEMV not 0 */
+static bool gv_can(const bcu_rowdot_args *p)
+{
+    const int64_t nb = p->xq ? p->T : 3 * p->T; /* B columns */
+    if (p->fmt != BCU_RW_FP8 || p->T < 1 || nb > 8 || (p->tile != 0 && p->tile != BCU_ROWDOT_TILE_GEMV)) return false;
+    if (p->c0 % 64 || p->K % 64 || p->r0 % 16 || (p->groups > 1 && p->n % 16)) return false;
+    return (size_t)nb * (size_t)(p->K + 8) * 2 <= GV_XMAX && gv_env();
+}
+
+/* whether it runs: forced, or (tile 0) where the H200 measured it faster than the decode kernel (bench_cuda_linear's
+ * act_quant table, 2026-12-01): long slices (16 chunks and more: wo_b, 4096 x 8192, T = 1 20.0 -> 16.9 us), and
+ * T >= 5 on rows cut in at most two slices (wq_b, 32768 x 1024, T = 8 22.2 -> 18.1 us); the decode kernel stays
+ * faster on the 2-8 MB weights and on wq_b at T <= 2 */
+static bool gv_pick(const bcu_rowdot_args *p)
+{
+    if (!gv_can(p)) return false;
+    if (p->tile == BCU_ROWDOT_TILE_GEMV) return true;
+    const MmGeom gm = mm_geom(p);
+    if (!p->xq) return p->groups > 1 || gm.cps >= 16;
+    return gm.cps >= 16 || (p->T >= 5 && gm.nsl <= 2);
+}
+
+/* The GEMV kernel's shape (both 256 bytes in flight a lane, two blocks an SM): one tile a warp and 8 chunks in
+ * flight where that grid is at most one wave, else two tiles a warp and 4 chunks in flight (half the blocks).
+ * DEEPINFER_CUDA_GEMV_SHAPE (read once) forces one: "8x1" or "4x2". */
+template <int PD, int WT, int MINB, bool MATH, bool PL>
+static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cudaStream_t st)
+{
+    static std::atomic<unsigned long long> attr_set(0);
+    const int dev = rd_device();
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (!(attr_set.load(std::memory_order_relaxed) & bit)) {
+        cudaError_t e = rd_smem_attr(rowgv_kernel<PD, WT, MINB, MATH, PL>, (size_t)GV_SMAX);
+        if (e != cudaSuccess) return e;
+        attr_set.fetch_or(bit, std::memory_order_relaxed);
+    }
+    const int rt = 8 / nsl;
+    const int64_t ntl = (a.n + 15) >> 4, gx = (ntl + (int64_t)rt * WT - 1) / ((int64_t)rt * WT);
+    if (gx > 0x7fffffff || a.groups > 65535) return cudaErrorInvalidConfiguration;
+    return rd_launch_ex(rowgv_kernel<PD, WT, MINB, MATH, PL>, dim3((unsigned)gx, (unsigned)(a.groups > 1 ? a.groups : 1)),
+                        dim3(256), sm, 1, true, st, a, rt, nsl, ncb);
+}
+
+static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
+{
+    const int cbs = a.bshift - 6;
+    const int ncb = (int)(((a.cb + a.nch - 1) >> cbs) - (a.cb >> cbs) + 1);
+    const size_t sm = gv_smem(pl ? 3 * (int)a.T : (int)a.T, a.K, a.nch, ncb).total;
+    if (sm > GV_SMAX) return cudaErrorNotSupported;
+    static std::atomic<int> force(-1); /* 0 auto, 1 "8x1", 2 "4x2" */
+    int f = force.load(std::memory_order_relaxed);
+    if (f < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_GEMV_SHAPE");
+        f = e && !strcmp(e, "8x1") ? 1 : e && !strcmp(e, "4x2") ? 2 : 0;
+        force.store(f, std::memory_order_relaxed);
+    }
+    const int rt = 8 / nsl;
+    const int64_t ntl = (a.n + 15) >> 4, ng = a.groups > 1 ? a.groups : 1, sms = bcu_sm_count();
+    const int64_t b1 = (ntl + rt - 1) / rt * ng; /* blocks of one tile a warp */
+    const bool one = f ? f == 1 : b1 <= 2 * sms;
+    static std::atomic<int> nomath(-1); /* DEEPINFER_CUDA_GEMV_NOMATH=1 (read once): the loads alone, wrong sums */
+    int nm = nomath.load(std::memory_order_relaxed);
+    if (nm < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_GEMV_NOMATH");
+        nm = e && !strcmp(e, "1");
+        nomath.store(nm, std::memory_order_relaxed);
+    }
+    if (pl) return one ? gv_launch_t<8, 1, 2, true, true>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, true>(a, nsl, ncb, sm, st);
+    if (nm) return one ? gv_launch_t<8, 1, 2, false, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, false, false>(a, nsl, ncb, sm, st);
+    return one ? gv_launch_t<8, 1, 2, true, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, false>(a, nsl, ncb, sm, st);
+}
+
+/* A probe of the read bandwidth a GEMV could reach (bench_cuda_linear): the bytes of buf in 512-byte runs a warp
+ * (16 bytes a lane), 8 loads in flight a lane, eight blocks of 256 threads an SM; nothing is written unless the
+ * bytes' XOR is 0x12345678 (never, for random weights). */
+__global__ void __launch_bounds__(256) read_probe_kernel(const uint4 *buf, size_t n16, uint32_t *sink)
+{
+    const size_t stride = (size_t)gridDim.x * 256 * 8;
+    uint32_t acc = 0;
+    for (size_t i = (size_t)blockIdx.x * 256 * 8 + (threadIdx.x >> 5) * 256 + (threadIdx.x & 31); i < n16; i += stride) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = i + 32 * k < n16 ? rd_ldg16_stream(buf + i + 32 * k) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    if (acc == 0x12345678u) sink[threadIdx.x] = acc;
+}
+
+extern "C" cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *sink, cudaStream_t st)
+{
+    read_probe_kernel<<<8 * bcu_sm_count(), 256, 0, st>>>((const uint4 *)buf, bytes / 16, sink);
+    return cudaGetLastError();
+}
+
 static int mm_tile(const bcu_rowdot_args *p)
 {
     if (p->tile == 1 || p->tile == 3 || p->tile == 6 || p->tile == BCU_ROWDOT_TILE_DEC) return p->tile;
@@ -1388,6 +1780,10 @@ static int mm_tile(const bcu_rowdot_args *p)
 template <int FMT>
 static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st)
 {
+    if constexpr (FMT == BCU_RW_FP8) {
+        if (gv_pick(p)) return gv_launch(a, !p->xq, nsl, st);
+        if (p->tile == BCU_ROWDOT_TILE_GEMV) return cudaErrorNotSupported;
+    }
     const int tile = mm_tile(p);
     if (a.groups > 1) { /* grouped: the decode kernel (automatic tile: up to BCU_ROWDOT_GROUPED_T rows) or nothing */
         bool took = false;
@@ -1460,7 +1856,23 @@ extern "C" int bcu_rowdot_aq_ok(const bcu_rowdot_args *p)
     const int path = p->path ? p->path : rowdot_env();
     const int tile = p->tile ? p->tile : BCU_ROWDOT_TILE_DEC;
     return p->fmt == BCU_RW_FP8 && path != BCU_ROWDOT_SIMPLE && mm_supported(p) && p->c0 == 0 && p->K % 128 == 0 &&
-           p->groups <= 1 && p->T >= 1 && p->T <= 16 && tile == BCU_ROWDOT_TILE_DEC;
+           p->groups <= 1 && p->T >= 1 && p->T <= 16 &&
+           (tile == BCU_ROWDOT_TILE_DEC || (tile == BCU_ROWDOT_TILE_GEMV && gv_can(p)));
+}
+
+extern "C" int bcu_rowdot_gemv_ok(const bcu_rowdot_args *p)
+{
+    const int path = p->path ? p->path : rowdot_env();
+    bcu_rowdot_args f = *p;
+    f.tile = BCU_ROWDOT_TILE_GEMV;
+    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) && (p->tile == 0 || p->tile == BCU_ROWDOT_TILE_GEMV) &&
+           gv_can(&f);
+}
+
+extern "C" int bcu_rowdot_gemv_auto(const bcu_rowdot_args *p)
+{
+    const int path = p->path ? p->path : rowdot_env();
+    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) && gv_pick(p);
 }
 
 extern "C" int bcu_rowdot_path(const bcu_rowdot_args *p)
