@@ -1422,6 +1422,18 @@ __host__ __device__ __forceinline__ GvSmem gv_smem(int T, int64_t K, int nch, in
 #define GV_XMAX (56 * 1024) /* the x codes' (planes') shared memory at most */
 #define GV_SMAX (80 * 1024) /* the whole block's (the x scales and the weight scales grow with K) */
 
+/* four units u0 + s k (k < 4) of x, a float4 each from addr(u), zeros from nu on: the four loads in flight before
+ * any is used */
+template <typename F>
+__device__ __forceinline__ void gv_load4(float4 (&v)[4], int u0, int s, int nu, F addr)
+{
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int u = u0 + s * k;
+        v[k] = u < nu ? rd_ldg_f4(addr(u)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
 /* PD chunks of weights in flight a lane, WT 16-row tiles a warp (a lane streams 2 WT rows: 32 WT PD bytes in
  * flight), MINB blocks an SM.  Grid (tile groups, groups); a block's warp w owns tiles [WT (rt b + w / nsl), +WT)
  * and slice w % nsl. */
@@ -1477,11 +1489,7 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         const int n4 = (int)(a.K >> 2), nu = T * n4;
         for (int u0 = tid; u0 < nu; u0 += 1024) {
             float4 v[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int u = u0 + 256 * k, tau = u / n4;
-                v[k] = u < nu ? rd_ldg_f4(ax + tau * a.ldx + 4 * (u - tau * n4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            gv_load4(v, u0, 256, nu, [&](int u) { return ax + (u / n4) * a.ldx + 4 * (u % n4); });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int u = u0 + 256 * k, tau = u / n4, i = u - tau * n4;
@@ -1501,12 +1509,7 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         const int nb = (int)(a.K >> 7), nu = T * nb;
         for (int u0 = w; u0 < nu; u0 += 32) {
             float4 v[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int u = u0 + 8 * k, tau = u / nb;
-                v[k] = u < nu ? rd_ldg_f4(ax + tau * a.ldx + 128 * (u - tau * nb) + 4 * lane)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            gv_load4(v, u0, 8, nu, [&](int u) { return ax + (u / nb) * a.ldx + 128 * (u % nb) + 4 * lane; });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int u = u0 + 8 * k, tau = u / nb, b = u - tau * nb;
@@ -1526,12 +1529,7 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         const int nu = T * a.nch, hl = lane & 15;
         for (int u0 = 2 * w; u0 < nu; u0 += 64) {
             float4 f[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int u = u0 + 16 * k + (lane >> 4), tau = u / a.nch;
-                f[k] = u < nu ? rd_ldg_f4(ax + tau * a.ldx + 64 * (u - tau * a.nch) + 4 * hl)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            gv_load4(f, u0 + (lane >> 4), 16, nu, [&](int u) { return ax + (u / a.nch) * a.ldx + 64 * (u % a.nch) + 4 * hl; });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 if (u0 + 16 * k >= nu) break; /* warp-uniform */
