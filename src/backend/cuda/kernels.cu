@@ -1398,8 +1398,8 @@ static cudaError_t dec_launch_p(const MmArgs &a, const bcu_rowdot_args *p, int n
  * test_rowdot_gemv and test_rowdot_grouped find no bit that differs.
  * What it buys (bench_cuda_linear, H200, 2026-12-01): where the decode kernel needs its cluster split of long rows,
  * the grouped wo_a (8 x 1024 x 4096, T = 1: 20.1 -> 14.8 us) and wo_b (4096 x 8192: 20.0 -> 16.9 us); in one
- * decode step of the 4-layer slice (ncu) the row-dots' kernel time went 445 -> 413 us.  Not a third of the decode
- * kernel's instructions: at T = 1 its ncu count is 177 warp instructions a KB against this kernel's ~45, yet
+ * decode step of the 4-layer slice (ncu) the row-dots' kernel time went 445 -> 413 us.  Not the instruction count:
+ * at T = 1 the decode kernel issues 177 warp instructions a KB (ncu), this kernel's chunk loop 65 (SASS), yet
  * without its maths this kernel (DEEPINFER_CUDA_GEMV_NOMATH) is only 10% faster than with it, and a plain stream
  * of the same bytes (bcu_read_probe) takes 10.2 us for 32 MB and 4.3-5.3 us for 2-8 MB: the small weights are at
  * a kernel's latency floor, where the decode kernel stays (gv_pick). */
