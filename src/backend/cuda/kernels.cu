@@ -1658,17 +1658,18 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
     }
 }
 
-/* DEEPINFER_CUDA_GEMV, read once: 0 turns the GEMV kernel off (the decode kernel runs, the same bits) */
-static bool gv_env(void)
+/* DEEPINFER_CUDA_GEMV, read once: 0 turns the GEMV kernel off (the decode kernel runs, the same bits); 2 runs it
+ * wherever it can (an experiment's setting); else 1, where gv_pick takes it */
+static int gv_env(void)
 {
     static std::atomic<int> on(-1);
     int v = on.load(std::memory_order_relaxed);
     if (v < 0) {
         const char *e = getenv("DEEPINFER_CUDA_GEMV");
-        v = !(e && !strcmp(e, "0"));
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
         on.store(v, std::memory_order_relaxed);
     }
-    return v != 0;
+    return v;
 }
 
 /* whether the GEMV kernel can take these arguments (after mm_supported): FP8 weights; act_quant'd x (xq) at
@@ -1680,7 +1681,7 @@ static bool gv_can(const bcu_rowdot_args *p)
     const int64_t nb = p->xq ? p->T : 3 * p->T; /* B columns */
     if (p->fmt != BCU_RW_FP8 || p->T < 1 || nb > 8 || (p->tile != 0 && p->tile != BCU_ROWDOT_TILE_GEMV)) return false;
     if (p->c0 % 64 || p->K % 64 || p->r0 % 16 || (p->groups > 1 && p->n % 16)) return false;
-    return (size_t)nb * (size_t)(p->K + 8) * 2 <= GV_XMAX && gv_env();
+    return (size_t)nb * (size_t)(p->K + 8) * 2 <= GV_XMAX && gv_env() != 0;
 }
 
 /* whether it runs: forced, or (tile 0) where the H200 measured it faster than the decode kernel (bench_cuda_linear's
@@ -1690,7 +1691,7 @@ static bool gv_can(const bcu_rowdot_args *p)
 static bool gv_pick(const bcu_rowdot_args *p)
 {
     if (!gv_can(p)) return false;
-    if (p->tile == BCU_ROWDOT_TILE_GEMV) return true;
+    if (p->tile == BCU_ROWDOT_TILE_GEMV || gv_env() == 2) return true;
     const MmGeom gm = mm_geom(p);
     if (!p->xq) return p->groups > 1 || gm.cps >= 16;
     return gm.cps >= 16 || (p->T >= 5 && gm.nsl <= 2);
