@@ -12,6 +12,7 @@
  *     the same token inside T = 300 and T = 1000, under every tiling and K
  *     split, directly and through be_linear_rows;
  *   - the grouped projection in one decode-kernel launch equals a launch per group bit for bit;
+ *   - the GEMV kernel (T <= 8 codes, T <= 2 bf16 planes) equals the decode kernel bit for bit;
  *   - bcu_rowdot_x8 (e4m3 x e4m3 for act_quant'd x) within 1e-5 of the CPU and
  *     of bcu_rowdot, T = 1 .. 16, blocks of 128 and 32, batch-invariant;
  *   - a failing op is a sticky, readable error and NaN outputs;
