@@ -286,12 +286,13 @@ typedef struct {
     void **dw;
     size_t bytes;
     uint32_t *sink;
+    int per_sm;
 } read_ctx;
 
 static void read_call(void *ctx, int k)
 {
     read_ctx *c = ctx;
-    CK(bcu_read_probe(c->dw[k], c->bytes, c->sink, 0));
+    CK(bcu_read_probe(c->dw[k], c->bytes, c->sink, c->per_sm, 0));
 }
 
 /* the grouped wo_a as grouped_locked in cuda.cu runs it: one bcu_rowdot per group, strided x and y */
@@ -425,8 +426,14 @@ static void run_xq(const shape *s, double bw)
         if (t == 0) { /* the weight's codes alone, read at the best rate a plain stream gets */
             uint32_t *sink;
             CK(cudaMalloc((void **)&sink, 256 * 4));
-            read_ctx rc = {dw, (size_t)(rows * cols), sink};
-            trd = time_calls(read_call, &rc, ncopy, INNER);
+            double tr[4];
+            for (int b = 0; b < 4; b++) { /* 1, 2, 4, 8 blocks an SM: 8 .. 64 warps of 128 bytes in flight a lane */
+                read_ctx rc = {dw, (size_t)(rows * cols), sink, 1 << b};
+                tr[b] = time_calls(read_call, &rc, ncopy, INNER);
+            }
+            trd = tr[3];
+            printf("| %-16s | %5lldx%-5lld | read | 1 / 2 / 4 blocks an SM: %.2f / %.2f / %.2f us\n", s->label,
+                   (long long)s->rows, (long long)s->cols, tr[0] * 1e6, tr[1] * 1e6, tr[2] * 1e6);
             CK(cudaFree(sink));
         }
         double md = 0, mx = 0;
@@ -437,7 +444,7 @@ static void run_xq(const shape *s, double bw)
             nd += memcmp(&yv[2][i], &yv[1][i], 4) != 0;
         }
         if (t == 0)
-            printf("| %-16s | %5lldx%-5lld | read | %9.2f | %6.1f%% | (codes alone: the read probe)\n", s->label,
+            printf("| %-16s | %5lldx%-5lld | read | %9.2f | %6.1f%% | (codes alone: the read probe, 8 blocks an SM)\n", s->label,
                    (long long)s->rows, (long long)s->cols, trd * 1e6, 100.0 * (double)(rows * cols) / trd / bw);
         printf("| %-16s | %5lldx%-5lld | %4zu | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %9.2f | %6.1f%% | %4s | %9.2f | "
                "%6.1f%% | %5.2fx | %7.1e | %6zu |\n",

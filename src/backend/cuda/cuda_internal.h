@@ -115,9 +115,10 @@ int bcu_rowdot_aq_ok(const bcu_rowdot_args *a);
 int bcu_rowdot_gemv_ok(const bcu_rowdot_args *a);
 /* whether bcu_rowdot runs it for these arguments as they are (tile 0: where it measured faster) */
 int bcu_rowdot_gemv_auto(const bcu_rowdot_args *a);
-/* reads bytes of buf (16-byte aligned) at the best rate a plain stream gets (bench_cuda_linear's read column);
- * sink: 256 words a write could land in (it never does for random data) */
-cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *sink, cudaStream_t st);
+/* reads bytes of buf (16-byte aligned) as a plain stream: 512 bytes a warp, 8 loads of 16 bytes in flight a lane,
+ * per_sm (1 .. 8) blocks of 256 threads an SM (bench_cuda_linear's read rows); sink: 256 words a write could land in
+ * (it never does for random data) */
+cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *sink, int per_sm, cudaStream_t st);
 /* the kernel bcu_rowdot would run: BCU_ROWDOT_SIMPLE or BCU_ROWDOT_MMA */
 int bcu_rowdot_path(const bcu_rowdot_args *a);
 /* The same product for x whose rows went through act_quant (v4.c, official semantics: every value an e4m3 code

@@ -1748,7 +1748,7 @@ static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
 }
 
 /* A probe of the read bandwidth a GEMV could reach (bench_cuda_linear): the bytes of buf in 512-byte runs a warp
- * (16 bytes a lane), 8 loads in flight a lane, eight blocks of 256 threads an SM; nothing is written unless the
+ * (16 bytes a lane), 8 loads in flight a lane, per_sm blocks of 256 threads an SM; nothing is written unless the
  * bytes' XOR is 0x12345678 (never, for random weights). */
 __global__ void __launch_bounds__(256) read_probe_kernel(const uint4 *buf, size_t n16, uint32_t *sink)
 {
@@ -1764,9 +1764,10 @@ __global__ void __launch_bounds__(256) read_probe_kernel(const uint4 *buf, size_
     if (acc == 0x12345678u) sink[threadIdx.x] = acc;
 }
 
-extern "C" cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *sink, cudaStream_t st)
+extern "C" cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *sink, int per_sm, cudaStream_t st)
 {
-    read_probe_kernel<<<8 * bcu_sm_count(), 256, 0, st>>>((const uint4 *)buf, bytes / 16, sink);
+    if (per_sm < 1 || per_sm > 8) return cudaErrorInvalidValue;
+    read_probe_kernel<<<per_sm * bcu_sm_count(), 256, 0, st>>>((const uint4 *)buf, bytes / 16, sink);
     return cudaGetLastError();
 }
 
