@@ -1,5 +1,6 @@
 import os
 import pathlib
+import shlex
 
 import pytest
 
@@ -26,3 +27,13 @@ def deepinfer():
     if not BIN.exists():
         pytest.fail(f"{BIN} not built: run `make build` first")
     return str(BIN)
+
+
+@pytest.fixture(scope="module")
+def parse_cmd(request):
+    """the command the stream diff tests run `recipe parse` with: DEEPINFER_PARSE_CMD (e.g. a reference script, to
+    check the harness itself) or build/deepinfer"""
+    env = os.environ.get("DEEPINFER_PARSE_CMD")
+    if env:
+        return shlex.split(env)
+    return [request.getfixturevalue("deepinfer")]

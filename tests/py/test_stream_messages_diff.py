@@ -18,17 +18,13 @@ oracle's own CLI shim.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import random
-import shlex
-import subprocess
-import tempfile
 
 import deepseek_recipe as dr
 import pytest
 
+import stream_cli
 import stream_gen
 import stream_oracle_messages as mo
 
@@ -198,63 +194,15 @@ def test_tool_input_reserialised(value, want, parse_cmd):
 # CLI vs reference
 
 
-@pytest.fixture(scope="module")
-def parse_cmd(request):
-    env = os.environ.get("DEEPINFER_PARSE_CMD")
-    if env:
-        return shlex.split(env)
-    return [request.getfixturevalue("deepinfer")]
-
-
-def _jobs(cases, stream):
-    jobs = []
-    for i, case in enumerate(cases):
-        splits = stream_gen.chunkings(case["text"], 2000 + i, 6)
-        picks = [splits[0]] + ([splits[1 + i % (len(splits) - 1)]] if len(splits) > 1 else [])
-        for chunks in picks:
-            jobs.append((i, case, chunks, stream))
-    return jobs
-
-
 def _run_one(cmd, tmp, job):
     i, case, chunks, stream = job
-    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=tmp, delete=False, encoding="utf-8") as f:
-        f.write(json.dumps(mo.effective_request(case["request"], stream), ensure_ascii=False))
-        req_path = f.name
-    try:
-        argv = cmd + ["recipe", "parse", "--api", "messages", "--request", req_path]
-        if stream:
-            argv.append("--stream")
-        argv += ["--deterministic", "--prompt-tokens", str(case["prompt_tokens"]),
-                 "--cached-tokens", str(case["cached_tokens"])]
-        if case["finish"] is not None:
-            argv += ["--finish", case["finish"]]
-        stdin = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks).encode("utf-8")
-        proc = subprocess.run(argv, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
-    finally:
-        os.unlink(req_path)
-    want = _oracle(case, chunks, stream)
-    if proc.returncode != 0:
-        return (i, chunks, f"exit {proc.returncode}: {proc.stderr.decode('utf-8', 'replace')[-1500:]}")
-    got = proc.stdout.decode("utf-8", "replace")
-    if got != want:
-        k = next((j for j in range(min(len(got), len(want))) if got[j] != want[j]), min(len(got), len(want)))
-        return (i, chunks, f"first difference at char {k}:\n got: {got[max(0, k - 300):k + 200]!r}\n"
-                           f"want: {want[max(0, k - 300):k + 200]!r}")
-    return None
+    proc = stream_cli.run_parse(cmd, "messages", case, chunks, stream, mo.effective_request, tmp)
+    return stream_cli.compare(proc, _oracle(case, chunks, stream))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_cli_matches_reference(cases, parse_cmd, stream):
-    jobs = _jobs(cases, stream)
-    assert len(jobs) >= 600
-    with tempfile.TemporaryDirectory() as tmp:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as ex:
-            results = list(ex.map(lambda j: _run_one(parse_cmd, tmp, j), jobs))
-    fails = [r for r in results if r is not None]
-    if fails:
-        i, chunks, msg = fails[0]
-        case = cases[i]
-        pytest.fail(f"{len(fails)}/{len(jobs)} mismatches; first: case {i} kind={case['kind']} "
-                    f"finish={case['finish']}\nrequest={json.dumps(case['request'], ensure_ascii=False)}\n"
-                    f"chunks={json.dumps(chunks, ensure_ascii=False)[:1500]}\n{msg}")
+    job_list = stream_cli.jobs(cases, stream, 2000)
+    assert len(job_list) >= 600
+    stream_cli.check_all(cases, job_list, lambda j, tmp: _run_one(parse_cmd, tmp, j),
+                         lambda c: f"kind={c['kind']} finish={c['finish']}")
