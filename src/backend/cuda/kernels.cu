@@ -1420,7 +1420,9 @@ __host__ __device__ __forceinline__ GvSmem gv_smem(int T, int64_t K, int nch, in
     return m;
 }
 #define GV_XMAX (56 * 1024) /* the x codes' (planes') shared memory at most */
-#define GV_SMAX (80 * 1024) /* the whole block's (the x scales and the weight scales grow with K) */
+/* the whole block's at most: x in GV_XMAX caps K at 28664 (T = 1), so the x scales (32 bytes a chunk: 14 KB), the
+ * weight scales (GV_NRB x 4 bytes a column block: 11 KB at blocks of 64) and the slice sums (8 KB) stay under it */
+#define GV_SMAX (96 * 1024)
 
 /* four units u0 + s k (k < 4) of x, a float4 each from addr(u), zeros from nu on: the four loads in flight before
  * any is used */
@@ -1723,7 +1725,7 @@ static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
     const int cbs = a.bshift - 6;
     const int ncb = (int)(((a.cb + a.nch - 1) >> cbs) - (a.cb >> cbs) + 1);
     const size_t sm = gv_smem(pl ? 3 * (int)a.T : (int)a.T, a.K, a.nch, ncb).total;
-    if (sm > GV_SMAX) return cudaErrorNotSupported;
+    if (sm > GV_SMAX) return cudaErrorInvalidConfiguration; /* cannot happen (GV_SMAX above), and gv_can took it */
     static std::atomic<int> force(-1); /* 0 auto, 1 "8x1", 2 "4x2" */
     int f = force.load(std::memory_order_relaxed);
     if (f < 0) {
