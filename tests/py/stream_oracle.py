@@ -58,19 +58,12 @@ from typing import Any, Sequence
 
 import deepseek_recipe as dr
 
+from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main  # noqa: F401
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 V4_TOKENIZER = ROOT / "assets" / "tokenizers" / "deepseek-v4" / "tokenizer.json"
 
 COMPLETION_ID = "chatcmpl-test"
-CREATED = 1767225600
-FINGERPRINT = "fp_test"
-DETERMINISTIC_CALL_SUFFIX = "TESTTESTTESTTESTTEST0000"
-
-FINISH = {
-    "stop": dr.InferenceFinishReason.Stop,
-    "length": dr.InferenceFinishReason.Length,
-    "content_filter": dr.InferenceFinishReason.ContentFilter,
-}
 
 _CHUNK_PREFIX = '{"id":%s,"object":"chat.completion.chunk","created":' % json.dumps(COMPLETION_ID)
 _CREATED_RE = re.compile(r"^(%s)\d+(,)" % re.escape(_CHUNK_PREFIX))
@@ -231,35 +224,10 @@ def aggregate_body(body: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="stream_oracle.py recipe parse")
-    ap.add_argument("recipe")
-    ap.add_argument("parse")
-    ap.add_argument("--api", choices=["chat"], required=True)
-    ap.add_argument("--encoding", choices=["v4", "v4.1"], required=True)
-    ap.add_argument("--request", required=True)
-    ap.add_argument("--stream", action="store_true")
-    ap.add_argument("--deterministic", action="store_true", required=True)
-    ap.add_argument("--prompt-tokens", type=int, required=True)
-    ap.add_argument("--cached-tokens", type=int, required=True)
-    ap.add_argument("--finish", choices=sorted(FINISH))
-    a = ap.parse_args(argv)
-    assert a.recipe == "recipe" and a.parse == "parse"
-    with open(a.request, "rb") as f:
-        request = json.loads(f.read().decode("utf-8"))
-    data = sys.stdin.buffer.read().decode("utf-8")
-    lines = data.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    chunks = [json.loads(line) for line in lines]
-    assert all(isinstance(c, str) for c in chunks), "each chunks.jsonl line must be a JSON string"
-    out = parse_chat(request, a.encoding, chunks, stream=a.stream, prompt_tokens=a.prompt_tokens,
-                     cached_tokens=a.cached_tokens, finish=a.finish)
-    sys.stdout.buffer.write(out.encode("utf-8"))
-    return 0
-
+    return cli_main(argv, "stream_oracle.py", "chat", "required",
+                    lambda request, encoding, chunks, a: parse_chat(
+                        request, encoding, chunks, stream=a.stream, prompt_tokens=a.prompt_tokens,
+                        cached_tokens=a.cached_tokens, finish=a.finish))
 
 if __name__ == "__main__":
     raise SystemExit(main())

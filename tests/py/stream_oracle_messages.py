@@ -38,16 +38,9 @@ from typing import Any, Sequence
 
 import deepseek_recipe as dr
 
-MESSAGE_ID = "msg_test"
-CREATED = 1767225600
-FINGERPRINT = "fp_test"
-DETERMINISTIC_CALL_SUFFIX = "TESTTESTTESTTESTTEST0000"
+from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main  # noqa: F401
 
-FINISH = {
-    "stop": dr.InferenceFinishReason.Stop,
-    "length": dr.InferenceFinishReason.Length,
-    "content_filter": dr.InferenceFinishReason.ContentFilter,
-}
+MESSAGE_ID = "msg_test"
 
 # Inside JSON text a raw `"id":"call_` can only be a tool_use id key: quotes in strings are escaped.
 _CALL_ID_RE = re.compile(r'"id":"call_(\d+)_(ET_)?[A-Za-z0-9]{20}[0-9]{4}"')
@@ -162,34 +155,10 @@ def aggregate_body(body: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="stream_oracle_messages.py recipe parse")
-    ap.add_argument("recipe")
-    ap.add_argument("parse")
-    ap.add_argument("--api", choices=["messages"], required=True)
-    ap.add_argument("--encoding", choices=["v4", "v4.1"])
-    ap.add_argument("--request", required=True)
-    ap.add_argument("--stream", action="store_true")
-    ap.add_argument("--deterministic", action="store_true", required=True)
-    ap.add_argument("--prompt-tokens", type=int, required=True)
-    ap.add_argument("--cached-tokens", type=int, required=True)
-    ap.add_argument("--finish", choices=sorted(FINISH))
-    a = ap.parse_args(argv)
-    assert a.recipe == "recipe" and a.parse == "parse"
-    with open(a.request, "rb") as f:
-        request = json.loads(f.read().decode("utf-8"))
-    lines = sys.stdin.buffer.read().decode("utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    chunks = [json.loads(line) for line in lines]
-    assert all(isinstance(c, str) for c in chunks), "each chunks.jsonl line must be a JSON string"
-    out = parse_messages(request, chunks, stream=a.stream, prompt_tokens=a.prompt_tokens,
-                         cached_tokens=a.cached_tokens, finish=a.finish)
-    sys.stdout.buffer.write(out.encode("utf-8"))
-    return 0
-
+    return cli_main(argv, "stream_oracle_messages.py", "messages", "optional",
+                    lambda request, encoding, chunks, a: parse_messages(
+                        request, chunks, stream=a.stream, prompt_tokens=a.prompt_tokens,
+                        cached_tokens=a.cached_tokens, finish=a.finish))
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -33,16 +33,9 @@ from typing import Any, Sequence
 
 import deepseek_recipe as dr
 
-RESPONSE_ID = "resp_test"
-CREATED = 1767225600
-FINGERPRINT = "fp_test"
-DETERMINISTIC_CALL_SUFFIX = "TESTTESTTESTTESTTEST0000"
+from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main  # noqa: F401
 
-FINISH = {
-    "stop": dr.InferenceFinishReason.Stop,
-    "length": dr.InferenceFinishReason.Length,
-    "content_filter": dr.InferenceFinishReason.ContentFilter,
-}
+RESPONSE_ID = "resp_test"
 
 _RESP_HEAD = '{"id":%s,"object":"response","created_at":' % json.dumps(RESPONSE_ID)
 _CREATED_RE = re.compile(r"(%s)\d+(,\"status\":\"[a-z_]+\",\"background\":false,\"completed_at\":)(\d+|null)"
@@ -120,31 +113,10 @@ def parse_responses(request: dict, chunks: Sequence[str], *, stream: bool, promp
 
 def main(argv: list[str] | None = None) -> int:
     """CLI shim with the contract of `deepinfer recipe parse --api responses`."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="stream_oracle_responses.py recipe parse")
-    ap.add_argument("recipe")
-    ap.add_argument("parse")
-    ap.add_argument("--api", choices=["responses"], required=True)
-    ap.add_argument("--request", required=True)
-    ap.add_argument("--stream", action="store_true")
-    ap.add_argument("--deterministic", action="store_true", required=True)
-    ap.add_argument("--prompt-tokens", type=int, required=True)
-    ap.add_argument("--cached-tokens", type=int, required=True)
-    ap.add_argument("--finish", choices=sorted(FINISH))
-    a = ap.parse_args(argv)
-    with open(a.request, "rb") as f:
-        request = json.loads(f.read().decode("utf-8"))
-    lines = sys.stdin.buffer.read().decode("utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    chunks = [json.loads(line) for line in lines]
-    out = parse_responses(request, chunks, stream=a.stream, prompt_tokens=a.prompt_tokens,
-                          cached_tokens=a.cached_tokens, finish=a.finish)
-    sys.stdout.buffer.write(out.encode("utf-8"))
-    return 0
-
+    return cli_main(argv, "stream_oracle_responses.py", "responses", None,
+                    lambda request, encoding, chunks, a: parse_responses(
+                        request, chunks, stream=a.stream, prompt_tokens=a.prompt_tokens,
+                        cached_tokens=a.cached_tokens, finish=a.finish), strings_only=False)
 
 if __name__ == "__main__":
     raise SystemExit(main())
