@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 import deepseek_recipe as dr
 
-from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main  # noqa: F401
+from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main, drive  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 V4_TOKENIZER = ROOT / "assets" / "tokenizers" / "deepseek-v4" / "tokenizer.json"
@@ -117,29 +117,14 @@ def run_processor(
     conv = dr.ChatCompletionRequest(body).convert(dr.ConversionOptions())
     gen = dr.ChatCompletionRequest.chunk_generator(conv, COMPLETION_ID, body["model"])
     proc = dr.StreamProcessor(gen, conv.parsing_options, _tokenizer() if tokens else None)
-    out = []
-    try:
-        out += proc.push(dr.InferenceChunk.ready(
-            prompt_usage=dr.PromptUsage(prompt_tokens=prompt_tokens, prompt_cache_hit_tokens=cached_tokens),
-            system_fingerprint=fingerprint))
-        consumed = 0
-        for i, c in enumerate(chunks):
-            if proc.finished:
-                break
-            if tokens:
-                ic = dr.InferenceChunk.tokens(list(c))
-            else:
-                ic = dr.InferenceChunk.text(c, 1 if token_counts is None else token_counts[i])
-            out += proc.push(ic)
-            consumed += 1
-        if not proc.finished:
-            if finish is not None:
-                out += proc.push(dr.InferenceChunk.finish(FINISH[finish]))
-            out += proc.finish()
-        assert proc.finished
-    finally:
-        proc.close()
-    return out, consumed
+
+    def make_chunk(i, c):
+        if tokens:
+            return dr.InferenceChunk.tokens(list(c))
+        return dr.InferenceChunk.text(c, 1 if token_counts is None else token_counts[i])
+
+    return drive(proc, chunks, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, finish=finish,
+                 fingerprint=fingerprint, make_chunk=make_chunk)
 
 
 def parse_chat(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import deepseek_recipe as dr
 
@@ -52,3 +52,36 @@ def cli_main(argv: list[str] | None, prog: str, api: str, encoding: str | None,
     out = parse(request, getattr(a, "encoding", None), chunks, a)
     sys.stdout.buffer.write(out.encode("utf-8"))
     return 0
+
+
+def effective_request(request: dict, stream: bool) -> dict:
+    """The body actually converted: ``stream`` forced to the requested mode (Messages, Responses)."""
+    body = dict(request)
+    body["stream"] = stream
+    return body
+
+
+def drive(proc, chunks: Sequence[Any], *, prompt_tokens: int, cached_tokens: int, finish: str | None,
+          fingerprint: str | None = FINGERPRINT, make_chunk: Callable[[int, Any], Any] | None = None):
+    """Feed a deepseek_recipe StreamProcessor as the server does: the ready chunk (prompt usage, fingerprint), the
+    chunks (text, one token each, unless make_chunk(i, chunk) says otherwise) until it finishes, then the finish
+    reason if any and finish(); it is closed after.  Returns (its events, the chunks consumed)."""
+    out: list[Any] = []
+    consumed = 0
+    try:
+        out += proc.push(dr.InferenceChunk.ready(
+            prompt_usage=dr.PromptUsage(prompt_tokens=prompt_tokens, prompt_cache_hit_tokens=cached_tokens),
+            system_fingerprint=fingerprint))
+        for i, c in enumerate(chunks):
+            if proc.finished:
+                break
+            out += proc.push(make_chunk(i, c) if make_chunk else dr.InferenceChunk.text(c, 1))
+            consumed += 1
+        if not proc.finished:
+            if finish is not None:
+                out += proc.push(dr.InferenceChunk.finish(FINISH[finish]))
+            out += proc.finish()
+        assert proc.finished
+    finally:
+        proc.close()
+    return out, consumed

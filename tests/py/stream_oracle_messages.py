@@ -34,22 +34,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import deepseek_recipe as dr
 
-from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main  # noqa: F401
+from stream_oracle_common import (CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main, drive,  # noqa: F401
+                                  effective_request)
 
 MESSAGE_ID = "msg_test"
 
 # Inside JSON text a raw `"id":"call_` can only be a tool_use id key: quotes in strings are escaped.
 _CALL_ID_RE = re.compile(r'"id":"call_(\d+)_(ET_)?[A-Za-z0-9]{20}[0-9]{4}"')
-
-
-def effective_request(request: dict, stream: bool) -> dict:
-    body = dict(request)
-    body["stream"] = stream
-    return body
 
 
 def _fix_ids(text: str) -> str:
@@ -69,24 +64,7 @@ def run_processor(request: dict, chunks: Sequence[str], *, stream: bool, prompt_
     conv = req.convert(dr.ConversionOptions())
     gen = dr.MessagesRequest.chunk_generator(conv, MESSAGE_ID, model)
     proc = dr.StreamProcessor(gen, conv.parsing_options)
-    out: list[Any] = []
-    consumed = 0
-    try:
-        out += proc.push(dr.InferenceChunk.ready(
-            prompt_usage=dr.PromptUsage(prompt_tokens=prompt_tokens, prompt_cache_hit_tokens=cached_tokens),
-            system_fingerprint=FINGERPRINT))
-        for c in chunks:
-            if proc.finished:
-                break
-            out += proc.push(dr.InferenceChunk.text(c, 1))
-            consumed += 1
-        if not proc.finished:
-            if finish is not None:
-                out += proc.push(dr.InferenceChunk.finish(FINISH[finish]))
-            out += proc.finish()
-        assert proc.finished
-    finally:
-        proc.close()
+    out, consumed = drive(proc, chunks, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, finish=finish)
     return out, model, consumed
 
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import deepseek_recipe as dr
 
-from stream_oracle_common import CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main  # noqa: F401
+from stream_oracle_common import (CREATED, DETERMINISTIC_CALL_SUFFIX, FINGERPRINT, FINISH, cli_main, drive,  # noqa: F401
+                                  effective_request)
 
 RESPONSE_ID = "resp_test"
 
@@ -57,12 +58,6 @@ def _fix(text: str) -> str:
     return text
 
 
-def effective_request(request: dict, stream: bool) -> dict:
-    body = dict(request)
-    body["stream"] = stream
-    return body
-
-
 def run_processor(request: dict, chunks: Sequence[str], *, stream: bool, prompt_tokens: int,
                   cached_tokens: int, finish: str | None):
     body = effective_request(request, stream)
@@ -74,23 +69,7 @@ def run_processor(request: dict, chunks: Sequence[str], *, stream: bool, prompt_
     gen = dr.ResponsesRequest.chunk_generator(conv, RESPONSE_ID, body["model"])
     gen = gen.with_namespace_tool_map(nsmap).with_echo(echo)
     proc = dr.StreamProcessor(gen, conv.parsing_options)
-    out: list[Any] = []
-    try:
-        out += proc.push(dr.InferenceChunk.ready(
-            prompt_usage=dr.PromptUsage(prompt_tokens=prompt_tokens, prompt_cache_hit_tokens=cached_tokens),
-            system_fingerprint=FINGERPRINT))
-        for c in chunks:
-            if proc.finished:
-                break
-            out += proc.push(dr.InferenceChunk.text(c, 1))
-        if not proc.finished:
-            if finish is not None:
-                out += proc.push(dr.InferenceChunk.finish(FINISH[finish]))
-            out += proc.finish()
-        assert proc.finished
-    finally:
-        proc.close()
-    return out
+    return drive(proc, chunks, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, finish=finish)[0]
 
 
 def parse_responses(request: dict, chunks: Sequence[str], *, stream: bool, prompt_tokens: int,
