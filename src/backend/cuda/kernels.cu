@@ -214,6 +214,19 @@ int rd_device(void)
     return cudaGetDevice(&dev) == cudaSuccess ? dev : 0;
 }
 
+/* kern's dynamic shared-memory limit raised to smem on the current device, once: done holds a bit for each device
+ * (below 64) where that is done; the caller keeps one done per kernel */
+template <typename... P>
+cudaError_t rd_smem_attr_once(std::atomic<unsigned long long> &done, void (*kern)(P...), size_t smem)
+{
+    const int dev = rd_device();
+    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+    if (done.load(std::memory_order_relaxed) & bit) return cudaSuccess;
+    const cudaError_t e = rd_smem_attr(kern, smem);
+    if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+    return e;
+}
+
 } /* namespace */
 /* ==== rowdot primitives (end) ==== */
 
@@ -1260,14 +1273,8 @@ static cudaError_t mm_launch_cfg(const MmArgs &a, int64_t n, int64_t T, int nsl,
     void (*kern)(MmArgs) = rowmma_kernel<FMT, MTW, WN, WGM, WGN>;
     const int64_t gy = (n + C::RB - 1) / C::RB, gz = (T + C::TB - 1) / C::TB;
     if (gy > 65535 || gz > 65535) return cudaErrorInvalidConfiguration;
-    static std::atomic<unsigned long long> attr_set(0); /* devices whose shared-memory limit is raised */
-    const int dev = rd_device();
-    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (!(attr_set.load(std::memory_order_relaxed) & bit)) {
-        cudaError_t e = rd_smem_attr(kern, C::SMEM);
-        if (e != cudaSuccess) return e;
-        attr_set.fetch_or(bit, std::memory_order_relaxed);
-    }
+    static std::atomic<unsigned long long> attr_set(0);
+    if (const cudaError_t e = rd_smem_attr_once(attr_set, kern, C::SMEM); e != cudaSuccess) return e;
     int ns = 1;
     if (nsl > 1 && (split == 2 || (split == 0 && gy * gz < 2 * (int64_t)bcu_sm_count()))) ns = nsl;
     if (ns > 1 && split != 2) {
@@ -1294,12 +1301,7 @@ template <int FMT, int WN, bool XQ>
 static cudaError_t dec_prepare(void)
 {
     static std::atomic<unsigned long long> attr_set(0);
-    const int dev = rd_device();
-    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (attr_set.load(std::memory_order_relaxed) & bit) return cudaSuccess;
-    cudaError_t e = rd_smem_attr(rowdec_kernel<FMT, WN, XQ>, DEC_SMEM_MAX);
-    if (e == cudaSuccess) attr_set.fetch_or(bit, std::memory_order_relaxed);
-    return e;
+    return rd_smem_attr_once(attr_set, rowdec_kernel<FMT, WN, XQ>, DEC_SMEM_MAX);
 }
 
 /* how many clusters of ns blocks of it with smem bytes each fit the device at once (cached per device, ns and
@@ -1660,18 +1662,29 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
     }
 }
 
-/* DEEPINFER_CUDA_GEMV, read once: 0 turns the GEMV kernel off (the decode kernel runs, the same bits); 2 runs it
- * wherever it can (an experiment's setting); else 1, where gv_pick takes it */
-static int gv_env(void)
+/* the environment variable name, read once into cache: 1 + the index of its value among the n vals, 0 if it is
+ * unset or none of them */
+static int env_once(std::atomic<int> &cache, const char *name, const char *const *vals, int n)
 {
-    static std::atomic<int> on(-1);
-    int v = on.load(std::memory_order_relaxed);
+    int v = cache.load(std::memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv("DEEPINFER_CUDA_GEMV");
-        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
-        on.store(v, std::memory_order_relaxed);
+        const char *e = getenv(name);
+        v = 0;
+        for (int i = 0; e && i < n && !v; i++)
+            if (!strcmp(e, vals[i])) v = 1 + i;
+        cache.store(v, std::memory_order_relaxed);
     }
     return v;
+}
+
+/* DEEPINFER_CUDA_GEMV: 0 turns the GEMV kernel off (the decode kernel runs, the same bits); 2 runs it wherever it
+ * can (an experiment's setting); else 1, where gv_pick takes it */
+static int gv_env(void)
+{
+    static std::atomic<int> cache(-1);
+    static const char *const vals[] = {"0", "2"};
+    const int v = env_once(cache, "DEEPINFER_CUDA_GEMV", vals, 2);
+    return v == 1 ? 0 : v == 2 ? 2 : 1;
 }
 
 /* whether the GEMV kernel can take these arguments (after mm_supported): FP8 weights; act_quant'd x (xq) at
@@ -1706,13 +1719,9 @@ template <int PD, int WT, int MINB, bool MATH, bool PL>
 static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cudaStream_t st)
 {
     static std::atomic<unsigned long long> attr_set(0);
-    const int dev = rd_device();
-    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (!(attr_set.load(std::memory_order_relaxed) & bit)) {
-        cudaError_t e = rd_smem_attr(rowgv_kernel<PD, WT, MINB, MATH, PL>, (size_t)GV_SMAX);
-        if (e != cudaSuccess) return e;
-        attr_set.fetch_or(bit, std::memory_order_relaxed);
-    }
+    if (const cudaError_t e = rd_smem_attr_once(attr_set, rowgv_kernel<PD, WT, MINB, MATH, PL>, (size_t)GV_SMAX);
+        e != cudaSuccess)
+        return e;
     const int rt = 8 / nsl;
     const int64_t ntl = (a.n + 15) >> 4, gx = (ntl + (int64_t)rt * WT - 1) / ((int64_t)rt * WT);
     if (gx > 0x7fffffff || a.groups > 65535) return cudaErrorInvalidConfiguration;
@@ -1726,24 +1735,16 @@ static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
     const int ncb = (int)(((a.cb + a.nch - 1) >> cbs) - (a.cb >> cbs) + 1);
     const size_t sm = gv_smem(pl ? 3 * (int)a.T : (int)a.T, a.K, a.nch, ncb).total;
     if (sm > GV_SMAX) return cudaErrorInvalidConfiguration; /* cannot happen (GV_SMAX above), and gv_can took it */
-    static std::atomic<int> force(-1); /* 0 auto, 1 "8x1", 2 "4x2" */
-    int f = force.load(std::memory_order_relaxed);
-    if (f < 0) {
-        const char *e = getenv("DEEPINFER_CUDA_GEMV_SHAPE");
-        f = e && !strcmp(e, "8x1") ? 1 : e && !strcmp(e, "4x2") ? 2 : 0;
-        force.store(f, std::memory_order_relaxed);
-    }
+    static std::atomic<int> force(-1);
+    static const char *const shapes[] = {"8x1", "4x2"};
+    const int f = env_once(force, "DEEPINFER_CUDA_GEMV_SHAPE", shapes, 2); /* 0 auto, 1 "8x1", 2 "4x2" */
     const int rt = 8 / nsl;
     const int64_t ntl = (a.n + 15) >> 4, ng = a.groups > 1 ? a.groups : 1, sms = bcu_sm_count();
     const int64_t b1 = (ntl + rt - 1) / rt * ng; /* blocks of one tile a warp */
     const bool one = f ? f == 1 : b1 <= 2 * sms;
-    static std::atomic<int> nomath(-1); /* DEEPINFER_CUDA_GEMV_NOMATH=1 (read once): the loads alone, wrong sums */
-    int nm = nomath.load(std::memory_order_relaxed);
-    if (nm < 0) {
-        const char *e = getenv("DEEPINFER_CUDA_GEMV_NOMATH");
-        nm = e && !strcmp(e, "1");
-        nomath.store(nm, std::memory_order_relaxed);
-    }
+    static std::atomic<int> nomath(-1);
+    static const char *const on[] = {"1"};
+    const int nm = env_once(nomath, "DEEPINFER_CUDA_GEMV_NOMATH", on, 1); /* 1: the loads alone, wrong sums */
     if (pl) return one ? gv_launch_t<8, 1, 2, true, true>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, true>(a, nsl, ncb, sm, st);
     if (nm) return one ? gv_launch_t<8, 1, 2, false, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, false, false>(a, nsl, ncb, sm, st);
     return one ? gv_launch_t<8, 1, 2, true, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, false>(a, nsl, ncb, sm, st);
@@ -1844,13 +1845,8 @@ static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
 static int rowdot_env(void)
 {
     static std::atomic<int> mode(-1);
-    int m = mode.load(std::memory_order_relaxed);
-    if (m < 0) {
-        const char *e = getenv("DEEPINFER_CUDA_ROWDOT");
-        m = e && !strcmp(e, "simple") ? BCU_ROWDOT_SIMPLE : BCU_ROWDOT_AUTO;
-        mode.store(m, std::memory_order_relaxed);
-    }
-    return m;
+    static const char *const simple[] = {"simple"};
+    return env_once(mode, "DEEPINFER_CUDA_ROWDOT", simple, 1) ? BCU_ROWDOT_SIMPLE : BCU_ROWDOT_AUTO;
 }
 
 extern "C" int bcu_rowdot_aq_ok(const bcu_rowdot_args *p)
@@ -2138,13 +2134,7 @@ extern "C" cudaError_t bcu_rowdot_x8(const bcu_rowdot_args *p, cudaStream_t st)
     const int ks = blocks1 < 2 * (int64_t)bcu_sm_count() ? 4 : 1;
     void (*kern)(RowQ8Args) = ks == 4 ? rowq8_kernel<4> : rowq8_kernel<1>;
     static std::atomic<unsigned long long> attr_set[2];
-    const int dev = rd_device();
-    const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
-    if (!(attr_set[ks == 4].load(std::memory_order_relaxed) & bit)) {
-        cudaError_t e = rd_smem_attr(kern, RQ_SMEM_MAX);
-        if (e != cudaSuccess) return e;
-        attr_set[ks == 4].fetch_or(bit, std::memory_order_relaxed);
-    }
+    if (const cudaError_t e = rd_smem_attr_once(attr_set[ks == 4], kern, RQ_SMEM_MAX); e != cudaSuccess) return e;
     const int64_t grid = ks == 4 ? (p->n + 8 * RQ_TW - 1) / (8 * RQ_TW) : blocks1;
     if (grid > 0x7fffffff) return cudaErrorNotSupported;
     pdl_launch(kern, (unsigned)grid, 128, sm, st, a);
