@@ -735,12 +735,12 @@ static void test_rowdot_xq(void **st)
 
 /* The GEMV kernel (forced: BCU_ROWDOT_TILE_GEMV where bcu_rowdot_gemv_ok) against the decode kernel on the same x
  * (BCU_ROWDOT_TILE_DEC), bit for bit: raw x as bf16 planes (xq = 0) at T = 1, 2, act_quant'd x as f16 codes (xq =
- * 1, 2) at T = 1 .. 8; every row-tile and slice shape it cuts (one slice
- * and 8 tiles a block, 2 slices, 8 slices), a last tile past n, e8m0 / f32 / bf16 scales, scale blocks of 64 (one
- * row so long that the block's shared memory passes 80 KB), rows
- * and columns not from 0 (xq = 1), a grouped call against a decode-kernel launch per group; x rows 2^-30 .. 2^30
- * with a zero chunk and a zero row.  Where its x does not fit (T or 3 T rows of K + 8 f16 > 56 KB) it is not taken and the
- * automatic tile still gives the decode kernel's bits; a forced BCU_ROWDOT_TILE_GEMV there is refused. */
+ * 1, 2) at T = 1 .. 8; every row-tile and slice shape it cuts (one slice and 8 tiles a block, 2 slices, 8 slices),
+ * a last tile past n, e8m0 / f32 / bf16 scales, scale blocks of 64 (one row so long that the block's shared memory
+ * passes 80 KB), rows and columns not from 0 (xq = 1), a grouped call against a decode-kernel launch per group; x
+ * rows 2^-30 .. 2^30 with a zero chunk and a zero row.  Where its x does not fit (T or 3 T rows of K + 8 f16 > 56
+ * KB) it is not taken and the automatic tile still gives the decode kernel's bits; a forced BCU_ROWDOT_TILE_GEMV
+ * there is refused. */
 static void test_rowdot_gemv(void **st)
 {
     (void)st;

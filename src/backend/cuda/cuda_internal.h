@@ -65,7 +65,7 @@ enum { BCU_RW_BF16 = 0, BCU_RW_F16 = 1, BCU_RW_F32 = 2, BCU_RW_FP8 = 3, BCU_RW_F
 enum { BCU_ROWDOT_AUTO = 0, BCU_ROWDOT_SIMPLE = 1, BCU_ROWDOT_MMA = 2 };
 enum {
     BCU_ROWDOT_TILE_DEC = -1, /* bcu_rowdot_args.tile of the decode kernel */
-    BCU_ROWDOT_TILE_GEMV = -2 /* of the GEMV kernel (xq, T <= 8; what tile 0 runs where it can: bcu_rowdot_gemv_ok) */
+    BCU_ROWDOT_TILE_GEMV = -2 /* of the GEMV kernel (bcu_rowdot_gemv_ok; tile 0 takes it where bcu_rowdot_gemv_auto) */
 };
 /* grouped calls (bcu_rowdot_args.groups) of at most this many rows run as one launch of the decode kernel (5 rows a
  * block, the weights read once per 5 rows, mostly from L2): the wo_a of a decode batch of 8 was 8 launches of rowmma */
@@ -110,8 +110,9 @@ bcu_rowdot_args bcu_rowdot_for(const be_weight *w, const void *dw, const void *d
 int bcu_rowdot_aq_ok(const bcu_rowdot_args *a);
 /* whether the GEMV kernel can take these arguments (tile 0 or BCU_ROWDOT_TILE_GEMV): FP8 weights, xq 1 or 2 at
  * 1 <= T <= 8 (f16 codes) or xq 0 at T <= 2 (three bf16 planes a token), c0 and K multiples of 64, r0 (and grouped,
- * n) multiples of 16, x's T or 3 T rows of K + 8 f16 in 56 KB, and DEEPINFER_CUDA_GEMV not 0.  Its bits are the decode kernel's.  A forced BCU_ROWDOT_TILE_GEMV runs it where it can
- * and is cudaErrorNotSupported, nothing launched, elsewhere. */
+ * n) multiples of 16, x's T or 3 T rows of K + 8 f16 in 56 KB, and DEEPINFER_CUDA_GEMV not 0.  Its bits are the
+ * decode kernel's.  A forced BCU_ROWDOT_TILE_GEMV runs it where it can and is cudaErrorNotSupported, nothing
+ * launched, elsewhere. */
 int bcu_rowdot_gemv_ok(const bcu_rowdot_args *a);
 /* whether bcu_rowdot runs it for these arguments as they are (tile 0: where it measured faster) */
 int bcu_rowdot_gemv_auto(const bcu_rowdot_args *a);
