@@ -514,6 +514,18 @@ static void test_rowdot_grouped(void **st)
     }
 }
 
+/* The conversion instructions the GEMV kernel's act_quant uses (aq_e4m3x2_h) against v4.c's e4m3 codec as the
+ * kernels write it in software (gr_enc_e4m3, gr_dec_e4m3), over every float: the f16 bits must agree wherever the
+ * value is not NaN (a NaN may come back with the other sign: both are NaN). */
+static void test_e4m3_cvt(void **st)
+{
+    (void)st;
+    unsigned long long c[2] = {0, 0};
+    if (bcu_e4m3_cvt_check(c) != cudaSuccess) fail_msg("bcu_e4m3_cvt_check failed");
+    printf("  e4m3 round trip over 2^32 floats: %llu differ, %llu of them NaN against NaN\n", c[0], c[1]);
+    if (c[0] != c[1]) fail_msg("%llu floats convert differently (not NaN)", c[0] - c[1]);
+}
+
 /* ------------------------------------------------------------------ the small bf16 GEMVs */
 
 /* bf16 weights on the simple kernel (what the backend runs for the router, the compressors and the indexer at
@@ -1566,6 +1578,7 @@ int main(void)
         cmocka_unit_test(test_linear_fp8_gemm),
         cmocka_unit_test(test_rowdot_xq),
         cmocka_unit_test(test_rowdot_gemv),
+        cmocka_unit_test(test_e4m3_cvt),
         cmocka_unit_test(test_rowdot_bf16_small),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_cache_notices_new_contents),

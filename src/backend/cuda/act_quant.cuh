@@ -34,6 +34,18 @@ __device__ __forceinline__ uint32_t gr_enc_e4m3(float f)
     return sign | (((u - (120u << 23)) >> 20) & 0xffu);
 }
 
+/* the f16 values of two e4m3 codes, gr_enc_e4m3 then gr_dec_e4m3 of lo and hi (low and high half), in two
+ * instructions: the H200's conversions round to nearest even and saturate to +-448 (inf too), as gr_enc_e4m3 does
+ * (bcu_e4m3_cvt_check compares them over every float: only NaNs' signs differ, both are NaN) */
+__device__ __forceinline__ uint32_t aq_e4m3x2_h(float lo, float hi)
+{
+    uint16_t c;
+    uint32_t h;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(hi), "f"(lo));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(c));
+    return h;
+}
+
 /* v4.c pow2_ceil: 2^ceil(log2 v) through frexpf/ldexpf (exact on the device too) */
 __device__ __forceinline__ float gr_pow2_ceil(float v)
 {

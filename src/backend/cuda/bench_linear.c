@@ -286,13 +286,17 @@ typedef struct {
     void **dw;
     size_t bytes;
     uint32_t *sink;
-    int per_sm;
+    int per_sm;    /* 0: the rows pattern */
+    int64_t rows; /* the rows pattern's matrix */
 } read_ctx;
 
 static void read_call(void *ctx, int k)
 {
     read_ctx *c = ctx;
-    CK(bcu_read_probe(c->dw[k], c->bytes, c->sink, c->per_sm, 0));
+    if (c->per_sm)
+        CK(bcu_read_probe(c->dw[k], c->bytes, c->sink, c->per_sm, 0));
+    else
+        CK(bcu_read_probe_rows(c->dw[k], c->rows, (int64_t)(c->bytes / (size_t)c->rows), c->sink, 0));
 }
 
 /* the grouped wo_a as grouped_locked in cuda.cu runs it: one bcu_rowdot per group, strided x and y */
@@ -426,14 +430,15 @@ static void run_xq(const shape *s, double bw)
         if (t == 0) { /* the weight's codes alone, read at the best rate a plain stream gets */
             uint32_t *sink;
             CK(cudaMalloc((void **)&sink, 256 * 4));
-            double tr[4];
-            for (int b = 0; b < 4; b++) { /* 1, 2, 4, 8 blocks an SM: 8 .. 64 warps of 128 bytes in flight a lane */
-                read_ctx rc = {dw, (size_t)(rows * cols), sink, 1 << b};
+            double tr[5];
+            for (int b = 0; b < 5; b++) { /* 1, 2, 4, 8 blocks an SM: 8 .. 64 warps of 128 bytes in flight a lane;
+                                           * then the GEMV kernel's pattern (16 rows x 64 bytes a warp's load pair) */
+                read_ctx rc = {dw, (size_t)(rows * cols), sink, b < 4 ? 1 << b : 0, (int64_t)rows};
                 tr[b] = time_calls(read_call, &rc, ncopy, INNER);
             }
             trd = tr[3];
-            printf("| %-16s | %5lldx%-5lld | read | 1 / 2 / 4 blocks an SM: %.2f / %.2f / %.2f us\n", s->label,
-                   (long long)s->rows, (long long)s->cols, tr[0] * 1e6, tr[1] * 1e6, tr[2] * 1e6);
+            printf("| %-16s | %5lldx%-5lld | read | 1 / 2 / 4 blocks an SM: %.2f / %.2f / %.2f us; rows pattern %.2f us\n",
+                   s->label, (long long)s->rows, (long long)s->cols, tr[0] * 1e6, tr[1] * 1e6, tr[2] * 1e6, tr[4] * 1e6);
             CK(cudaFree(sink));
         }
         double md = 0, mx = 0;

@@ -120,6 +120,11 @@ int bcu_rowdot_gemv_auto(const bcu_rowdot_args *a);
  * per_sm (1 .. 8) blocks of 256 threads an SM (bench_cuda_linear's read rows); sink: 256 words a write could land in
  * (it never does for random data) */
 cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *sink, int per_sm, cudaStream_t st);
+/* every float's e4m3 round trip to f16 in software (v4.c's codec) against the conversion instructions: counts[0] the
+ * floats whose f16 bits differ, counts[1] those of them where both are NaN */
+cudaError_t bcu_e4m3_cvt_check(unsigned long long counts[2]);
+/* the same bytes as a rows x rowbytes matrix in the GEMV kernel's pattern (rows % 16 == 0, rowbytes % 512 == 0) */
+cudaError_t bcu_read_probe_rows(const void *buf, int64_t rows, int64_t rowbytes, uint32_t *sink, cudaStream_t st);
 /* the kernel bcu_rowdot would run: BCU_ROWDOT_SIMPLE or BCU_ROWDOT_MMA */
 int bcu_rowdot_path(const bcu_rowdot_args *a);
 /* The same product for x whose rows went through act_quant (v4.c, official semantics: every value an e4m3 code

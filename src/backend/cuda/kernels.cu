@@ -965,23 +965,10 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
 #pragma unroll
     for (int i = 0; i < C::PD; i++)
         if (i < nc) wload(cs + i, wr[i], sr[i]);
-    pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
-
-    /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
-    const int ipc = 16 * tbv; /* items per chunk */
-    for (int it = tid; !XQ && it < nc * ipc; it += C::NT) {
-        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
-        const int64_t xc = 64 * (a.cb + cs + i) * C::EPB - a.c0 + 4 * C::EPB * j;
-        unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
-#pragma unroll
-        for (int e = 0; e < C::EPB; e++) {
-            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, ax + (t0 + tau) * a.ldx + xc + 4 * e);
-            else *(uint4 *)(dst + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
     /* FP8: the scales of the block's row blocks (at most two) and the range's column blocks, [row block][column
-     * block]; the lane's outputs (columns 2q, 2q+1 of each n8 tile) find theirs at Ss[sb[nt][hh] + column block]
-     * (an output past n reads row block 0: its sums are never written) */
+     * block], asked for before the wait (no kernel writes them; only shared memory is written); the lane's outputs
+     * (columns 2q, 2q+1 of each n8 tile) find theirs at Ss[sb[nt][hh] + column block] (an output past n reads row
+     * block 0: its sums are never written) */
     const int cbs = FMT == BCU_RW_FP4 ? 0 : a.bshift - 6; /* chunk -> column block: >> cbs */
     const int cb32 = (int)a.cb;
     int sb[WN][2] = {};
@@ -1002,6 +989,20 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
                 const int64_t o = ob + 8 * (wn * WN + nt) + 2 * q + hh;
                 sb[nt][hh] = (o < a.n ? (int)((ar0 + o) >> a.bshift) - rb0 : 0) * ncb - cb0;
             }
+    }
+    pdl_wait(); /* launched early (rd_launch_ex, pdl): x and y are the previous kernels' from here on */
+
+    /* x of the range: item it = (chunk i, token tau, 4 EPB columns j), fp32 into Xr, zero outside [c0, c0+K) */
+    const int ipc = 16 * tbv; /* items per chunk */
+    for (int it = tid; !XQ && it < nc * ipc; it += C::NT) {
+        const int i = it / ipc, tau = (it - i * ipc) >> 4, j = it & 15;
+        const int64_t xc = 64 * (a.cb + cs + i) * C::EPB - a.c0 + 4 * C::EPB * j;
+        unsigned char *dst = Xr + (size_t)it * 16 * C::EPB;
+#pragma unroll
+        for (int e = 0; e < C::EPB; e++) {
+            if (xc >= 0 && xc < a.K) rd_cp16(dst + 16 * e, ax + (t0 + tau) * a.ldx + xc + 4 * e);
+            else *(uint4 *)(dst + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     /* this lane's accumulator slots of Sx start at 0; the A fragments too (the rows of no token stay so) */
 #pragma unroll
@@ -1426,23 +1427,24 @@ __host__ __device__ __forceinline__ GvSmem gv_smem(int T, int64_t K, int nch, in
  * weight scales (GV_NRB x 4 bytes a column block: 11 KB at blocks of 64) and the slice sums (8 KB) stay under it */
 #define GV_SMAX (96 * 1024)
 
-/* four units u0 + s k (k < 4) of x, a float4 each from addr(u), zeros from nu on: the four loads in flight before
+/* four units u0 + s k (k < 4) of x, a float4 each from at(u), zeros from nu on: the four loads in flight before
  * any is used */
 template <typename F>
-__device__ __forceinline__ void gv_load4(float4 (&v)[4], int u0, int s, int nu, F addr)
+__device__ __forceinline__ void gv_load4(float4 (&v)[4], int u0, int s, int nu, F at)
 {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int u = u0 + s * k;
-        v[k] = u < nu ? rd_ldg_f4(addr(u)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[k] = u < nu ? at(u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
+
 
 /* PD chunks of weights in flight a lane, WT 16-row tiles a warp (a lane streams 2 WT rows: 32 WT PD bytes in
  * flight), MINB blocks an SM.  Grid (tile groups, groups); a block's warp w owns tiles [WT (rt b + w / nsl), +WT)
  * and slice w % nsl. */
 template <int PD, int WT, int MINB, bool MATH, bool PL>
-__global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int nsl, int ncb)
+__global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int nsl, int ncb, int nostage)
 {
     extern __shared__ __align__(16) unsigned char rd_smem[];
     pdl_trigger(); /* a row-dot after this one may start its weight loads */
@@ -1478,22 +1480,37 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         }
     }
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    /* the ring's first chunks are asked for before the wait (no kernel writes weights) */
+    /* the ring's first chunks are asked for before the wait (no kernel writes weights), and so are the weight scales
+     * of the block's row blocks and the chunks' column blocks (into shared memory: nothing global is written).  After
+     * x they were one more round trip, queued behind the ring's loads: wo_b at T = 1 16.9 -> 14.3 us (H200) */
     uint4 ring[PD][2 * WT];
 #pragma unroll
     for (int p = 0; p < PD; p++)
 #pragma unroll
         for (int i = 0; i < 2 * WT; i++)
             ring[p][i] = ok[i] && cs + p < ce ? rd_ldg16_stream(wr[i] + 64 * (cs + p)) : zero;
+    const int cbs = a.bshift - 6;
+    const int cb0 = (int)(a.cb >> cbs);
+    const int64_t rb0 = (ar0 + tile0 * 16) >> a.bshift;
+    {
+        const int64_t last = min(ar0 + (tile0 + (int64_t)rt * WT) * 16, ar0 + a.n) - 1;
+        const int nrb = (int)((last >> a.bshift) - rb0 + 1);
+        for (int i = tid; i < nrb * ncb; i += 256) {
+            const int ri = i / ncb;
+            Ws[i] = scale_at(a.scale, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
+        }
+    }
     pdl_wait(); /* x and y are the previous kernels' from here on */
+    auto xat = [&](int tau, int col) { return rd_ldg_f4(ax + tau * a.ldx + col); }; /* x's float4 (tau, col) */
 
     /* x as f16 codes and the scale of each (chunk, token); tokens >= T: scale 0 (and no codes: those lanes read
-     * Z).  Four units of x a lane are loaded before any is used. */
-    if (PL) { /* raw x: the three bf16 planes of each value (rd_split3), plane p of token tau in row 3 tau + p */
+     * Z).  Four units of x a lane are loaded before any is used.  (nostage: a timing probe without it, wrong sums) */
+    if (nostage) {
+    } else if (PL) { /* raw x: the three bf16 planes of each value (rd_split3), plane p of token tau in row 3 tau + p */
         const int n4 = (int)(a.K >> 2), nu = T * n4;
         for (int u0 = tid; u0 < nu; u0 += 1024) {
             float4 v[4];
-            gv_load4(v, u0, 256, nu, [&](int u) { return ax + (u / n4) * a.ldx + 4 * (u % n4); });
+            gv_load4(v, u0, 256, nu, [&](int u) { return xat(u / n4, 4 * (u % n4)); });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int u = u0 + 256 * k, tau = u / n4, i = u - tau * n4;
@@ -1513,18 +1530,15 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         const int nb = (int)(a.K >> 7), nu = T * nb;
         for (int u0 = w; u0 < nu; u0 += 32) {
             float4 v[4];
-            gv_load4(v, u0, 8, nu, [&](int u) { return ax + (u / nb) * a.ldx + 128 * (u % nb) + 4 * lane; });
+            gv_load4(v, u0, 8, nu, [&](int u) { return xat(u / nb, 128 * (u % nb) + 4 * lane); });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int u = u0 + 8 * k, tau = u / nb, b = u - tau * nb;
                 if (u >= nu) break; /* warp-uniform */
                 const float sc = aq_warp_scale_e4m3(v[k]), inv = aq_inv(sc); /* v / sc, exactly: aq_code_e4m3 */
-                auto code = [&](float f) { return __float2half_rn(gr_dec_e4m3(gr_enc_e4m3(__fmul_rn(f, inv)))); };
-                const __half2 h01 = __halves2half2(code(v[k].x), code(v[k].y));
-                const __half2 h23 = __halves2half2(code(v[k].z), code(v[k].w));
                 uint2 st;
-                st.x = *(const uint32_t *)&h01;
-                st.y = *(const uint32_t *)&h23;
+                st.x = aq_e4m3x2_h(__fmul_rn(v[k].x, inv), __fmul_rn(v[k].y, inv));
+                st.y = aq_e4m3x2_h(__fmul_rn(v[k].z, inv), __fmul_rn(v[k].w, inv));
                 *(uint2 *)(Xh + (size_t)tau * XLD + 128 * b + 4 * lane) = st;
                 if (lane == 0) Xs[(2 * b) * 8 + tau] = Xs[(2 * b + 1) * 8 + tau] = sc;
             }
@@ -1533,7 +1547,7 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         const int nu = T * a.nch, hl = lane & 15;
         for (int u0 = 2 * w; u0 < nu; u0 += 64) {
             float4 f[4];
-            gv_load4(f, u0 + (lane >> 4), 16, nu, [&](int u) { return ax + (u / a.nch) * a.ldx + 64 * (u % a.nch) + 4 * hl; });
+            gv_load4(f, u0 + (lane >> 4), 16, nu, [&](int u) { return xat(u / a.nch, 64 * (u % a.nch) + 4 * hl); });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 if (u0 + 16 * k >= nu) break; /* warp-uniform */
@@ -1560,21 +1574,9 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
             }
         }
     }
-    for (int i = tid; !PL && i < a.nch * (8 - T); i += 256) {
+    for (int i = tid; !PL && !nostage && i < a.nch * (8 - T); i += 256) {
         const int c = i / (8 - T);
         Xs[c * 8 + T + (i - c * (8 - T))] = 0.0f;
-    }
-    /* the weight scales of the block's row blocks and the chunks' column blocks */
-    const int cbs = a.bshift - 6;
-    const int cb0 = (int)(a.cb >> cbs);
-    const int64_t rb0 = (ar0 + tile0 * 16) >> a.bshift;
-    {
-        const int64_t last = min(ar0 + (tile0 + (int64_t)rt * WT) * 16, ar0 + a.n) - 1;
-        const int nrb = (int)((last >> a.bshift) - rb0 + 1);
-        for (int i = tid; i < nrb * ncb; i += 256) {
-            const int ri = i / ncb;
-            Ws[i] = scale_at(a.scale, a.sc_dtype, (size_t)(rb0 + ri) * (size_t)a.nsb + (size_t)(cb0 + i - ri * ncb));
-        }
     }
     if (tid < 2) Z[tid] = zero;
     __syncthreads();
@@ -1700,16 +1702,29 @@ static bool gv_can(const bcu_rowdot_args *p)
 }
 
 /* whether it runs: forced, or (tile 0) where the H200 measured it faster than the decode kernel (bench_cuda_linear's
- * act_quant table, 2026-12-01): long slices (16 chunks and more: wo_b, 4096 x 8192, T = 1 20.0 -> 16.9 us), and
- * T >= 5 on rows cut in at most two slices (wq_b, 32768 x 1024, T = 8 22.2 -> 18.1 us); the decode kernel stays
- * faster on the 2-8 MB weights and on wq_b at T <= 2 */
+ * act_quant table, 2026-12-01, seventeenth session, both kernels with their weight scales asked for before the PDL
+ * wait).  On codes or act_quant'd x: every shape at T = 1 (wq_b 12.7 -> 10.9 us, wo_b 19.8 -> 13.8, 1024 x 4096 6.7
+ * -> 5.9, 512 x 4096 5.4 -> 5.1); act_quant in the kernel (xq = 2) to T = 2 (the decode kernel's act_quant costs
+ * 1-3 us more than codes, this kernel's 0.1-0.4: 1024 x 4096 at T = 2 9.4 -> 7.7); long slices (16 chunks and more:
+ * wo_b, T = 2 22.4 -> 17.5); and 4096 rows and more to T = 8 (wq_b T = 8 22.0 -> 14.9, 4096 x 2048 12.8 -> 12.5).
+ * The decode kernel stays faster at T >= 2 on 512-2048 rows of 4096 columns (1024 x 4096, T = 5: 9.9 against 12.1).
+ * On bf16 planes (xq = 0): the grouped wo_a and long slices, as the sixteenth session measured (wo_a at T = 1
+ * 20.1 -> 14.8 us). */
 static bool gv_pick(const bcu_rowdot_args *p)
 {
     if (!gv_can(p)) return false;
     if (p->tile == BCU_ROWDOT_TILE_GEMV || gv_env() == 2) return true;
     const MmGeom gm = mm_geom(p);
     if (!p->xq) return p->groups > 1 || gm.cps >= 16;
-    return gm.cps >= 16 || (p->T >= 5 && gm.nsl <= 2);
+    return p->T == 1 || (p->xq == 2 && p->T <= 2) || gm.cps >= 16 || p->n >= 4096;
+}
+
+/* DEEPINFER_CUDA_GEMV_NOMATH=2: the probe without its maths also skips the x staging (read once) */
+static bool gv_nostage(void)
+{
+    static std::atomic<int> cache(-1);
+    static const char *const vals[] = {"2"};
+    return env_once(cache, "DEEPINFER_CUDA_GEMV_NOMATH", vals, 1) == 1;
 }
 
 /* The GEMV kernel's shape (both 256 bytes in flight a lane, two blocks an SM): one tile a warp and 8 chunks in
@@ -1726,7 +1741,7 @@ static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cud
     const int64_t ntl = (a.n + 15) >> 4, gx = (ntl + (int64_t)rt * WT - 1) / ((int64_t)rt * WT);
     if (gx > 0x7fffffff || a.groups > 65535) return cudaErrorInvalidConfiguration;
     return rd_launch_ex(rowgv_kernel<PD, WT, MINB, MATH, PL>, dim3((unsigned)gx, (unsigned)(a.groups > 1 ? a.groups : 1)),
-                        dim3(256), sm, 1, true, st, a, rt, nsl, ncb);
+                        dim3(256), sm, 1, true, st, a, rt, nsl, ncb, (int)(!MATH && gv_nostage()));
 }
 
 static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
@@ -1743,8 +1758,8 @@ static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
     const int64_t b1 = (ntl + rt - 1) / rt * ng; /* blocks of one tile a warp */
     const bool one = f ? f == 1 : b1 <= 2 * sms;
     static std::atomic<int> nomath(-1);
-    static const char *const on[] = {"1"};
-    const int nm = env_once(nomath, "DEEPINFER_CUDA_GEMV_NOMATH", on, 1); /* 1: the loads alone, wrong sums */
+    static const char *const on[] = {"1", "2"};
+    const int nm = env_once(nomath, "DEEPINFER_CUDA_GEMV_NOMATH", on, 2); /* 1: the loads alone, wrong sums; 2: no x staging either */
     if (pl) return one ? gv_launch_t<8, 1, 2, true, true>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, true>(a, nsl, ncb, sm, st);
     if (nm) return one ? gv_launch_t<8, 1, 2, false, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, false, false>(a, nsl, ncb, sm, st);
     return one ? gv_launch_t<8, 1, 2, true, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, false>(a, nsl, ncb, sm, st);
@@ -1772,6 +1787,75 @@ extern "C" cudaError_t bcu_read_probe(const void *buf, size_t bytes, uint32_t *s
     if (per_sm < 1 || per_sm > 8) return cudaErrorInvalidValue;
     read_probe_kernel<<<per_sm * bcu_sm_count(), 256, 0, st>>>((const uint4 *)buf, bytes / 16, sink);
     return cudaGetLastError();
+}
+
+/* The same probe in the GEMV kernel's pattern (bench_cuda_linear's "rows" figure): a matrix of rows x rowbytes read as
+ * units of 16 rows x 8 chunks of 64 bytes, lane (g, q) 16 bytes of rows g and g + 8 at 16 q of each chunk, all 16
+ * loads of a unit in flight, warps striding over the units; two blocks of 256 threads an SM */
+__global__ void __launch_bounds__(256) read_rows_kernel(const uint8_t *buf, int64_t rows, int64_t rowbytes, uint32_t *sink)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int64_t ncg = rowbytes / 512, nu = (rows / 16) * ncg; /* units: (tile, 8 chunks) */
+    const int64_t nw = (int64_t)gridDim.x * 8;
+    uint32_t acc = 0;
+    for (int64_t u = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); u < nu; u += nw) {
+        const int64_t t = u / ncg, cg = u - t * ncg;
+        const uint8_t *p = buf + (16 * t + g) * rowbytes + 512 * cg + 16 * q;
+        uint4 v[16];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            v[2 * k] = rd_ldg16_stream(p + 64 * k);
+            v[2 * k + 1] = rd_ldg16_stream(p + 8 * rowbytes + 64 * k);
+        }
+#pragma unroll
+        for (int k = 0; k < 16; k++) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    if (acc == 0x12345678u) sink[threadIdx.x] = acc;
+}
+
+extern "C" cudaError_t bcu_read_probe_rows(const void *buf, int64_t rows, int64_t rowbytes, uint32_t *sink, cudaStream_t st)
+{
+    if (rows % 16 || rowbytes % 512) return cudaErrorInvalidValue;
+    read_rows_kernel<<<2 * bcu_sm_count(), 256, 0, st>>>((const uint8_t *)buf, rows, rowbytes, sink);
+    return cudaGetLastError();
+}
+
+/* every float's e4m3 round trip, software (gr_enc_e4m3, gr_dec_e4m3, f16) against the conversion instructions
+ * (aq_e4m3x2_h): counts[0] the floats whose f16 bits differ, counts[1] of those where both are NaN */
+__global__ void e4m3_cvt_check_kernel(unsigned long long *counts)
+{
+    unsigned long long bad = 0, nan = 0;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 31); i += (uint64_t)gridDim.x * blockDim.x) {
+        const float f0 = __uint_as_float((uint32_t)(2 * i)), f1 = __uint_as_float((uint32_t)(2 * i + 1));
+        const uint32_t hw = aq_e4m3x2_h(f0, f1);
+        const uint32_t sw = (uint32_t)__half_as_ushort(__float2half_rn(gr_dec_e4m3(gr_enc_e4m3(f0)))) |
+                            (uint32_t)__half_as_ushort(__float2half_rn(gr_dec_e4m3(gr_enc_e4m3(f1)))) << 16;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a = (hw >> (16 * h)) & 0xffffu, b = (sw >> (16 * h)) & 0xffffu;
+            if (a != b) {
+                bad++;
+                nan += (a & 0x7fffu) > 0x7c00u && (b & 0x7fffu) > 0x7c00u;
+            }
+        }
+    }
+    atomicAdd(&counts[0], bad);
+    atomicAdd(&counts[1], nan);
+}
+
+extern "C" cudaError_t bcu_e4m3_cvt_check(unsigned long long counts[2])
+{
+    unsigned long long *d;
+    cudaError_t e = cudaMalloc(&d, 2 * sizeof *d);
+    if (e != cudaSuccess) return e;
+    e = cudaMemset(d, 0, 2 * sizeof *d);
+    if (e == cudaSuccess) {
+        e4m3_cvt_check_kernel<<<4 * bcu_sm_count(), 256>>>(d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpy(counts, d, 2 * sizeof *d, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return e;
 }
 
 static int mm_tile(const bcu_rowdot_args *p)
