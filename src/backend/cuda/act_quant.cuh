@@ -1,6 +1,7 @@
 /* act_quant.cuh - v4.c's FP8 act_quant on the device, bit for bit: the e4m3 codec of src/model/dtype.c and
- * pow2_ceil.  graph.cu's fq kernel and the decode row-dot's fused act_quant (kernels.cu, bcu_rowdot_args.xq = 2)
- * both use these, so the two quantise alike.  Internal to each file that includes it. */
+ * pow2_ceil.  graph.cu's fq kernel and the row-dots' fused act_quant (kernels.cu, bcu_rowdot_args.xq = 2) both use
+ * these, so the two quantise alike: the row-dots through the conversion instructions (aq_e4m3x2_h), which
+ * test_e4m3_cvt finds equal to the software codec on every float.  Internal to each file that includes it. */
 #ifndef DEEPINFER_CUDA_ACT_QUANT_CUH
 #define DEEPINFER_CUDA_ACT_QUANT_CUH
 
@@ -72,9 +73,6 @@ __device__ __forceinline__ float aq_warp_scale_e4m3(float4 v)
  * and x * aq_inv(sc) rounds the same real number as x / sc does; one multiply where IEEE division costs a dozen
  * instructions (for sc = inf or NaN the two agree as well) */
 __device__ __forceinline__ float aq_inv(float sc) { return __frcp_rn(sc); }
-
-/* round(x / sc) to e4m3, decoded: the code's value (|v| <= 448, or NaN) */
-__device__ __forceinline__ float aq_code_e4m3(float x, float sc) { return gr_dec_e4m3(gr_enc_e4m3(__fdiv_rn(x, sc))); }
 
 } /* namespace */
 

@@ -494,6 +494,16 @@ __global__ void __launch_bounds__(NT)
                           float *comb, const float *w, float eps, float *xq)
 {
     pdl_trigger(); /* the decode row-dot that reads coll may start its weight loads (it waits for coll) */
+    const int tid = threadIdx.x, n = a.n, D = a.D;
+    /* block (t, 0)'s weights (the norm's, hc's scale and base), asked for before the wait: no kernel writes them */
+    float wk[RMS_KEEP];
+    float s0 = 0.0f, bp = 0.0f;
+    if (a.head || blockIdx.y == 0) {
+#pragma unroll
+        for (int k = 0; k < RMS_KEEP; k++) wk[k] = tid + k * NT < D && w ? w[tid + k * NT] : 1.0f;
+        s0 = a.scale[0];
+        bp = tid < n ? a.base[tid] : 0.0f;
+    }
     pdl_wait();
     __shared__ float sp[NS * HC_S];
     __shared__ double sd[HC_S];
@@ -507,7 +517,6 @@ __global__ void __launch_bounds__(NT)
         hc_small<NS, NT>(a, t, pmix, pss, post, comb);
         return;
     }
-    const int tid = threadIdx.x, n = a.n, D = a.D;
     const int mix = a.head ? n : (2 + n) * n;
     const float *x = X + t * (size_t)n * D;
     float xv[RMS_KEEP][NS];
@@ -517,7 +526,6 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
         for (int i = 0; i < NS; i++) xv[k][i] = i < n && d < D ? x[(size_t)i * D + d] : 0.0f;
     }
-    const float s0 = a.scale[0], bp = tid < n ? a.base[tid] : 0.0f;
     hc_sums<(NS * HC_S + NT - 1) / NT, NT>(a, pmix, pss, t, mix, 0, n, sp, sd, pmx, &ssq);
     if (tid < n) pre[tid] = hc_pre_w(a, pmx[tid], ssq, s0, bp);
     __syncthreads();
@@ -535,7 +543,7 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
         const int d = tid + k * NT;
-        keep[k] = d < D ? (w ? w[d] : 1.0f) * (keep[k] * inv) : 0.0f;
+        keep[k] = d < D ? wk[k] * (keep[k] * inv) : 0.0f;
         if (d < D) y[d] = keep[k];
     }
     if (!xq) return;
@@ -641,11 +649,18 @@ __global__ void __launch_bounds__(NT) gr_norm_rope_kernel(float *x, int dim, con
                                                           const float *inv, const int64_t *pos, int per)
 {
     pdl_trigger(); /* the decode row-dot after it may start its weight loads */
+    const int tid = threadIdx.x, off = dim - rd;
+    float wk[RMS_KEEP], fk[RMS_KEEP]; /* the norm's weights and RoPE's frequencies, before the wait (constants) */
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const int i = tid + k * NT;
+        wk[k] = i < dim && w ? w[i] : 1.0f;
+        fk[k] = i >= off && i < dim ? inv[(i - off) >> 1] : 0.0f;
+    }
     pdl_wait();
     __shared__ double part[NT / 32];
     const size_t r = blockIdx.x;
     float *xr = x + r * (size_t)dim;
-    const int tid = threadIdx.x, off = dim - rd;
     float keep[RMS_KEEP];
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
@@ -657,12 +672,12 @@ __global__ void __launch_bounds__(NT) gr_norm_rope_kernel(float *x, int dim, con
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
         const int i = tid + k * NT;
-        const float y = i < dim ? (w ? w[i] : 1.0f) * (keep[k] * rinv) : 0.0f;
+        const float y = i < dim ? wk[k] * (keep[k] * rinv) : 0.0f;
         const float o = __shfl_xor_sync(0xffffffffu, y, 1); /* the pair's other channel */
         if (i >= dim) continue;
         float v = y;
         if (i >= off) {
-            const float ang = __fmul_rn(pf, inv[(i - off) >> 1]);
+            const float ang = __fmul_rn(pf, fk[k]);
             const float c = cosf(ang), sn = sinf(ang);
             v = (i - off) & 1 ? __fadd_rn(__fmul_rn(y, c), __fmul_rn(o, sn)) : __fsub_rn(__fmul_rn(y, c), __fmul_rn(o, sn));
         }

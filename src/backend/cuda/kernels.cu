@@ -1054,9 +1054,13 @@ __global__ void __launch_bounds__(DecCfg<FMT, WN, XQ>::NT, DecCfg<FMT, WN, XQ>::
             float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
             for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const float sc = aq_scale_e4m3(m);
+            const float sc = aq_scale_e4m3(m), inv = aq_inv(sc); /* v / sc, exactly */
 #pragma unroll
-            for (int e = 0; e < 4 * C::EPB; e++) s[e][0] = __half_as_ushort(__float2half_rn(aq_code_e4m3(v[e], sc)));
+            for (int e = 0; e < 4 * C::EPB; e += 2) { /* the conversion instructions (test_e4m3_cvt) */
+                const uint32_t h = aq_e4m3x2_h(__fmul_rn(v[e], inv), __fmul_rn(v[e + 1], inv));
+                s[e][0] = h & 0xffffu;
+                s[e + 1][0] = h >> 16;
+            }
             if (j == 0) Xs[16 * i + tau] = sc;
         } else if (XQ) {
             /* the 16 items of (chunk i, token tau) are 16 lanes of one half-warp (it = tid + 128 r, ipc % 16 = 0),
@@ -1535,7 +1539,7 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
             for (int k = 0; k < 4; k++) {
                 const int u = u0 + 8 * k, tau = u / nb, b = u - tau * nb;
                 if (u >= nu) break; /* warp-uniform */
-                const float sc = aq_warp_scale_e4m3(v[k]), inv = aq_inv(sc); /* v / sc, exactly: aq_code_e4m3 */
+                const float sc = aq_warp_scale_e4m3(v[k]), inv = aq_inv(sc); /* v / sc, exactly */
                 uint2 st;
                 st.x = aq_e4m3x2_h(__fmul_rn(v[k].x, inv), __fmul_rn(v[k].y, inv));
                 st.y = aq_e4m3x2_h(__fmul_rn(v[k].z, inv), __fmul_rn(v[k].w, inv));
@@ -2233,6 +2237,12 @@ template <int NT>
 __global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, size_t dim, const float *w, float eps)
 {
     pdl_trigger(); /* the decode row-dot that reads y may start its weight loads (it waits for y) */
+    float wk[RMS_KEEP]; /* the weights of the kept elements, asked for before the wait (no kernel writes them) */
+#pragma unroll
+    for (int k = 0; k < RMS_KEEP; k++) {
+        const size_t i = threadIdx.x + (size_t)k * NT;
+        wk[k] = i < dim && w ? w[i] : 1.0f;
+    }
     pdl_wait();
     __shared__ double part[NT / 32];
     const float *xr = x + blockIdx.x * dim;
@@ -2248,7 +2258,7 @@ __global__ void __launch_bounds__(NT) rmsnorm_kernel(float *y, const float *x, s
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
         const size_t i = threadIdx.x + (size_t)k * NT;
-        if (i < dim) yr[i] = (w ? w[i] : 1.0f) * (keep[k] * inv);
+        if (i < dim) yr[i] = wk[k] * (keep[k] * inv);
     }
     for (size_t i = threadIdx.x + (size_t)RMS_KEEP * NT; i < dim; i += NT) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * inv);
 }
