@@ -1259,9 +1259,12 @@ struct MgArgs {
 #define MG_U 16
 __global__ void at_merge_kernel(MgArgs a)
 {
+    const int h = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
+    const int t0 = a.D - a.rd;
+    /* the sink and the pair's RoPE frequency, asked for before the wait (constants: no kernel writes them) */
+    const float sink = a.sink[h], fr = 2 * i >= t0 ? a.inv_freq[(2 * i - t0) / 2] : 0.0f;
     pdl_enter();
     extern __shared__ float2 mg_ml[]; /* [S + MG_U]: the pairs, then MG_U of (-inf, 0) */
-    const int h = blockIdx.x, row = blockIdx.y, i = threadIdx.x;
     bcu_attn_seq s;
     if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
     const int64_t pos = s.p0 + (row - s.row0);
@@ -1270,7 +1273,6 @@ __global__ void at_merge_kernel(MgArgs a)
     /* the pad: nvcc merges the unrolled loops' guarded reads of neighbouring pairs into wider shared loads that
      * may reach past pair S - 1 (compute-sanitizer memcheck: invalid 12-byte __shared__ reads); they land here */
     for (int sp = i; sp < MG_U; sp += (int)blockDim.x) mg_ml[a.S + sp] = make_float2(-INFINITY, 0.0f);
-    const float sink = a.sink[h];
     __syncthreads();
     float M = sink;
     for (int sp = 0; sp < a.S; sp++) M = fmaxf(M, mg_ml[sp].x);
@@ -1298,10 +1300,8 @@ __global__ void at_merge_kernel(MgArgs a)
     }
     o0 /= L;
     o1 /= L;
-    const int t0 = a.D - a.rd;
     if (2 * i >= t0) { /* inverse RoPE: rotate the pair by -pos * theta */
-        const int k = (2 * i - t0) / 2;
-        const float ang = (float)pos * a.inv_freq[k];
+        const float ang = (float)pos * fr;
         const float c = cosf(ang), sn = -sinf(ang);
         const float x0 = o0, x1 = o1;
         o0 = x0 * c - x1 * sn;

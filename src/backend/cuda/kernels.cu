@@ -1708,10 +1708,10 @@ static bool gv_can(const bcu_rowdot_args *p)
 /* whether it runs: forced, or (tile 0) where the H200 measured it faster than the decode kernel (bench_cuda_linear's
  * act_quant table, 2026-12-01, seventeenth session, both kernels with their weight scales asked for before the PDL
  * wait).  On codes or act_quant'd x: every shape at T = 1 (wq_b 12.7 -> 10.9 us, wo_b 19.8 -> 13.8, 1024 x 4096 6.7
- * -> 5.9, 512 x 4096 5.4 -> 5.1); act_quant in the kernel (xq = 2) to T = 2 (the decode kernel's act_quant costs
- * 1-3 us more than codes, this kernel's 0.1-0.4: 1024 x 4096 at T = 2 9.4 -> 7.7); long slices (16 chunks and more:
- * wo_b, T = 2 22.4 -> 17.5); and 4096 rows and more to T = 8 (wq_b T = 8 22.0 -> 14.9, 4096 x 2048 12.8 -> 12.5).
- * The decode kernel stays faster at T >= 2 on 512-2048 rows of 4096 columns (1024 x 4096, T = 5: 9.9 against 12.1).
+ * -> 5.9, 512 x 4096 5.4 -> 5.1; with act_quant in the kernel, xq = 2, the same within 0.3 us: both kernels quantise
+ * with the conversion instructions); long slices (16 chunks and more: wo_b, T = 2 22.4 -> 17.5); and 4096 rows and
+ * more to T = 8 (wq_b T = 8 22.0 -> 14.9, 4096 x 2048 12.8 -> 12.5).  The decode kernel stays faster at T >= 2 on
+ * 512-2048 rows of 4096 columns (1024 x 4096, T = 2: 7.6 against 7.8; T = 5: 9.9 against 12.1).
  * On bf16 planes (xq = 0): the grouped wo_a and long slices, as the sixteenth session measured (wo_a at T = 1
  * 20.1 -> 14.8 us). */
 static bool gv_pick(const bcu_rowdot_args *p)
@@ -1720,7 +1720,7 @@ static bool gv_pick(const bcu_rowdot_args *p)
     if (p->tile == BCU_ROWDOT_TILE_GEMV || gv_env() == 2) return true;
     const MmGeom gm = mm_geom(p);
     if (!p->xq) return p->groups > 1 || gm.cps >= 16;
-    return p->T == 1 || (p->xq == 2 && p->T <= 2) || gm.cps >= 16 || p->n >= 4096;
+    return p->T == 1 || gm.cps >= 16 || p->n >= 4096;
 }
 
 /* DEEPINFER_CUDA_GEMV_NOMATH=2: the probe without its maths also skips the x staging (read once) */
