@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gpu_check.sh - the whole GPU check of the CUDA backend (issue 7) in one call.
 #
-#   tools/gpu_check.sh pack       here, on the build machine (no GPU needed):
+#   tools/gpu_check.sh pack       here, on the build machine (no GPU needed;
+#                                 PACK_KEEP / PACK_ADD trim or extend the
+#                                 binaries, see pack()):
 #                                 build test_cuda, bench_cuda_linear and deepinfer
 #                                 with the local nvcc (sm_90) into $BUILD_DIR
 #                                 (default /tmp/cub), and copy them, the Debian
@@ -65,8 +67,20 @@ pack() {
       echo "built $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release; echo "$PRETTY_NAME"), $(nvcc --version | tail -1)"; } > .carry/BUILD_INFO
     grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
     ls -l .carry/bin .carry/lib
+    # a short device call needs only a few binaries: PACK_KEEP="test_cuda bench_gpu_layers" keeps those (and the
+    # deepinfer CLI with its CUDA module, which makes the slice), PACK_ADD="bench_gpu_layers0=/tmp/old/bench_gpu_layers"
+    # adds other builds under a name (an A/B in one call); the kept ones are stripped
+    if [ -n "${PACK_KEEP:-}" ]; then
+        for f in .carry/bin/*; do
+            n=$(basename "$f")
+            [[ " $PACK_KEEP deepinfer libdeepinfer_cuda.so " == *" $n "* ]] || rm -f "$f"
+        done
+    fi
+    for a in ${PACK_ADD:-}; do cp "${a#*=}" ".carry/bin/${a%%=*}"; done
+    [ -n "${PACK_KEEP:-}${PACK_ADD:-}" ] && strip .carry/bin/* 2>/dev/null
     # the device tool carries at most 64 MiB with the tree; each binary holds the whole device code, which packs
-    # about 12:1 (xz: better than gzip), so the binaries travel as one archive that the device side unpacks
+    # about 12:1 (xz: better than gzip; similar builds of one binary pack into little more than one), so the
+    # binaries travel as one archive that the device side unpacks
     XZ_OPT=-6T0 tar cJf .carry/bin.txz -C .carry bin && rm -rf .carry/bin
     du -sh .carry
 }
