@@ -37,7 +37,8 @@ __device__ __forceinline__ uint32_t gr_enc_e4m3(float f)
 
 /* the f16 values of two e4m3 codes, gr_enc_e4m3 then gr_dec_e4m3 of lo and hi (low and high half), in two
  * instructions: the H200's conversions round to nearest even and saturate to +-448 (inf too), as gr_enc_e4m3 does
- * (bcu_e4m3_cvt_check compares them over every float: only NaNs' signs differ, both are NaN) */
+ * (bcu_e4m3_cvt_check compares them over every float: on the H200 none differs; the test would let a NaN come back
+ * with the other sign) */
 __device__ __forceinline__ uint32_t aq_e4m3x2_h(float lo, float hi)
 {
     uint16_t c;

@@ -1443,7 +1443,6 @@ __device__ __forceinline__ void gv_load4(float4 (&v)[4], int u0, int s, int nu, 
     }
 }
 
-
 /* PD chunks of weights in flight a lane, WT 16-row tiles a warp (a lane streams 2 WT rows: 32 WT PD bytes in
  * flight), MINB blocks an SM.  Grid (tile groups, groups); a block's warp w owns tiles [WT (rt b + w / nsl), +WT)
  * and slice w % nsl. */
@@ -1723,19 +1722,11 @@ static bool gv_pick(const bcu_rowdot_args *p)
     return p->T == 1 || gm.cps >= 16 || p->n >= 4096;
 }
 
-/* DEEPINFER_CUDA_GEMV_NOMATH=2: the probe without its maths also skips the x staging (read once) */
-static bool gv_nostage(void)
-{
-    static std::atomic<int> cache(-1);
-    static const char *const vals[] = {"2"};
-    return env_once(cache, "DEEPINFER_CUDA_GEMV_NOMATH", vals, 1) == 1;
-}
-
 /* The GEMV kernel's shape (both 256 bytes in flight a lane, two blocks an SM): one tile a warp and 8 chunks in
  * flight where that grid is at most one wave, else two tiles a warp and 4 chunks in flight (half the blocks).
  * DEEPINFER_CUDA_GEMV_SHAPE (read once) forces one: "8x1" or "4x2". */
 template <int PD, int WT, int MINB, bool MATH, bool PL>
-static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cudaStream_t st)
+static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cudaStream_t st, int nostage = 0)
 {
     static std::atomic<unsigned long long> attr_set(0);
     if (const cudaError_t e = rd_smem_attr_once(attr_set, rowgv_kernel<PD, WT, MINB, MATH, PL>, (size_t)GV_SMAX);
@@ -1745,7 +1736,7 @@ static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cud
     const int64_t ntl = (a.n + 15) >> 4, gx = (ntl + (int64_t)rt * WT - 1) / ((int64_t)rt * WT);
     if (gx > 0x7fffffff || a.groups > 65535) return cudaErrorInvalidConfiguration;
     return rd_launch_ex(rowgv_kernel<PD, WT, MINB, MATH, PL>, dim3((unsigned)gx, (unsigned)(a.groups > 1 ? a.groups : 1)),
-                        dim3(256), sm, 1, true, st, a, rt, nsl, ncb, (int)(!MATH && gv_nostage()));
+                        dim3(256), sm, 1, true, st, a, rt, nsl, ncb, nostage);
 }
 
 static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
@@ -1765,7 +1756,9 @@ static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
     static const char *const on[] = {"1", "2"};
     const int nm = env_once(nomath, "DEEPINFER_CUDA_GEMV_NOMATH", on, 2); /* 1: the loads alone, wrong sums; 2: no x staging either */
     if (pl) return one ? gv_launch_t<8, 1, 2, true, true>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, true>(a, nsl, ncb, sm, st);
-    if (nm) return one ? gv_launch_t<8, 1, 2, false, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, false, false>(a, nsl, ncb, sm, st);
+    if (nm) /* a probe: no maths (wrong sums); 2: no x staging either */
+        return one ? gv_launch_t<8, 1, 2, false, false>(a, nsl, ncb, sm, st, nm == 2)
+                   : gv_launch_t<4, 2, 2, false, false>(a, nsl, ncb, sm, st, nm == 2);
     return one ? gv_launch_t<8, 1, 2, true, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, false>(a, nsl, ncb, sm, st);
 }
 
