@@ -220,12 +220,14 @@ int main(void)
                     {BCU_MOE_TILED, BCU_MOE_BF16X3, 0}, {BCU_MOE_TILED, BCU_MOE_BF16, 0},
                     {BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 0}, {BCU_MOE_MMAROWS, BCU_MOE_BF16, 1},
                     {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 1}, {BCU_MOE_WGMMA, BCU_MOE_BF16, 1},
-                    {BCU_MOE_TILED, BCU_MOE_BF16, 1},    {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 1}};
+                    {BCU_MOE_TILED, BCU_MOE_BF16, 1},    {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 1},
+                    {BCU_MOE_WGGEMV, BCU_MOE_BF16X3, 1}};
         for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
             if (runs[ri].path == BCU_MOE_ROWS && T > 4096) continue; /* a 4-token pass per weight read: far too slow */
             if (runs[ri].path == BCU_MOE_MMAROWS && T > 4096) continue; /* 21 rows per weight read */
             if (runs[ri].path == BCU_MOE_WGMMA && (T > 4096 || !bcu_wg_available())) continue; /* 8 rows a read */
             if (runs[ri].path == BCU_MOE_WGTILES && !bcu_wg_available()) continue;
+            if (runs[ri].path == BCU_MOE_WGGEMV && (T > 64 || !bcu_wg_available())) continue; /* 2 rows a read */
             if (only_aq && !runs[ri].aq) continue;
             const bcu_moe_experts *exr = runs[ri].aq ? &exq : &ex;
             /* short calls: several per event pair; long ones: one, fewer repetitions */

@@ -907,6 +907,19 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
                        (long long)(T * D));
                 if (ndiff) fail_msg("%s: %lld outputs differ from the three-plane mma rows", what, (long long)ndiff);
             }
+            if (vs[v].path == BCU_MOE_WGGEMV) {
+                /* the GEMV sums as the f16 wgmma kernel does (block sums in fp32, scaled in block order): the
+                 * same bits wherever a block's sum is exact, which these inputs' are */
+                size_t u = 0;
+                while (u < v && !(vs[u].path == BCU_MOE_WGMMA && vs[u].math == BCU_MOE_BF16X3)) u++;
+                if (u == v) fail_msg("%s: the test lists no f16 wgmma variant before the GEMV", what);
+                const float *yw = ys + u * (size_t)(T * D);
+                int64_t ndiff = 0;
+                for (int64_t i = 0; i < T * D; i++) ndiff += memcmp(&y[i], &yw[i], sizeof *y) != 0;
+                printf("  [moe] %-44s vs the f16 wgmma kernel: %lld of %lld outputs differ\n", what, (long long)ndiff,
+                       (long long)(T * D));
+                if (ndiff) fail_msg("%s: %lld outputs differ from the f16 wgmma kernel", what, (long long)ndiff);
+            }
             /* stage 1: quantised, and the reference's quantisation up to midpoint flips (one step, where the
              * reference lies within 1e-4 of a midpoint).  wgmma on e4m3 codes (the fast maths) sums in the FP8
              * tensor core's ~13 bits relative to the largest term: a small gate or up value (one that cancels)
@@ -975,9 +988,11 @@ static void test_gpu_act_fp8_h(void **st)
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
                           /* the wgmma tiles: bf16 values with their scales, exact products, fp32 sums */
-                          {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0}};
-    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 3);
-    if (!bcu_wg_available()) printf("  [moe] act_fp8_h: the three wgmma variants NOT RUN (this device has no sm_90a)\n");
+                          {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          /* the GEMV (passes of two tokens: 150 rows an expert at T = 400 are 75 passes) */
+                          {BCU_MOE_WGGEMV, BCU_MOE_BF16X3, 5e-5, 0, 0}};
+    const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 4);
+    if (!bcu_wg_available()) printf("  [moe] act_fp8_h: the four sm_90a variants NOT RUN (this device has no sm_90a)\n");
     act_fp8_h_run(8, 512, 384, 3, Ts, 3, vs, nv); /* inter: three blocks of 128 */
 }
 
@@ -994,8 +1009,8 @@ static void test_gpu_wgtiles_scales(void **st)
     scale_range = 0;
 }
 
-/* The wgmma decode kernel with scale bytes of 0 among the usual ones (scale_range 2), beside the mma rows: the
- * chunks that hold one take the general ue8m0 path for the whole warp */
+/* The wgmma decode kernel and the GEMV with scale bytes of 0 among the usual ones (scale_range 2), beside the mma
+ * rows: the chunks that hold one take the general ue8m0 path for the whole warp */
 static void test_gpu_wgmma_scales(void **st)
 {
     (void)st;
@@ -1003,9 +1018,10 @@ static void test_gpu_wgmma_scales(void **st)
     const int64_t Ts[] = {1, 16};
     const variant vs[] = {{BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
-                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0}};
+                          {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
+                          {BCU_MOE_WGGEMV, BCU_MOE_BF16X3, 5e-5, 0, 0}};
     scale_range = 2;
-    act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, 3);
+    act_fp8_h_run(8, 512, 384, 3, Ts, 2, vs, 4);
     scale_range = 0;
 }
 
@@ -1025,7 +1041,8 @@ static void test_gpu_wgtiles_sizes(void **st)
     assert_int_equal(fp8_h_widths, 0xffu);
 }
 
-/* The wgmma path at V4-Flash sizes (dim 4096, inter 2048, top-6), beside the mma rows on the same inputs */
+/* The wgmma paths and the GEMV at V4-Flash sizes (dim 4096, inter 2048, top-6), beside the mma rows on the same
+ * inputs */
 static void test_gpu_wgmma_v4dims(void **st)
 {
     (void)st;
@@ -1034,8 +1051,9 @@ static void test_gpu_wgmma_v4dims(void **st)
     const variant vs[] = {{BCU_MOE_MMAROWS, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_WGMMA, BCU_MOE_BF16X3, 5e-5, 0, 0},
                           {BCU_MOE_WGMMA, BCU_MOE_BF16, 2e-3, 0, 0},
-                          {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0}};
-    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 4);
+                          {BCU_MOE_WGTILES, BCU_MOE_BF16X3, 5e-5, 0, 0},
+                          {BCU_MOE_WGGEMV, BCU_MOE_BF16X3, 5e-5, 0, 0}};
+    act_fp8_h_run(16, 4096, 2048, 6, Ts, 2, vs, 5);
 }
 
 /* ------------------------------------------------------------------ wgmma */

@@ -110,16 +110,6 @@ namespace {
 
 __device__ __forceinline__ uint4 rd_ldg16(const void *p) { return __ldg((const uint4 *)p); }
 __device__ __forceinline__ float4 rd_ldg_f4(const float *p) { return __ldg((const float4 *)p); }
-/* 16 bytes of a weight row that is read once: not kept in L1, and L2 fetches the 256-byte segment around it
- * (the lane asks for the next chunks of the same row right after) */
-__device__ __forceinline__ uint4 rd_ldg16_stream(const void *p)
-{
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 
 /* the thread-block cluster of a split launch (cluster dims (gridDim.x, 1, 1)) */
 __device__ __forceinline__ void rd_cluster_sync() { cooperative_groups::this_cluster().sync(); }

@@ -92,6 +92,17 @@ __device__ __forceinline__ uint32_t rd_hmul2(uint32_t a, uint32_t b)
 /* byte i of the result = byte (s >> 4i) & 7 of {b, a} (selector nibbles < 8) */
 __device__ __forceinline__ uint32_t rd_prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
 
+/* 16 bytes of a weight row that is read once: not kept in L1, and L2 fetches the 256-byte segment around it
+ * (the lane asks for the next chunks of the same row right after) */
+__device__ __forceinline__ uint4 rd_ldg16_stream(const void *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int k)
 {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;

@@ -1247,6 +1247,7 @@ extern "C" const char *bcu_moe_path_name(bcu_moe_path p)
     case BCU_MOE_MMAROWS: return "mma-rows";
     case BCU_MOE_WGMMA: return "wgmma";
     case BCU_MOE_WGTILES: return "wg-tiles";
+    case BCU_MOE_WGGEMV: return "wg-gemv";
     }
     return "?";
 }
@@ -1337,11 +1338,12 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     if (math != BCU_MOE_FP32 && math != BCU_MOE_BF16X3 && math != BCU_MOE_BF16) return cudaErrorInvalidValue;
     if (path == BCU_MOE_AUTO) path = bcu_moe_auto_path(T, topk, ex->n_experts, math, 0);
     if (path != BCU_MOE_ROWS && path != BCU_MOE_TILED && path != BCU_MOE_MMAROWS && path != BCU_MOE_WGMMA &&
-        path != BCU_MOE_WGTILES)
+        path != BCU_MOE_WGTILES && path != BCU_MOE_WGGEMV)
         return cudaErrorInvalidValue;
     if (path == BCU_MOE_MMAROWS && math == BCU_MOE_FP32) return cudaErrorInvalidValue; /* bf16 planes only */
     if (path == BCU_MOE_WGTILES && ex->dim % 256) return cudaErrorInvalidValue; /* 256 weight rows a block */
-    if ((path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES) &&
+    const int wg = path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES || path == BCU_MOE_WGGEMV;
+    if (wg &&
         (!ex->act_fp8_h || math == BCU_MOE_FP32 || ex->dim % 128 || ex->inter % 128 || !bcu_wg_available()))
         return cudaErrorInvalidValue;
 
@@ -1373,7 +1375,7 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
     a.xq = p.xq;
     a.hq = p.hq;
 
-    if (path == BCU_MOE_WGMMA || path == BCU_MOE_WGTILES) {
+    if (wg) {
         /* x and h as act_quant codes in the plane buffers (6 bytes per element there, at most 2 + 1/32 needed) */
         bcu_wg_args g;
         g.w1 = a.w1;
@@ -1400,17 +1402,23 @@ extern "C" cudaError_t bcu_moe_forward(const bcu_moe_experts *ex, float *y, cons
         g.h = p.h;
         g.yp = p.yp;
         const unsigned ny = (unsigned)p.n_slots;
-        g.f16 = math != BCU_MOE_BF16; /* bf16x3: exact products on f16; bf16 (fast): e4m3 */
+        /* bf16x3: exact products on f16; bf16 (fast): e4m3; the GEMV: f16 under either maths */
+        g.f16 = math != BCU_MOE_BF16 || path == BCU_MOE_WGGEMV;
         /* the tiles: bf16 values (exact products whichever maths), one block row per tile */
         const int tiles = path == BCU_MOE_WGTILES, mode = tiles ? 2 : g.f16;
         const unsigned nt = (unsigned)p.max_tiles;
         cudaError_t e = bcu_wg_code(x, T, a.D, mode, (uint8_t *)g.xc, tiles ? NULL : (float *)g.xs, NULL, st);
-        if (e == cudaSuccess) e = tiles ? bcu_wg_tiles(&g, 1, nt, st) : bcu_wg_stage(&g, 1, ny, st);
+        /* stage g on the tiles, the GEMV or the wgmma decode kernel */
+        auto stage = [&](int sg) {
+            return tiles ? bcu_wg_tiles(&g, sg, nt, st) : path == BCU_MOE_WGGEMV ? bcu_wg_gemv(&g, sg, ny, st)
+                                                                                  : bcu_wg_stage(&g, sg, ny, st);
+        };
+        if (e == cudaSuccess) e = stage(1);
         /* h coded for stage 2 (and, for the decode kernel, quantised in place as bcu_fq_fp8 leaves it; the tiles'
          * bf16 values are the quantised h themselves, so they skip that write of P x I floats) */
         if (e == cudaSuccess)
             e = bcu_wg_code(p.h, p.P, a.I, mode, (uint8_t *)g.hc, tiles ? NULL : (float *)g.hs, tiles ? NULL : p.h, st);
-        if (e == cudaSuccess) e = tiles ? bcu_wg_tiles(&g, 2, nt, st) : bcu_wg_stage(&g, 2, ny, st);
+        if (e == cudaSuccess) e = stage(2);
         if (e != cudaSuccess) return e;
     } else if (path == BCU_MOE_MMAROWS) {
         const int64_t Dp = (a.D + MR_CH - 1) / MR_CH * MR_CH, Ip = (a.I + MR_CH - 1) / MR_CH * MR_CH;

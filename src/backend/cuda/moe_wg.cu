@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_ops.cuh"
 #include "backend/cuda/moe_wg.h"
@@ -701,6 +702,170 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
 #endif
 }
 
+/* ---- the GEMV: decode batches of a token or two an expert (wv_kernel, bcu_wg_gemv).
+ *
+ * At batch 1 wg_kernel spends ~257 instructions a KB of weights (the ring and B in shared memory, the descriptors,
+ * eight tokens' columns for one) and reaches ~35% of the weights' bandwidth.  Here each warp streams one 16-row
+ * tile straight into registers, 16 bytes of rows g and g + 8 a lane and chunk, and a lane's 16 bytes are scale
+ * block q of the 128-column chunk, whole.  One m16n8k16 f16 mma takes four codes of each row from every lane of a
+ * quad, so one mma mixes the four blocks of a chunk; they are kept apart in the B operand's columns instead:
+ * column 4 tau + j holds token tau's codes of block j at the k positions of lane j and zeros at the others, so
+ * after a chunk's eight mmas column 4 tau + j holds block j's sum for token tau (the other products are exact
+ * zeros).  Only the lanes whose column's block is their own (g % 4 == q) read activations; the others read zeros.
+ * The chunk is then scaled as wg_kernel scales it, in the same order: the block sums times their weight scales in
+ * block order, then times the activation scale, into acc (lane q even holds blocks 0 and 1 of its rows and token,
+ * lane q + 1 blocks 2 and 3: one shuffle passes the partial sum on, and the odd lanes keep acc).  The products are
+ * exact (the codes as f16 high bytes, x as f16 values) and the tensor core sums them in fp32, so the outputs are
+ * wg_kernel's bits wherever a block's sum is exact in fp32 (test_cuda_moe compares the two).  Passes of WV_T
+ * tokens: an expert with more rows re-reads its weights, so the backend sends only batches of 1-2 tokens here. */
+#define WV_WARPS 4 /* 16-row tiles a block: 64 blocks an expert, as wg_kernel */
+#ifndef WV_PD
+#define WV_PD 8 /* chunks of weights in flight a lane */
+#endif
+#define WV_T 2  /* tokens a pass: two tokens of four blocks are the mma's eight columns */
+#ifndef WV_MINB
+#define WV_MINB 3 /* blocks an SM (168 registers; at 4 ptxas spills): a batch-1 grid is 2.9 blocks an SM */
+#endif
+
+/* shared memory: the pass's codes [WV_T][K] f16, the activation scales [chunk][WV_T], 64 zero bytes, each warp's
+ * weight scales [16 rows][K / 32] */
+__host__ __device__ __forceinline__ size_t wv_xs_bytes(int64_t K) { return ((size_t)(K / 128) * WV_T * 4 + 15) & ~(size_t)15; }
+static size_t wv_smem_bytes(int64_t K)
+{
+    return (size_t)WV_T * (size_t)K * 2 + wv_xs_bytes(K) + 64 + (size_t)WV_WARPS * 16 * (size_t)(K / 32);
+}
+
+/* grid: x = groups of WV_WARPS tiles (G = 1: 8 features a tile, W1's row as A row g, W3's as g + 8; G = 2: 16 rows
+ * of W2), y = active-expert slot; codes as bcu_wg_code mode 1 (f16 values in B order) */
+template <int G>
+__global__ void __launch_bounds__(32 * WV_WARPS, WV_MINB) wv_kernel(bcu_wg_args a)
+{
+    pdl_enter(); /* the expert, its rows and their codes are the routing's and the code kernel's */
+#if WG_ON
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int e = a.act[blockIdx.y];
+    if (e < 0) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int64_t K = G == 1 ? a.D : a.I;
+    const int nch = (int)(K / 128), ku = (int)(K / 8); /* chunks; 16-byte units of a token's codes */
+    const int64_t r0 = a.off[e], nrows = a.off[e + 1] - r0;
+    __half *X = (__half *)smem;
+    float *Xs = (float *)(smem + (size_t)WV_T * K * 2);
+    uint4 *Z = (uint4 *)((uint8_t *)Xs + wv_xs_bytes(K)); /* 16-byte aligned: K is a multiple of 128 */
+    const int nkb = 4 * nch;
+    uint8_t *Ws = (uint8_t *)(Z + 4) + (size_t)warp * 16 * nkb; /* the warp's rows' scale bytes: row g, then g + 8 */
+    const wg_rows wr = wg_rows_of<G>(a, e, K, 16 * WV_WARPS, warp, g);
+    const uint8_t *const wA = wr.wA + 16 * q, *const wB = wr.wB + 16 * q;
+    /* the weight scales of the warp's rows into shared memory once (cp.async: no registers held), 4 bytes a copy */
+    for (int i = q; i < nch; i += 4) {
+        cp4(smem_u32(Ws + g * nkb + 4 * i), wr.sA + 4 * i);
+        cp4(smem_u32(Ws + (g + 8) * nkb + 4 * i), wr.sB + 4 * i);
+    }
+    cp_commit();
+    const uint32_t *const sA = (const uint32_t *)(Ws + g * nkb), *const sB = (const uint32_t *)(Ws + (g + 8) * nkb);
+    const uint8_t *const csrc = G == 1 ? a.xc : a.hc;
+    const float *const ssrc = G == 1 ? a.xs : a.hs;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    if (tid < 4) Z[tid] = zero;
+    const int sh = 16 * (q & 1); /* the lane's two blocks of a chunk's scale word: 0, 1 (q even) or 2, 3 */
+
+    for (int64_t t0 = 0; t0 < nrows; t0 += WV_T) {
+        const int ntk = nrows - t0 < WV_T ? (int)(nrows - t0) : WV_T;
+        /* the pass's two activation rows, as the codes' addresses (a pass of one token: both the first) */
+        const int64_t ra0 = r0 + t0, ra1 = r0 + t0 + (ntk > 1);
+        const int64_t xr0 = G == 1 ? (int64_t)(a.sorted[ra0] / a.topk) : ra0;
+        const int64_t xr1 = G == 1 ? (int64_t)(a.sorted[ra1] / a.topk) : ra1;
+        const uint4 *const cx0 = (const uint4 *)(csrc + xr0 * K * 2), *const cx1 = (const uint4 *)(csrc + xr1 * K * 2);
+        if (t0) __syncthreads(); /* the previous pass has read X and Xs */
+        /* the codes' first loads, then the weights' ring, then the codes into shared memory (one round trip) */
+        const int nu = ntk * ku;
+        uint4 xv[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int u = tid + 32 * WV_WARPS * k;
+            xv[k] = u < nu ? __ldg(u < ku ? cx0 + u : cx1 + (u - ku)) : zero;
+        }
+        uint4 ra[WV_PD], rb[WV_PD];
+#pragma unroll
+        for (int p = 0; p < WV_PD; p++) {
+            const bool in = p < nch;
+            ra[p] = in ? rd_ldg16_stream(wA + 64 * p) : zero;
+            rb[p] = in ? rd_ldg16_stream(wB + 64 * p) : zero;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int u = tid + 32 * WV_WARPS * k;
+            if (u < nu) *(uint4 *)(X + 8 * (size_t)u) = xv[k];
+        }
+        for (int u = tid + 4 * 32 * WV_WARPS; u < nu; u += 32 * WV_WARPS) { /* K past 4096 (T = 1) or 2048 (T = 2) */
+            *(uint4 *)(X + 8 * (size_t)u) = __ldg(u < ku ? cx0 + u : cx1 + (u - ku));
+        }
+        for (int u = tid; u < nch * WV_T; u += 32 * WV_WARPS) {
+            const int c = u / WV_T, t = u - c * WV_T;
+            Xs[u] = t < ntk ? ssrc[(t ? xr1 : xr0) * nch + c] * 16384.0f : 0.0f; /* x 2^14: the weights' f16 placement */
+        }
+        cp_wait<0>(); /* the weight scales (the first pass's; later passes have none in flight) */
+        __syncthreads();
+
+        /* the lane's B column g: token g / 4, block g % 4, codes only where that block is the lane's own */
+        const bool bl = (g & 3) == q && (g >> 2) < ntk;
+        const __half *xp = bl ? X + (size_t)(g >> 2) * K + 32 * q : (const __half *)Z;
+        const int xst = bl ? 128 : 0;
+        const float *xsp = Xs + (q >> 1);
+        float acc0 = 0.0f, acc1 = 0.0f; /* rows g, g + 8 for token q / 2 (the odd lanes') */
+        for (int base = 0; base < nch; base += WV_PD) {
+#pragma unroll
+            for (int p = 0; p < WV_PD; p++) {
+                const int c = base + p;
+                if (c >= nch) break; /* warp-uniform */
+                const uint4 *xq = (const uint4 *)(xp + c * xst);
+                const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
+                const uint32_t xw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
+                                         x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+                float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < 4; i++) { /* word i: columns 8i .. 8i + 7 of the block; even, then odd ones */
+                    const uint32_t ua = word_of(ra[p], i), ub = word_of(rb[p], i);
+                    const uint32_t la = hb_lo(ua), lb = hb_lo(ub), ha = hb_hi(ua), hb = hb_hi(ub);
+                    const uint32_t A0[4] = {h2_01(la), h2_01(lb), h2_23(la), h2_23(lb)};
+                    const uint32_t A1[4] = {h2_01(ha), h2_01(hb), h2_23(ha), h2_23(hb)};
+                    rd_mma_h(P, A0, xw[i], xw[4 + i]);
+                    rd_mma_h(P, A1, xw[8 + i], xw[12 + i]);
+                }
+                if (c + WV_PD < nch) { /* the slot is free: chunk c + WV_PD into it */
+                    ra[p] = rd_ldg16_stream(wA + 64 * (c + WV_PD));
+                    rb[p] = rd_ldg16_stream(wB + 64 * (c + WV_PD));
+                }
+                const uint32_t swa = sA[c], swb = sB[c];
+                float fa0, fa1, fb0, fb1; /* the weight scales of the lane's two blocks (wg_kernel's branch) */
+                if (__all_sync(0xffffffffu, !(has_byte0(swa) | has_byte0(swb) | has_byte0(~swa) | has_byte0(~swb)))) {
+                    fa0 = __uint_as_float(((swa >> sh) & 255u) << 23);
+                    fa1 = __uint_as_float(((swa >> (sh + 8)) & 255u) << 23);
+                    fb0 = __uint_as_float(((swb >> sh) & 255u) << 23);
+                    fb1 = __uint_as_float(((swb >> (sh + 8)) & 255u) << 23);
+                } else {
+                    fa0 = ue8m0((swa >> sh) & 255u);
+                    fa1 = ue8m0((swa >> (sh + 8)) & 255u);
+                    fb0 = ue8m0((swb >> sh) & 255u);
+                    fb1 = ue8m0((swb >> (sh + 8)) & 255u);
+                }
+                /* blocks 0, 1 (even lanes), passed to the odd lane, which adds blocks 2, 3 and scales the chunk */
+                const float eA = fmaf(P[1], fa1, __fmul_rn(P[0], fa0)), eB = fmaf(P[3], fb1, __fmul_rn(P[2], fb0));
+                const float pA = __shfl_xor_sync(0xffffffffu, eA, 1), pB = __shfl_xor_sync(0xffffffffu, eB, 1);
+                const float xsc = xsp[c * WV_T];
+                acc0 = fmaf(fmaf(P[1], fa1, fmaf(P[0], fa0, pA)), xsc, acc0);
+                acc1 = fmaf(fmaf(P[3], fb1, fmaf(P[2], fb0, pB)), xsc, acc1);
+            }
+        }
+        const int t = q >> 1;
+        if ((q & 1) && t < ntk) {
+            const int64_t row = r0 + t0 + t;
+            wg_store<G>(a, row, wr, acc0, acc1, G == 1 && a.official ? a.w[a.sorted[row]] : 1.0f);
+        }
+    }
+#endif
+}
+
 template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, cudaStream_t st)
 {
     static int attr_done;
@@ -711,6 +876,21 @@ template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, c
     }
     const unsigned gx = (unsigned)(G == 1 ? a->I / (WT_ROWS / 2) : a->D / WT_ROWS);
     pdl_launch(wt_kernel<G>, dim3(gx, n_tiles), WT_THREADS, WT_SMEM, st, *a);
+    return cudaGetLastError();
+}
+
+template <int G> cudaError_t wv_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+{
+    static int attr_done;
+    if (!attr_done) {
+        cudaError_t r = cudaFuncSetAttribute(wv_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        if (r != cudaSuccess) return r;
+        attr_done = 1;
+    }
+    const size_t smem = wv_smem_bytes(G == 1 ? a->D : a->I);
+    if (smem > 227 * 1024) return cudaErrorInvalidValue;
+    const unsigned gx = (unsigned)(G == 1 ? a->I / (8 * WV_WARPS) : a->D / (16 * WV_WARPS));
+    pdl_launch(wv_kernel<G>, dim3(gx, n_slots), 32 * WV_WARPS, smem, st, *a);
     return cudaGetLastError();
 }
 
@@ -791,6 +971,13 @@ extern "C" cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slot
     if (!n_slots) return cudaSuccess;
     if (g == 1) return a->f16 ? wg_launch<1, 1>(a, n_slots, st) : wg_launch<1, 0>(a, n_slots, st);
     return a->f16 ? wg_launch<2, 1>(a, n_slots, st) : wg_launch<2, 0>(a, n_slots, st);
+}
+
+extern "C" cudaError_t bcu_wg_gemv(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st)
+{
+    if (!a || (g != 1 && g != 2) || a->D <= 0 || a->I <= 0 || a->D % 128 || a->I % 128) return cudaErrorInvalidValue;
+    if (!n_slots) return cudaSuccess;
+    return g == 1 ? wv_launch<1>(a, n_slots, st) : wv_launch<2>(a, n_slots, st);
 }
 
 extern "C" cudaError_t bcu_wg_tiles(const bcu_wg_args *a, int g, unsigned n_tiles, cudaStream_t st)
