@@ -741,7 +741,7 @@ struct AtArgs {
     float2 *ml; /* [slot = row * S + split][H]: running max, running sum */
     float *po;  /* [slot][H][D]: unnormalised output */
     int *flags;
-    /* at_mma_kernel with S = 1 finishes the rows itself (at_merge's sink, normalisation and inverse RoPE) */
+    /* with S = 1 the split kernels finish the rows themselves (at_merge's sink, normalisation and inverse RoPE) */
     const float *sink, *inv_freq;
     int rd;
     float *out;
@@ -859,8 +859,13 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
     const int h0 = jb.hg * AT_HB;
-    if (t_lo >= t_hi) { /* an empty split: the merge skips it */
-        if (tid < AT_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
+    if (t_lo >= t_hi) { /* an empty split: the merge skips it (one split a row: the row's output is 0, as merged) */
+        if (a.S == 1) {
+            for (int i = tid; i < AT_HB * D; i += AT_NT)
+                if (h0 + i / D < a.H) a.out[((size_t)row * a.H + h0) * D + i] = 0.0f;
+        } else if (tid < AT_HB && h0 + tid < a.H) {
+            a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
+        }
         return;
     }
 
@@ -999,6 +1004,42 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
         }
     }
 
+    if (a.S == 1) {
+        /* the whole row is here (prefill, large batches): at_merge's arithmetic for one split, then the inverse
+         * RoPE, straight to out, as at_mma_kernel does; no at_merge launch, and no partial output through memory */
+        const int64_t pos = s.p0 + (row - s.row0);
+        const int t0 = D - a.rd;
+#pragma unroll
+        for (int ii = 0; ii < 4; ii++) {
+            const int h = h0 + 4 * warp + ii;
+            if (h >= a.H) continue;
+            const float sink = a.sink[h], m = mrun[4 * warp + ii], M = fmaxf(sink, m);
+            float L = expf(sink - M), w = 0.0f;
+            if (m != -INFINITY) {
+                w = expf(m - M);
+                L += lrun[4 * warp + ii] * w;
+            }
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                const int c = 128 * g + 4 * lane;
+                float x[4] = {w * o[ii][g].x, w * o[ii][g].y, w * o[ii][g].z, w * o[ii][g].w};
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    x[e] /= L;
+                    x[e + 1] /= L;
+                    if (c + e >= t0) { /* inverse RoPE: rotate the pair by -pos * theta */
+                        const float ang = (float)pos * a.inv_freq[(c + e - t0) / 2];
+                        const float cs = cosf(ang), sn = -sinf(ang);
+                        const float y0 = x[e] * cs - x[e + 1] * sn, y1 = x[e + 1] * cs + x[e] * sn;
+                        x[e] = y0;
+                        x[e + 1] = y1;
+                    }
+                }
+                *(float4 *)&a.out[((size_t)row * a.H + h) * D + c] = make_float4(x[0], x[1], x[2], x[3]);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int ii = 0; ii < 4; ii++) {
         const int h = h0 + 4 * warp + ii;
@@ -1402,7 +1443,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     default: r = launch_split<4>(aa, b->ntok, st); break;
     }
     if (r != cudaSuccess) return r;
-    if (mma && aa.S == 1) return cudaSuccess; /* at_mma_kernel finished the rows */
+    if (aa.S == 1) return cudaSuccess; /* at_mma_kernel / at_split_kernel finished the rows */
 
     MgArgs ma;
     ma.seqs = b->seqs;
