@@ -756,13 +756,14 @@ static void test_gpu_v4dims(void **st)
  *     midpoint, where the device may round the other way (then exactly one step apart; at most 1 in 2000);
  *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
  *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
-/* The routing plan on the device, bcu_moe_route alone: one block below 4096 pairs, the four chunked launches from
- * there (prefill-sized batches), each against the plain stable sort (naive_plan, which shares no code with the
+/* The routing plan on the device, bcu_moe_route alone: one warp's plan up to 32 pairs, one block below 4096 pairs,
+ * the four chunked launches from there (prefill-sized batches), each against the plain stable sort (naive_plan, which shares no code with the
  * kernels) and against the host emulation */
 static void test_gpu_route(void **st)
 {
     (void)st;
-    const int64_t Ts[] = {2, 300, 682, 683, 5000, 20000}; /* top-6: 4092 and 4098 pairs around the switch */
+    /* top-6: 30 and 36 pairs around the one-warp plan's end (32), 4092 and 4098 around the chunked plan's start */
+    const int64_t Ts[] = {1, 2, 5, 6, 300, 682, 683, 5000, 20000};
     const int Es[] = {8, 256, 512};
     const int ks[] = {1, 6};
     int n = 0;
@@ -797,7 +798,7 @@ static void test_gpu_route(void **st)
                     CK(cudaMemcpy(g.buf, ws, g.p.route_bytes, cudaMemcpyDeviceToHost));
                     char what[128];
                     snprintf(what, sizeof what, "device routing T=%lld E=%d topk=%d %s (%s)", (long long)T, E, topk,
-                             kind_name[kind], P < 4096 ? "one block" : "chunked");
+                             kind_name[kind], P <= 32 ? "one warp" : P < 4096 ? "one block" : "chunked");
                     if (plan_differs(what, &g.p, &x.p, T, topk, E)) fail_msg("%s differs from a stable sort", what);
                     if (plan_differs(what, &g.p, &h.p, T, topk, E)) fail_msg("%s differs from the host plan", what);
                     CK(cudaFree(ws));
@@ -810,7 +811,7 @@ static void test_gpu_route(void **st)
                     free(w);
                     n++;
                 }
-    printf("  [moe] device routing == stable sort == host emulation on %d routings (one block and chunked)\n", n);
+    printf("  [moe] device routing == stable sort == host emulation on %d routings (one warp, one block, chunked)\n", n);
 }
 
 /* The wgmma tiles leave the quantised h only as stage 2's operand: bf16 values in the tiles' k order (moe_wg.h).

@@ -160,7 +160,7 @@ typedef struct {
                    (DEEPINFER_CUDA_MOE_WG, 1: f16 under bf16x3, e4m3 under bf16; 2: e4m3 under both; 0: the mma
                    rows) */
     size_t moe_gemv_T; /* of those, batches of at most this many tokens take the GEMV (bcu_wg_gemv;
-                          DEEPINFER_CUDA_MOE_GEMV, 2; 0: never) */
+                          DEEPINFER_CUDA_MOE_GEMV: 32 under bf16x3, 16 where the experts take e4m3; 0: never) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
     int x_fp8; /* during be_dev_ops.linear_x8: x is act_quant'd (e4m3 values times powers of two), exact in one
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
@@ -958,8 +958,10 @@ run:
     if (x8 && mm != BCU_MOE_FP32 && wg_ok(c, D, I)) {
         const int f16 = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2;
         if (T <= c->moe_gemv_T) {
-            /* a token or two: the GEMV (exact products under either maths; its passes of two tokens read an
-             * expert's weights once a pass) */
+            /* up to 32 tokens (16 in the bf16 maths): the GEMV, exact products under either maths.  Its passes of
+             * two tokens read an expert's weights once a pass, yet on the H200 (bench_gpu_moe, V4-Flash dims) it
+             * beat the f16 wgmma kernel up to T = 32 (657 against 790 us; tied at 64) and the e4m3 one up to 8
+             * (216 against 232; 657 against 640 at 32) */
             mp = BCU_MOE_WGGEMV;
             mm = BCU_MOE_BF16X3;
         } else if ((int64_t)T * topk <= (f16 ? 5 : 8) * (int64_t)E) {
@@ -2614,7 +2616,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
-    c->moe_gemv_T = env_size("DEEPINFER_CUDA_MOE_GEMV", 2);
+    c->moe_gemv_T = env_size("DEEPINFER_CUDA_MOE_GEMV", math == BCU_MATH_BF16 || c->moe_wg == 2 ? 16 : 32);
     c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;

@@ -2,7 +2,8 @@
  * fully on the device (moe.h has the API, docs/CUDA.md the measurements).
  *
  * One call is four steps on one stream, with no host round trip:
- *   1. route_kernel (one block): a stable counting sort of the T*topk
+ *   1. route_kernel (one block; route_small_kernel up to 32 pairs, the rm_
+ *      kernels from 4096): a stable counting sort of the T*topk
  *      (token, expert) pairs by expert.  16 warps each own a contiguous chunk
  *      of pairs; each counts its chunk per expert (__match_any_sync groups
  *      equal ids, the group's last lane adds the group size: no atomics), a
@@ -284,6 +285,66 @@ __global__ void __launch_bounds__(RT_THREADS) route_kernel(RouteArgs a)
 
     /* 4: per token, the rows of its pairs ascending */
     for (int64_t t = tid; t < a.T; t += RT_THREADS) comb_token(a.pos, a.w, a.topk, t, a.comb, a.combw);
+}
+
+/* The same plan for decode batches of at most 32 pairs (a token or five at top-6), without a barrier: each warp
+ * holds the pairs' ids one a lane and thread e counts, for its expert, the pairs before it (off), its own (cnt)
+ * and the distinct experts before it (its slot) by 32 shuffles; warp 0 places the pairs (a pair's row is the
+ * pairs of lower experts plus the earlier pairs of its own) and then each token's rows.  route_kernel's five
+ * barriers and three block scans took 5-8 us at batch 1 (ncu, H200), every layer on the MoE's critical path. */
+#define RS_MAX_P 32
+__global__ void __launch_bounds__(RT_THREADS) route_small_kernel(RouteArgs a)
+{
+    pdl_enter();
+    const int tid = threadIdx.x, lane = tid & 31, E = a.E, P = (int)a.P;
+    int id = -1;
+    if (lane < P) {
+        id = a.ids[lane];
+        if (id < 0 || id >= E) id = -1;
+    }
+    const unsigned m = __match_any_sync(0xffffffffu, id);
+    const bool first = id >= 0 && lane == __ffs(m) - 1; /* the lowest pair of its expert */
+    const int fid = first ? id : -1;
+    const int bad = __popc(__ballot_sync(0xffffffffu, lane < P && id < 0));
+    const int n_act = __popc(__ballot_sync(0xffffffffu, first));
+    int cnt = 0, off = 0, slot = 0, below = 0;
+    const int e = tid;
+    for (int j = 0; j < P; j++) {
+        const int v = __shfl_sync(0xffffffffu, id, j), vf = __shfl_sync(0xffffffffu, fid, j);
+        cnt += v == e;
+        off += v >= 0 && v < e;
+        slot += vf >= 0 && vf < e;
+        below += v >= 0 && v < id; /* warp 0: the pairs of lower experts than lane's pair */
+    }
+    if (e < E) {
+        a.cnt[e] = cnt;
+        a.off[e] = off;
+        if (e == E - 1) a.off[E] = off + cnt;
+        if (cnt > 0) { /* cnt <= 32: one tile */
+            a.act[slot] = e;
+            a.tile_e[slot] = e;
+            a.tile_r0[slot] = off;
+        }
+    }
+    for (int64_t sl = n_act + tid; sl < a.n_slots; sl += blockDim.x) a.act[sl] = -1;
+    for (int64_t sl = n_act + tid; sl < a.max_tiles; sl += blockDim.x) {
+        a.tile_e[sl] = -1;
+        a.tile_r0[sl] = 0;
+    }
+    if (tid == 0) {
+        a.hdr[0] = n_act;
+        a.hdr[1] = n_act;
+        a.hdr[2] = bad;
+    }
+    if (tid < 32) {
+        if (lane < P) {
+            const int r = id >= 0 ? below + __popc(m & ((1u << lane) - 1u)) : -1;
+            if (r >= 0) a.sorted[r] = lane;
+            a.pos[lane] = r;
+        }
+        __syncwarp(); /* pos is read back by other lanes (plain loads) */
+        if (lane < a.T) comb_token(a.pos, a.w, a.topk, lane, a.comb, a.combw);
+    }
 }
 
 /* The same plan from prefill-sized batches (route_kernel's one block took ~100 us at 24576 pairs) in four launches:
@@ -1277,8 +1338,8 @@ extern "C" bcu_moe_path bcu_moe_auto_path(int64_t T, int topk, int n_experts, bc
     return T * topk <= (int64_t)mmarows_max * n_experts ? BCU_MOE_MMAROWS : BCU_MOE_TILED;
 }
 
-/* the routing plan p of ids / w on the device: route_kernel below RM_MIN_P pairs, else the four rm_ kernels, whose
- * scratch is p's h (stage 1 writes it afterwards) */
+/* the routing plan p of ids / w on the device: route_small_kernel up to RS_MAX_P pairs, route_kernel below
+ * RM_MIN_P pairs, else the four rm_ kernels, whose scratch is p's h (stage 1 writes it afterwards) */
 static void route_launch(const bcu_moe_plan &p, const int32_t *ids, const float *w, int64_t T, int topk, int E,
                          cudaStream_t st)
 {
@@ -1301,6 +1362,10 @@ static void route_launch(const bcu_moe_plan &p, const int32_t *ids, const float 
     r.pos = p.pos;
     r.comb = p.comb;
     r.combw = p.combw;
+    if (p.P <= RS_MAX_P) {
+        pdl_launch(route_small_kernel, 1, RT_THREADS, 0, st, r);
+        return;
+    }
     if (p.P < RM_MIN_P) {
         pdl_launch(route_kernel, 1, RT_THREADS, (size_t)RT_WARPS * (size_t)E * sizeof(int), st, r);
         return;

@@ -142,8 +142,8 @@ typedef struct {
 int bcu_moe_plan_layout(void *base, int64_t T, int topk, int n_experts, int64_t dim, int64_t inter,
                         bcu_moe_plan *p);
 /* The routing plan alone, on the device (what bcu_moe_forward does first) into a workspace laid out as
- * bcu_moe_plan_layout(ws, ...): one block below 4096 pairs, four launches over chunks of 512 pairs above (for
- * the test: both must give bcu_moe_route_host's plan) */
+ * bcu_moe_plan_layout(ws, ...): one warp's plan up to 32 pairs, one block below 4096 pairs, four launches over
+ * chunks of 512 pairs above (for the test: each must give bcu_moe_route_host's plan) */
 cudaError_t bcu_moe_route(const int32_t *ids, const float *w, int64_t T, int topk, int n_experts, int64_t dim,
                           int64_t inter, void *ws, size_t ws_bytes, cudaStream_t st);
 /* The routing plan computed on the host by the same chunked algorithm as the

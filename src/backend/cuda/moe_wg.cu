@@ -718,27 +718,25 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
  * exact (the codes as f16 high bytes, x as f16 values) and the tensor core sums them in fp32, so the outputs are
  * wg_kernel's bits wherever a block's sum is exact in fp32 (test_cuda_moe compares the two).  Passes of WV_T
  * tokens: an expert with more rows re-reads its weights, so the backend sends only batches of 1-2 tokens here. */
-#define WV_WARPS 4 /* 16-row tiles a block: 64 blocks an expert, as wg_kernel */
-#ifndef WV_PD
-#define WV_PD 8 /* chunks of weights in flight a lane */
-#endif
+/* W 16-row tiles (warps) a block, 12 / W blocks an SM (168 registers; ptxas spills at 128); W = 2 (128 blocks an
+ * expert; on the H200 2-3% faster than 4 at T = 1..32, and 1 slower) unless DEEPINFER_CUDA_WV_WARPS says 4 */
+#define WV_WARPS 2
+#define WV_PD 6 /* chunks of weights in flight a lane (DEEPINFER_CUDA_WV_PD=8: eight); on the H200 six measured faster
+                  * (T = 1 45.2 -> 43.5 us, the slice's batch 16 3.58 -> 3.47 ms) */
 #define WV_T 2  /* tokens a pass: two tokens of four blocks are the mma's eight columns */
-#ifndef WV_MINB
-#define WV_MINB 3 /* blocks an SM (168 registers; at 4 ptxas spills): a batch-1 grid is 2.9 blocks an SM */
-#endif
 
 /* shared memory: the pass's codes [WV_T][K] f16, the activation scales [chunk][WV_T], 64 zero bytes, each warp's
  * weight scales [16 rows][K / 32] */
 __host__ __device__ __forceinline__ size_t wv_xs_bytes(int64_t K) { return ((size_t)(K / 128) * WV_T * 4 + 15) & ~(size_t)15; }
-static size_t wv_smem_bytes(int64_t K)
+static size_t wv_smem_bytes(int64_t K, int W)
 {
-    return (size_t)WV_T * (size_t)K * 2 + wv_xs_bytes(K) + 64 + (size_t)WV_WARPS * 16 * (size_t)(K / 32);
+    return (size_t)WV_T * (size_t)K * 2 + wv_xs_bytes(K) + 64 + (size_t)W * 16 * (size_t)(K / 32);
 }
 
-/* grid: x = groups of WV_WARPS tiles (G = 1: 8 features a tile, W1's row as A row g, W3's as g + 8; G = 2: 16 rows
+/* grid: x = groups of W tiles (G = 1: 8 features a tile, W1's row as A row g, W3's as g + 8; G = 2: 16 rows
  * of W2), y = active-expert slot; codes as bcu_wg_code mode 1 (f16 values in B order) */
-template <int G>
-__global__ void __launch_bounds__(32 * WV_WARPS, WV_MINB) wv_kernel(bcu_wg_args a)
+template <int G, int W, int PD>
+__global__ void __launch_bounds__(32 * W, 12 / W) wv_kernel(bcu_wg_args a)
 {
     pdl_enter(); /* the expert, its rows and their codes are the routing's and the code kernel's */
 #if WG_ON
@@ -754,7 +752,7 @@ __global__ void __launch_bounds__(32 * WV_WARPS, WV_MINB) wv_kernel(bcu_wg_args 
     uint4 *Z = (uint4 *)((uint8_t *)Xs + wv_xs_bytes(K)); /* 16-byte aligned: K is a multiple of 128 */
     const int nkb = 4 * nch;
     uint8_t *Ws = (uint8_t *)(Z + 4) + (size_t)warp * 16 * nkb; /* the warp's rows' scale bytes: row g, then g + 8 */
-    const wg_rows wr = wg_rows_of<G>(a, e, K, 16 * WV_WARPS, warp, g);
+    const wg_rows wr = wg_rows_of<G>(a, e, K, 16 * W, warp, g);
     const uint8_t *const wA = wr.wA + 16 * q, *const wB = wr.wB + 16 * q;
     /* the weight scales of the warp's rows into shared memory once (cp.async: no registers held), 4 bytes a copy */
     for (int i = q; i < nch; i += 4) {
@@ -768,6 +766,7 @@ __global__ void __launch_bounds__(32 * WV_WARPS, WV_MINB) wv_kernel(bcu_wg_args 
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     if (tid < 4) Z[tid] = zero;
     const int sh = 16 * (q & 1); /* the lane's two blocks of a chunk's scale word: 0, 1 (q even) or 2, 3 */
+    bool gen = false;            /* a special scale byte in the warp's rows (the first pass finds out) */
 
     for (int64_t t0 = 0; t0 < nrows; t0 += WV_T) {
         const int ntk = nrows - t0 < WV_T ? (int)(nrows - t0) : WV_T;
@@ -779,33 +778,42 @@ __global__ void __launch_bounds__(32 * WV_WARPS, WV_MINB) wv_kernel(bcu_wg_args 
         if (t0) __syncthreads(); /* the previous pass has read X and Xs */
         /* the codes' first loads, then the weights' ring, then the codes into shared memory (one round trip) */
         const int nu = ntk * ku;
-        uint4 xv[4];
+        uint4 xv[4 * 4 / W];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int u = tid + 32 * WV_WARPS * k;
+        for (int k = 0; k < 4 * 4 / W; k++) {
+            const int u = tid + 32 * W * k;
             xv[k] = u < nu ? __ldg(u < ku ? cx0 + u : cx1 + (u - ku)) : zero;
         }
-        uint4 ra[WV_PD], rb[WV_PD];
+        uint4 ra[PD], rb[PD];
 #pragma unroll
-        for (int p = 0; p < WV_PD; p++) {
+        for (int p = 0; p < PD; p++) {
             const bool in = p < nch;
             ra[p] = in ? rd_ldg16_stream(wA + 64 * p) : zero;
             rb[p] = in ? rd_ldg16_stream(wB + 64 * p) : zero;
         }
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int u = tid + 32 * WV_WARPS * k;
+        for (int k = 0; k < 4 * 4 / W; k++) {
+            const int u = tid + 32 * W * k;
             if (u < nu) *(uint4 *)(X + 8 * (size_t)u) = xv[k];
         }
-        for (int u = tid + 4 * 32 * WV_WARPS; u < nu; u += 32 * WV_WARPS) { /* K past 4096 (T = 1) or 2048 (T = 2) */
+        for (int u = tid + 16 * 32; u < nu; u += 32 * W) { /* K past 4096 (T = 1) or 2048 (T = 2) */
             *(uint4 *)(X + 8 * (size_t)u) = __ldg(u < ku ? cx0 + u : cx1 + (u - ku));
         }
-        for (int u = tid; u < nch * WV_T; u += 32 * WV_WARPS) {
+        for (int u = tid; u < nch * WV_T; u += 32 * W) {
             const int c = u / WV_T, t = u - c * WV_T;
             Xs[u] = t < ntk ? ssrc[(t ? xr1 : xr0) * nch + c] * 16384.0f : 0.0f; /* x 2^14: the weights' f16 placement */
         }
         cp_wait<0>(); /* the weight scales (the first pass's; later passes have none in flight) */
         __syncthreads();
+        /* dtype.c's special scale bytes 0 and 255 anywhere in the warp's rows: the general ue8m0 below for every
+         * chunk (asked once here; per chunk it was ~15 of the loop's instructions) */
+        if (!t0) {
+            for (int i = lane; i < 4 * nch; i += 32) {
+                const uint32_t va = ((const uint32_t *)Ws)[i];
+                gen |= (has_byte0(va) | has_byte0(~va)) != 0;
+            }
+            gen = __any_sync(0xffffffffu, gen);
+        }
 
         /* the lane's B column g: token g / 4, block g % 4, codes only where that block is the lane's own */
         const bool bl = (g & 3) == q && (g >> 2) < ntk;
@@ -813,32 +821,36 @@ __global__ void __launch_bounds__(32 * WV_WARPS, WV_MINB) wv_kernel(bcu_wg_args 
         const int xst = bl ? 128 : 0;
         const float *xsp = Xs + (q >> 1);
         float acc0 = 0.0f, acc1 = 0.0f; /* rows g, g + 8 for token q / 2 (the odd lanes') */
-        for (int base = 0; base < nch; base += WV_PD) {
+        for (int base = 0; base < nch; base += PD) {
 #pragma unroll
-            for (int p = 0; p < WV_PD; p++) {
+            for (int p = 0; p < PD; p++) {
                 const int c = base + p;
                 if (c >= nch) break; /* warp-uniform */
                 const uint4 *xq = (const uint4 *)(xp + c * xst);
                 const uint4 x0 = xq[0], x1 = xq[1], x2 = xq[2], x3 = xq[3];
                 const uint32_t xw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
                                          x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-                float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                /* two chains of four mmas (words 0, 1 and 2, 3), added at the end: the same exact sums, half the
+                 * dependent latency */
+                float P[4] = {0.0f, 0.0f, 0.0f, 0.0f}, Q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int i = 0; i < 4; i++) { /* word i: columns 8i .. 8i + 7 of the block; even, then odd ones */
                     const uint32_t ua = word_of(ra[p], i), ub = word_of(rb[p], i);
                     const uint32_t la = hb_lo(ua), lb = hb_lo(ub), ha = hb_hi(ua), hb = hb_hi(ub);
                     const uint32_t A0[4] = {h2_01(la), h2_01(lb), h2_23(la), h2_23(lb)};
                     const uint32_t A1[4] = {h2_01(ha), h2_01(hb), h2_23(ha), h2_23(hb)};
-                    rd_mma_h(P, A0, xw[i], xw[4 + i]);
-                    rd_mma_h(P, A1, xw[8 + i], xw[12 + i]);
+                    rd_mma_h(i < 2 ? P : Q, A0, xw[i], xw[4 + i]);
+                    rd_mma_h(i < 2 ? P : Q, A1, xw[8 + i], xw[12 + i]);
                 }
-                if (c + WV_PD < nch) { /* the slot is free: chunk c + WV_PD into it */
-                    ra[p] = rd_ldg16_stream(wA + 64 * (c + WV_PD));
-                    rb[p] = rd_ldg16_stream(wB + 64 * (c + WV_PD));
+#pragma unroll
+                for (int k = 0; k < 4; k++) P[k] += Q[k];
+                if (c + PD < nch) { /* the slot is free: chunk c + PD into it */
+                    ra[p] = rd_ldg16_stream(wA + 64 * (c + PD));
+                    rb[p] = rd_ldg16_stream(wB + 64 * (c + PD));
                 }
                 const uint32_t swa = sA[c], swb = sB[c];
-                float fa0, fa1, fb0, fb1; /* the weight scales of the lane's two blocks (wg_kernel's branch) */
-                if (__all_sync(0xffffffffu, !(has_byte0(swa) | has_byte0(swb) | has_byte0(~swa) | has_byte0(~swb)))) {
+                float fa0, fa1, fb0, fb1; /* the weight scales of the lane's two blocks: 2^(b - 127) */
+                if (!gen) {
                     fa0 = __uint_as_float(((swa >> sh) & 255u) << 23);
                     fa1 = __uint_as_float(((swa >> (sh + 8)) & 255u) << 23);
                     fb0 = __uint_as_float(((swb >> sh) & 255u) << 23);
@@ -879,19 +891,40 @@ template <int G> cudaError_t wt_launch(const bcu_wg_args *a, unsigned n_tiles, c
     return cudaGetLastError();
 }
 
-template <int G> cudaError_t wv_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+template <int G, int W, int PD> cudaError_t wv_launch_w(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
 {
     static int attr_done;
     if (!attr_done) {
-        cudaError_t r = cudaFuncSetAttribute(wv_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+        cudaError_t r =
+            cudaFuncSetAttribute(wv_kernel<G, W, PD>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
         if (r != cudaSuccess) return r;
         attr_done = 1;
     }
-    const size_t smem = wv_smem_bytes(G == 1 ? a->D : a->I);
+    const size_t smem = wv_smem_bytes(G == 1 ? a->D : a->I, W);
     if (smem > 227 * 1024) return cudaErrorInvalidValue;
-    const unsigned gx = (unsigned)(G == 1 ? a->I / (8 * WV_WARPS) : a->D / (16 * WV_WARPS));
-    pdl_launch(wv_kernel<G>, dim3(gx, n_slots), 32 * WV_WARPS, smem, st, *a);
+    const unsigned gx = (unsigned)(G == 1 ? a->I / (8 * W) : a->D / (16 * W));
+    pdl_launch(wv_kernel<G, W, PD>, dim3(gx, n_slots), 32 * W, smem, st, *a);
     return cudaGetLastError();
+}
+
+/* an environment variable's first character, read once into cache (0: unset) */
+static int env_char_once(std::atomic<int> &cache, const char *name)
+{
+    int v = cache.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv(name);
+        v = e ? (unsigned char)*e : 0;
+        cache.store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+
+template <int G> cudaError_t wv_launch(const bcu_wg_args *a, unsigned n_slots, cudaStream_t st)
+{
+    static std::atomic<int> warps(-1), depth(-1);
+    if (env_char_once(warps, "DEEPINFER_CUDA_WV_WARPS") == '4') return wv_launch_w<G, 4, WV_PD>(a, n_slots, st);
+    if (env_char_once(depth, "DEEPINFER_CUDA_WV_PD") == '8') return wv_launch_w<G, WV_WARPS, 8>(a, n_slots, st);
+    return wv_launch_w<G, WV_WARPS, WV_PD>(a, n_slots, st);
 }
 
 size_t wg_smem_bytes(int64_t K, int f16, int stages)
