@@ -736,7 +736,7 @@ static size_t wv_smem_bytes(int64_t K, int W)
 /* grid: x = groups of W tiles (G = 1: 8 features a tile, W1's row as A row g, W3's as g + 8; G = 2: 16 rows
  * of W2), y = active-expert slot; codes as bcu_wg_code mode 1 (f16 values in B order) */
 template <int G, int W, int PD>
-__global__ void __launch_bounds__(32 * W, 12 / W) wv_kernel(bcu_wg_args a)
+__global__ void __launch_bounds__(32 * W, (PD > 4 ? 12 : 16) / W) wv_kernel(bcu_wg_args a)
 {
     pdl_enter(); /* the expert, its rows and their codes are the routing's and the code kernel's */
 #if WG_ON
@@ -923,7 +923,9 @@ template <int G> cudaError_t wv_launch(const bcu_wg_args *a, unsigned n_slots, c
 {
     static std::atomic<int> warps(-1), depth(-1);
     if (env_char_once(warps, "DEEPINFER_CUDA_WV_WARPS") == '4') return wv_launch_w<G, 4, WV_PD>(a, n_slots, st);
-    if (env_char_once(depth, "DEEPINFER_CUDA_WV_PD") == '8') return wv_launch_w<G, WV_WARPS, 8>(a, n_slots, st);
+    const int pd = env_char_once(depth, "DEEPINFER_CUDA_WV_PD");
+    if (pd == '8') return wv_launch_w<G, WV_WARPS, 8>(a, n_slots, st);
+    if (pd == '4') return wv_launch_w<G, WV_WARPS, 4>(a, n_slots, st); /* 128 registers, 16 warps an SM */
     return wv_launch_w<G, WV_WARPS, WV_PD>(a, n_slots, st);
 }
 
