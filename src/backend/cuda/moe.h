@@ -81,7 +81,7 @@ typedef enum {
                             weights decoded to bf16 with their scales, x and h as bf16 values of their codes; exact
                             products, fp32 sums, either tensor-core maths; the same conditions as BCU_MOE_WGMMA, and
                             dim a multiple of 256 */
-    BCU_MOE_WGGEMV = 6,  /* a GEMV on mma.sync for decode batches of a token or two an expert (moe_wg.h's
+    BCU_MOE_WGGEMV = 6,  /* a GEMV on mma.sync for decode batches of a row or two an expert (moe_wg.h's
                             bcu_wg_gemv): the FP4 codes as f16, x and h as act_quant codes, exact products and
                             fp32 sums under either maths (BCU_MOE_WGMMA's f16 order of sums); the same conditions
                             as BCU_MOE_WGMMA.  An expert's rows go in passes of two, each reading its weights */

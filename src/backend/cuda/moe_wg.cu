@@ -702,32 +702,39 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
 #endif
 }
 
-/* ---- the GEMV: decode batches of a token or two an expert (wv_kernel, bcu_wg_gemv).
+/* ---- the GEMV: decode batches of up to 32 tokens (wv_kernel, bcu_wg_gemv).
  *
  * At batch 1 wg_kernel spends ~257 instructions a KB of weights (the ring and B in shared memory, the descriptors,
- * eight tokens' columns for one) and reaches ~35% of the weights' bandwidth.  Here each warp streams one 16-row
- * tile straight into registers, 16 bytes of rows g and g + 8 a lane and chunk, and a lane's 16 bytes are scale
- * block q of the 128-column chunk, whole.  One m16n8k16 f16 mma takes four codes of each row from every lane of a
- * quad, so one mma mixes the four blocks of a chunk; they are kept apart in the B operand's columns instead:
- * column 4 tau + j holds token tau's codes of block j at the k positions of lane j and zeros at the others, so
- * after a chunk's eight mmas column 4 tau + j holds block j's sum for token tau (the other products are exact
- * zeros).  Only the lanes whose column's block is their own (g % 4 == q) read activations; the others read zeros.
- * The chunk is then scaled as wg_kernel scales it, in the same order: the block sums times their weight scales in
- * block order, then times the activation scale, into acc (lane q even holds blocks 0 and 1 of its rows and token,
- * lane q + 1 blocks 2 and 3: one shuffle passes the partial sum on, and the odd lanes keep acc).  The products are
- * exact (the codes as f16 high bytes, x as f16 values) and the tensor core sums them in fp32, so the outputs are
- * wg_kernel's bits wherever a block's sum is exact in fp32 (test_cuda_moe compares the two).  Passes of WV_T
- * tokens: an expert with more rows re-reads its weights, so the backend sends only batches of 1-2 tokens here. */
+ * eight tokens' columns for one) and reaches ~31% of the weights' bandwidth (with routing and combine).  Here each
+ * warp streams one 16-row tile straight into registers, 16 bytes of rows g and g + 8 a lane and chunk, and a
+ * lane's 16 bytes are scale block q of the 128-column chunk, whole.  One m16n8k16 f16 mma takes four codes of each
+ * row from every lane of a quad, so one mma mixes the four blocks of a chunk; they are kept apart in the B
+ * operand's columns instead: column 4 tau + j holds token tau's codes of block j at the k positions of lane j and
+ * zeros at the others, so after a chunk's eight mmas column 4 tau + j holds block j's sum for token tau (the other
+ * products are exact zeros).  Only the lanes whose column's block is their own (g % 4 == q) read activations; the
+ * others read zeros.  The chunk is then scaled as wg_kernel scales it, in the same order: the block sums times
+ * their weight scales in block order, then times the activation scale, into acc (lane q even holds blocks 0 and 1
+ * of its rows and token, lane q + 1 blocks 2 and 3: one shuffle passes the partial sum on, and the odd lanes keep
+ * acc).  The products are exact (the codes as f16 high bytes, x as f16 values) and the tensor core sums them in
+ * fp32, so the outputs are wg_kernel's bits wherever a block's sum is exact in fp32 (test_cuda_moe compares the
+ * two: no bit differs).  Passes of WV_T tokens: an expert with more rows re-reads its weights, yet up to 32 tokens
+ * (~1.4 rows an expert at top-6 of 256) the GEMV beat wg_kernel on the H200, so the backend sends it batches of up
+ * to 32 tokens (cuda.cu).  The loop spends ~192 SASS instructions a chunk (1 KB of weights: the decode ~120, 8
+ * mmas, the scaling ~25; H200). */
 /* W 16-row tiles (warps) a block, 12 / W blocks an SM (168 registers; ptxas spills at 128); W = 2 (128 blocks an
- * expert; on the H200 2-3% faster than 4 at T = 1..32, and 1 slower) unless DEEPINFER_CUDA_WV_WARPS says 4 */
+ * expert; on the H200 2-3% faster than 4 at T = 1..32, and one warp slower) unless DEEPINFER_CUDA_WV_WARPS says 4 */
 #define WV_WARPS 2
 #define WV_PD 6 /* chunks of weights in flight a lane (DEEPINFER_CUDA_WV_PD=8: eight); on the H200 six measured faster
-                  * (T = 1 45.2 -> 43.5 us, the slice's batch 16 3.58 -> 3.47 ms) */
+                  * than eight (T = 1 45.2 -> 43.5 us, the slice's batch 16 3.58 -> 3.47 ms) and than four at 128
+                  * registers and 16 warps an SM (which spilled: T = 1 46.1 us, batch 1 1.09-1.14 ms against 1.06) */
 #define WV_T 2  /* tokens a pass: two tokens of four blocks are the mma's eight columns */
 
 /* shared memory: the pass's codes [WV_T][K] f16, the activation scales [chunk][WV_T], 64 zero bytes, each warp's
  * weight scales [16 rows][K / 32] */
-__host__ __device__ __forceinline__ size_t wv_xs_bytes(int64_t K) { return ((size_t)(K / 128) * WV_T * 4 + 15) & ~(size_t)15; }
+__host__ __device__ __forceinline__ size_t wv_xs_bytes(int64_t K)
+{
+    return ((size_t)(K / 128) * WV_T * 4 + 15) & ~(size_t)15;
+}
 static size_t wv_smem_bytes(int64_t K, int W)
 {
     return (size_t)WV_T * (size_t)K * 2 + wv_xs_bytes(K) + 64 + (size_t)W * 16 * (size_t)(K / 32);
@@ -736,7 +743,7 @@ static size_t wv_smem_bytes(int64_t K, int W)
 /* grid: x = groups of W tiles (G = 1: 8 features a tile, W1's row as A row g, W3's as g + 8; G = 2: 16 rows
  * of W2), y = active-expert slot; codes as bcu_wg_code mode 1 (f16 values in B order) */
 template <int G, int W, int PD>
-__global__ void __launch_bounds__(32 * W, (PD > 4 ? 12 : 16) / W) wv_kernel(bcu_wg_args a)
+__global__ void __launch_bounds__(32 * W, 12 / W) wv_kernel(bcu_wg_args a)
 {
     pdl_enter(); /* the expert, its rows and their codes are the routing's and the code kernel's */
 #if WG_ON
@@ -801,7 +808,8 @@ __global__ void __launch_bounds__(32 * W, (PD > 4 ? 12 : 16) / W) wv_kernel(bcu_
         }
         for (int u = tid; u < nch * WV_T; u += 32 * W) {
             const int c = u / WV_T, t = u - c * WV_T;
-            Xs[u] = t < ntk ? ssrc[(t ? xr1 : xr0) * nch + c] * 16384.0f : 0.0f; /* x 2^14: the weights' f16 placement */
+            /* times 2^14: the weights' f16 placement */
+            Xs[u] = t < ntk ? ssrc[(t ? xr1 : xr0) * nch + c] * 16384.0f : 0.0f;
         }
         cp_wait<0>(); /* the weight scales (the first pass's; later passes have none in flight) */
         __syncthreads();
@@ -923,9 +931,7 @@ template <int G> cudaError_t wv_launch(const bcu_wg_args *a, unsigned n_slots, c
 {
     static std::atomic<int> warps(-1), depth(-1);
     if (env_char_once(warps, "DEEPINFER_CUDA_WV_WARPS") == '4') return wv_launch_w<G, 4, WV_PD>(a, n_slots, st);
-    const int pd = env_char_once(depth, "DEEPINFER_CUDA_WV_PD");
-    if (pd == '8') return wv_launch_w<G, WV_WARPS, 8>(a, n_slots, st);
-    if (pd == '4') return wv_launch_w<G, WV_WARPS, 4>(a, n_slots, st); /* 128 registers, 16 warps an SM */
+    if (env_char_once(depth, "DEEPINFER_CUDA_WV_PD") == '8') return wv_launch_w<G, WV_WARPS, 8>(a, n_slots, st);
     return wv_launch_w<G, WV_WARPS, WV_PD>(a, n_slots, st);
 }
 

@@ -55,10 +55,10 @@ cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mode, uint8_t 
  * multiples of 128. */
 cudaError_t bcu_wg_stage(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st);
 
-/* Stage g as bcu_wg_stage, for decode batches of a token or two an expert: a GEMV on mma.sync (16 weight rows a
- * warp, straight into registers; an expert's rows in passes of two, each pass reading its weights again).  Codes
- * as mode 1 (f16 values), whatever a->f16 says; the same order of sums as the f16 wgmma kernel.  D and I
- * multiples of 128. */
+/* Stage g as bcu_wg_stage, for decode batches of a row or two an expert (the backend: up to 32 tokens): a GEMV on
+ * mma.sync (16 weight rows a warp, straight into registers; an expert's rows in passes of two, each pass reading
+ * its weights again).  Codes as mode 1 (f16 values), whatever a->f16 says; the same order of sums as the f16 wgmma
+ * kernel.  D and I multiples of 128. */
 cudaError_t bcu_wg_gemv(const bcu_wg_args *a, int g, unsigned n_slots, cudaStream_t st);
 
 /* Stage g as bcu_wg_stage, for prefill-sized batches: over the routing plan's n_tiles tiles (up to 128 rows of one
