@@ -182,6 +182,22 @@ __device__ void scatter_chunk(const RouteArgs &a, int64_t c0, int64_t c1, int *h
     }
 }
 
+/* the plan's unused slots and tiles (-1) past n_act and n_tiles, and hdr; every thread of the block calls it */
+__device__ void plan_tail(const RouteArgs &a, int n_act, int n_tiles, int bad)
+{
+    const int tid = threadIdx.x;
+    for (int64_t s = n_act + tid; s < a.n_slots; s += blockDim.x) a.act[s] = -1;
+    for (int64_t s = n_tiles + tid; s < a.max_tiles; s += blockDim.x) {
+        a.tile_e[s] = -1;
+        a.tile_r0[s] = 0;
+    }
+    if (tid == 0) {
+        a.hdr[0] = n_act;
+        a.hdr[1] = n_tiles;
+        a.hdr[2] = bad;
+    }
+}
+
 /* thread e < E of the block holds cnt, the pairs of expert e: writes cnt, off, act, the tiles and hdr; returns
  * off[e].  Every thread of the block calls it. */
 __device__ int plan_experts(const RouteArgs &a, int cnt, int bad, int *buf)
@@ -205,16 +221,7 @@ __device__ int plan_experts(const RouteArgs &a, int cnt, int bad, int *buf)
             }
         }
     }
-    for (int64_t s = n_act + tid; s < a.n_slots; s += blockDim.x) a.act[s] = -1;
-    for (int64_t s = n_tiles + tid; s < a.max_tiles; s += blockDim.x) {
-        a.tile_e[s] = -1;
-        a.tile_r0[s] = 0;
-    }
-    if (tid == 0) {
-        a.hdr[0] = n_act;
-        a.hdr[1] = n_tiles;
-        a.hdr[2] = bad;
-    }
+    plan_tail(a, n_act, n_tiles, bad);
     (void)total;
     return off;
 }
@@ -326,16 +333,7 @@ __global__ void __launch_bounds__(RT_THREADS) route_small_kernel(RouteArgs a)
             a.tile_r0[slot] = off;
         }
     }
-    for (int64_t sl = n_act + tid; sl < a.n_slots; sl += blockDim.x) a.act[sl] = -1;
-    for (int64_t sl = n_act + tid; sl < a.max_tiles; sl += blockDim.x) {
-        a.tile_e[sl] = -1;
-        a.tile_r0[sl] = 0;
-    }
-    if (tid == 0) {
-        a.hdr[0] = n_act;
-        a.hdr[1] = n_act;
-        a.hdr[2] = bad;
-    }
+    plan_tail(a, n_act, n_act, bad);
     if (tid < 32) {
         if (lane < P) {
             const int r = id >= 0 ? below + __popc(m & ((1u << lane) - 1u)) : -1;
