@@ -757,8 +757,8 @@ static void test_gpu_v4dims(void **st)
  *   - y = sum over the token's pairs of W2 h_device, within the path's usual bound;
  *   - control: the same y is far (> 1e-3) from W2 applied to the unquantised reference h. */
 /* The routing plan on the device, bcu_moe_route alone: one warp's plan up to 32 pairs, one block below 4096 pairs,
- * the four chunked launches from there (prefill-sized batches), each against the plain stable sort (naive_plan, which shares no code with the
- * kernels) and against the host emulation */
+ * the four chunked launches from there (prefill-sized batches), each against the plain stable sort (naive_plan,
+ * which shares no code with the kernels) and against the host emulation */
 static void test_gpu_route(void **st)
 {
     (void)st;
@@ -811,7 +811,8 @@ static void test_gpu_route(void **st)
                     free(w);
                     n++;
                 }
-    printf("  [moe] device routing == stable sort == host emulation on %d routings (one warp, one block, chunked)\n", n);
+    printf("  [moe] device routing == stable sort == host emulation on %d routings (one warp, one block, chunked)\n",
+           n);
 }
 
 /* The wgmma tiles leave the quantised h only as stage 2's operand: bf16 values in the tiles' k order (moe_wg.h).
@@ -993,7 +994,8 @@ static void test_gpu_act_fp8_h(void **st)
                           /* the GEMV (passes of two tokens: 150 rows an expert at T = 400 are 75 passes) */
                           {BCU_MOE_WGGEMV, BCU_MOE_BF16X3, 5e-5, 0, 0}};
     const size_t nv = sizeof vs / sizeof vs[0] - (bcu_wg_available() ? 0 : 4);
-    if (!bcu_wg_available()) printf("  [moe] act_fp8_h: the four sm_90a variants NOT RUN (this device has no sm_90a)\n");
+    if (!bcu_wg_available())
+        printf("  [moe] act_fp8_h: the four sm_90a variants NOT RUN (this device has no sm_90a)\n");
     act_fp8_h_run(8, 512, 384, 3, Ts, 3, vs, nv); /* inter: three blocks of 128 */
 }
 
