@@ -260,7 +260,17 @@ typedef struct be_dev_ops {
     /* hc_post_add: add(f, f2) (f2 [R, D]), then hc_post with f; f itself may stay as it was. */
     int (*hc_post_add)(be_backend *be, float *X, const float *f, const float *f2, const float *post,
                         const float *comb, int n, int D, size_t R);
+    /* Optional (both NULL: the caller downloads, waiting).  down_start: start copying bytes at src (device) into
+     * the backend's host buffer k (0 <= k < BE_DOWN_SLOTS) once everything issued before it has run, and return
+     * at once: 0, or -1 where it does not (nothing started; the caller downloads).  down_take: wait for buffer k's
+     * copy alone and return its bytes (the backend's memory, valid until k's next down_start or the next reset),
+     * NULL on failure or when nothing was started.  The device graph starts the downloads of the state rows before
+     * the head, so that they and the host's state updates run while the device computes the logits. */
+    int (*down_start)(be_backend *be, int k, const void *src, size_t bytes);
+    const void *(*down_take)(be_backend *be, int k);
 } be_dev_ops;
+
+enum { BE_DOWN_SLOTS = 256 };
 
 struct be_backend {
     const be_ops *ops;

@@ -1490,10 +1490,12 @@ typedef struct {
     const int64_t *pos;  /* device [R] */
     int oom;
     int state_late, dev_comp; /* DEEPINFER_STATE_LATE, DEEPINFER_DEV_COMP (not "0"), read once per forward */
+    int late_early;           /* DEEPINFER_LATE_START (not "0"): late_start starts the late rows down */
     /* layers whose state update waits for the end of the forward: their rows (device [R, xw]) */
     int *late_l;
     const float **late_xs;
     dev_ents *late_de;   /* the entries the layer made on the device (comp_dev), or all zero */
+    int *late_dn;        /* what late_start started down (be_dev_ops.down_start): 1 the rows, 2 << k entries k */
     size_t nlate;
     float **xs;          /* [n_layers]: each layer's rows that extend the state (device [R, xw], keep arena), all
                           * allocated at the start of the forward, so that their addresses depend on R alone */
@@ -1691,22 +1693,34 @@ static void comp_push(md_model *m, int l, md_segment *segs, size_t nseg, const r
     }
 }
 
-/* The entries of de (made on the device) into the sequences' blocks */
-static int ents_write(dev_ctx *x, int l, md_segment *segs, size_t nseg, const dev_ents *de)
+/* late_start's buffers (be_dev_ops.down_start): late layer i's rows, and its entries k */
+static int dn_rows(size_t i) { return (int)(3 * i); }
+static int dn_ents(size_t i, int k) { return (int)(3 * i + 1 + (size_t)k); }
+
+/* The entries of de (made on the device) into the sequences' blocks; dn: late_start started them down as late
+ * layer i's (late_dn[i]), else 0 */
+static int ents_write(dev_ctx *x, int l, md_segment *segs, size_t nseg, const dev_ents *de, size_t i, int dn)
 {
     const md_config *c = &x->m->cfg;
     int rc = 0;
     for (int k = 0; k < 2 && !rc; k++) {
         if (!de->n[k]) continue;
         const size_t hd = (size_t)(k ? c->index_head_dim : c->head_dim);
-        float *he = malloc(de->n[k] * hd * sizeof(float));
-        if (!he) return RC_ENOMEM;
-        if (x->dv->download(x->be, he, de->e[k], de->n[k] * hd * sizeof(float))) rc = RC_EIO;
+        float *own = NULL;
+        const float *he;
+        if (dn & (2 << k)) {
+            he = x->dv->down_take(x->be, dn_ents(i, k));
+            if (!he) return RC_EIO;
+        } else {
+            he = own = malloc(de->n[k] * hd * sizeof(float));
+            if (!own) return RC_ENOMEM;
+            if (x->dv->download(x->be, own, de->e[k], de->n[k] * hd * sizeof(float))) rc = RC_EIO;
+        }
         for (size_t s = 0; s < nseg && !rc; s++)
             for (int64_t j = 0; j < de->cnt[k][s]; j++)
                 memcpy(ent_row(segs[s].seq, l, k, (size_t)(de->b0[k][s] + j)), he + (de->at[k][s] + (size_t)j) * hd,
                        hd * sizeof(float));
-        free(he);
+        free(own);
     }
     return rc;
 }
@@ -1825,16 +1839,36 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
 /* Layer l's state rows (xs, device [R, xw] as state_width lays them out) into hx, host, at the same places: all
  * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment: its
  * last max(window, 2 ratio) rows (comp_finish pushes fewer than 2 ratio, the ring keeps the window) */
-static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg)
+/* the rows of a segment late_rows needs: its last max(window, 2 ratio) */
+static size_t late_tail(const md_model *m, int l)
+{
+    const size_t r = (size_t)m->layers[l].ratio, w = (size_t)m->cfg.window;
+    return 2 * r > w ? 2 * r : w;
+}
+
+/* late_rows takes all of layer l's rows (one download), not each segment's tail */
+static int late_whole(const dev_ctx *x, int l, size_t nseg)
+{
+    const size_t R = x->rw->R, *st = x->rw->seg_start, tail = late_tail(x->m, l);
+    size_t need = 0;
+    for (size_t s = 0; s < nseg; s++) need += st[s + 1] - st[s] < tail ? st[s + 1] - st[s] : tail;
+    return nseg > 16 || 2 * need > R;
+}
+
+/* dn: late_start started them down as late layer i's rows (late_dn[i] & 1) */
+static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg, size_t i, int dn)
 {
     const md_model *m = x->m;
     const size_t R = x->rw->R, *st = x->rw->seg_start;
     size_t cd, icd;
-    const size_t xw = state_width(m, l, &cd, &icd), r = (size_t)m->layers[l].ratio;
-    size_t tail = (size_t)m->cfg.window, need = 0;
-    if (2 * r > tail) tail = 2 * r;
-    for (size_t s = 0; s < nseg; s++) need += st[s + 1] - st[s] < tail ? st[s + 1] - st[s] : tail;
-    if (nseg > 16 || 2 * need > R) return x->dv->download(x->be, hx, xs, R * xw * sizeof(float)) ? RC_EIO : 0;
+    const size_t xw = state_width(m, l, &cd, &icd), tail = late_tail(m, l);
+    if (dn & 1) {
+        const void *p = x->dv->down_take(x->be, dn_rows(i));
+        if (!p) return RC_EIO;
+        memcpy(hx, p, R * xw * sizeof(float));
+        return 0;
+    }
+    if (late_whole(x, l, nseg)) return x->dv->download(x->be, hx, xs, R * xw * sizeof(float)) ? RC_EIO : 0;
     const size_t w[5] = {(size_t)m->cfg.head_dim, cd, cd, icd, icd};
     size_t base = 0;
     for (int j = 0; j < 5; base += R * w[j], j++)
@@ -1844,6 +1878,30 @@ static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg)
                 return RC_EIO;
         }
     return 0;
+}
+
+/* The late layers' rows (where late_rows takes them whole) and the entries they made on the device start down
+ * now, where the backend can (be_dev_ops.down_start): called after the last layer, before the head, so that the
+ * copies run beside the head and late_state finds them there */
+static void late_start(dev_ctx *x, size_t nseg)
+{
+    const be_dev_ops *dv = x->dv;
+    if (!dv->down_start || !dv->down_take || !x->late_early) return;
+    const md_config *c = &x->m->cfg;
+    const size_t R = x->rw->R;
+    for (size_t i = 0; i < x->nlate && dn_ents(i, 1) < BE_DOWN_SLOTS; i++) {
+        const int l = x->late_l[i];
+        size_t cd, icd;
+        const size_t xw = state_width(x->m, l, &cd, &icd);
+        if (late_whole(x, l, nseg) && dv->down_start(x->be, dn_rows(i), x->late_xs[i], R * xw * sizeof(float)) == 0)
+            x->late_dn[i] |= 1;
+        for (int k = 0; k < 2; k++) {
+            const dev_ents *de = &x->late_de[i];
+            const size_t hd = (size_t)(k ? c->index_head_dim : c->head_dim);
+            if (de->n[k] && dv->down_start(x->be, dn_ents(i, k), de->e[k], de->n[k] * hd * sizeof(float)) == 0)
+                x->late_dn[i] |= 2 << k;
+        }
+    }
 }
 
 /* The late state updates (attn_core_dev), in layer order: each such layer's rows down (the first download waits
@@ -1862,8 +1920,9 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
     for (size_t i = 0; i < x->nlate && !rc; i++) {
         const int l = x->late_l[i];
         state_width(x->m, l, &cd, &icd);
-        if ((rc = late_rows(x, l, x->late_xs[i], hx, nseg))) break;
-        if (x->late_de[i].n[0] + x->late_de[i].n[1]) rc = ents_write(x, l, segs, nseg, &x->late_de[i]);
+        if ((rc = late_rows(x, l, x->late_xs[i], hx, nseg, i, x->late_dn[i]))) break;
+        if (x->late_de[i].n[0] + x->late_de[i].n[1])
+            rc = ents_write(x, l, segs, nseg, &x->late_de[i], i, x->late_dn[i]);
         if (!rc && cd) {
             const float *rows[4] = {hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd), hx + R * (d + 2 * cd + icd)};
             comp_push(x->m, l, segs, nseg, x->rw, rows);
@@ -2005,6 +2064,7 @@ static int attn_core_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
         if (!rc) {
             x->late_l[x->nlate] = l;
             x->late_xs[x->nlate] = xs;
+            x->late_dn[x->nlate] = 0;
             x->late_de[x->nlate++] = de; /* late_state frees it */
             m->st_state_late++;
         } else {
@@ -2016,7 +2076,7 @@ static int attn_core_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const
         /* the host attention: the rows down now, and the entries made on the device into the blocks */
         if (!now && !(hx = malloc(R * xw * sizeof(float)))) rc = RC_ENOMEM;
         else if (!now && dv->download(be, hx, xs, R * xw * sizeof(float))) rc = RC_EIO;
-        if (!rc && de.n[0] + de.n[1]) rc = ents_write(x, l, segs, nseg, &de);
+        if (!rc && de.n[0] + de.n[1]) rc = ents_write(x, l, segs, nseg, &de, 0, 0);
         if (!rc) rc = build_kbufs(m, l, segs, nseg, x->rw, hx, kbufs, kst);
         if (!rc) rc = attend_dev_host(x, l, segs, nseg, q, iq, iw, kbufs, kst, o);
     }
@@ -2200,16 +2260,18 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     const int n = c->hc_mult, D = c->hidden_size, V = c->vocab_size;
     const size_t R = rw->R;
     dev_ctx x = {.m = m, .be = be, .dv = dv, .rw = rw, .state_late = !env_off("DEEPINFER_STATE_LATE"),
-                 .dev_comp = !env_off("DEEPINFER_DEV_COMP")};
+                 .dev_comp = !env_off("DEEPINFER_DEV_COMP"), .late_early = !env_off("DEEPINFER_LATE_START")};
     int rc = 0;
     x.late_l = malloc((size_t)c->n_layers * sizeof *x.late_l);
     x.late_xs = malloc((size_t)c->n_layers * sizeof *x.late_xs);
     x.late_de = calloc((size_t)c->n_layers, sizeof *x.late_de);
+    x.late_dn = calloc((size_t)c->n_layers, sizeof *x.late_dn);
     x.xs = malloc((size_t)c->n_layers * sizeof *x.xs);
-    if (!x.late_l || !x.late_xs || !x.late_de || !x.xs) {
+    if (!x.late_l || !x.late_xs || !x.late_de || !x.late_dn || !x.xs) {
         free(x.late_l);
         free(x.late_xs);
         free(x.late_de);
+        free(x.late_dn);
         free(x.xs);
         return rc_errf(err, RC_ENOMEM, "out of memory");
     }
@@ -2280,6 +2342,7 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         if (m->hook) m->hook(m->hook_arg, l, 2);
     }
     if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
+    if (!rc) late_start(&x, nseg);
 
     /* logits for the rows asked for: the logits segments' rows, then one row per top1 segment, whose greedy
      * token is taken on the device (only the ids come back) */
@@ -2312,7 +2375,9 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
             dhc_pre_norm(&x, &h, 1, hx, nl, y, NULL, NULL, m->norm, NULL);
             dv->linear(be, dl, y, nl, &m->head);
             if (ntop) dv->argmax(be, dtop, dl + nlog * (size_t)V, ntop, (size_t)V);
-            if (nlog) {
+            /* the state updates no layer had to wait for, while the device computes the logits (late_start) */
+            rc = late_state(&x, segs, nseg);
+            if (!rc && nlog) {
                 const float *lg = dv->view(be, dl, nlog * (size_t)V * sizeof(float));
                 if (!lg) rc = RC_EIO;
                 else if (logits_copy(be, segs, nseg, lg, (size_t)V)) rc = RC_ENOMEM;
@@ -2330,7 +2395,7 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         float probe;
         if (dv->download(be, &probe, f, sizeof probe)) rc = RC_EIO;
     }
-    /* after the logits are out: the state updates no layer had to wait for */
+    /* without logits: the state updates no layer had to wait for (nothing left where the logits' branch ran) */
     if (!rc) rc = late_state(&x, segs, nseg);
     if (!rc && dv->failed(be)) rc = RC_EIO;
 out:
@@ -2339,6 +2404,7 @@ out:
     free(x.late_l);
     free(x.late_xs);
     free(x.late_de);
+    free(x.late_dn);
     free(x.xs);
     if (rc == RC_ENOMEM && x.oom) return rc_errf(err, RC_ENOMEM, "out of device memory for a batch of %zu tokens", R);
     if (rc == RC_EIO) return rc_errf(err, RC_EIO, "forward failed on the device backend");
@@ -2367,6 +2433,10 @@ struct md_host_dev {
     bps_slot *ps;
     float *ps_mem;
     size_t ps_n, ps_sz;
+    /* down_start's buffers, as a device's: a copy made at the call (every op before it has run) */
+    void *dn[BE_DOWN_SLOTS];
+    size_t dn_cap[BE_DOWN_SLOTS];
+    unsigned char dn_set[BE_DOWN_SLOTS];
     uint64_t ps_call, ps_hits, ps_rows;
     /* the forward in progress (hd_bind), for the attention op, which runs the host path's attention */
     md_model *m;
@@ -2400,6 +2470,7 @@ static void hd_reset(be_backend *be)
     md_host_dev *h = hd_of(be);
     hd_free_from(h->blk, &h->nblk, 0);
     hd_free_from(h->kblk, &h->nkblk, 0);
+    memset(h->dn_set, 0, sizeof h->dn_set);
 }
 
 /* a block on list (blk, n, cap) */
@@ -2449,6 +2520,27 @@ static const void *hd_view(be_backend *be, const void *src, size_t bytes)
     (void)be;
     (void)bytes;
     return src;
+}
+static int hd_down_start(be_backend *be, int k, const void *src, size_t bytes)
+{
+    md_host_dev *h = hd_of(be);
+    if (k < 0 || k >= BE_DOWN_SLOTS || !bytes) return -1;
+    if (h->dn_cap[k] < bytes) {
+        void *p = realloc(h->dn[k], bytes);
+        if (!p) return -1;
+        h->dn[k] = p;
+        h->dn_cap[k] = bytes;
+    }
+    memcpy(h->dn[k], src, bytes);
+    h->dn_set[k] = 1;
+    return 0;
+}
+static const void *hd_down_take(be_backend *be, int k)
+{
+    md_host_dev *h = hd_of(be);
+    if (k < 0 || k >= BE_DOWN_SLOTS || !h->dn_set[k]) return NULL;
+    h->dn_set[k] = 0; /* taken once, as a device's copy is waited for once */
+    return h->dn[k];
 }
 static int hd_failed(be_backend *be) { return hd_of(be)->failed; }
 static void hd_zero(be_backend *be, void *p, size_t bytes) { (void)be; memset(p, 0, bytes); }
@@ -2753,6 +2845,7 @@ static const be_dev_ops hd_dev = {
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
     .attention = hd_attention, .comp_pool = hd_comp_pool, .linear_aq = hd_linear_aq,
     .mark = hd_mark, .release = hd_release, .alloc_keep = hd_alloc_keep,
+    .down_start = hd_down_start, .down_take = hd_down_take,
 };
 
 static void hd_destroy(be_backend *be)
@@ -2763,6 +2856,7 @@ static void hd_destroy(be_backend *be)
     free(h->kblk);
     free(h->ps);
     free(h->ps_mem);
+    for (int k = 0; k < BE_DOWN_SLOTS; k++) free(h->dn[k]);
     free(h);
 }
 

@@ -103,6 +103,20 @@ typedef struct {
 
 enum { NLANE = 3 };
 
+/* one launch of the attention op: its rows [row, row + rows), its n sequence pieces from the staged list's base */
+typedef struct {
+    int n, rows, row, base;
+    int64_t max_len;
+} attn_launch;
+
+/* one buffer of down_start / down_take: pinned host memory, the copy's completion */
+typedef struct {
+    char *h;
+    size_t cap;
+    cudaEvent_t ev;
+    int have_ev, pending;
+} dslot_t;
+
 /* one slot of the KV mirror: the device copy of a full KV block (id 0 = free) */
 typedef struct {
     uint64_t id;
@@ -162,6 +176,9 @@ typedef struct {
     size_t moe_gemv_T; /* of those, batches of at most this many tokens take the GEMV (bcu_wg_gemv;
                           DEEPINFER_CUDA_MOE_GEMV: 32 under bf16x3, 16 where the experts take e4m3; 0: never) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
+    int *flag_h;     /* pinned: where a download's wait reads those flags with its own bytes */
+    attn_launch *lz; /* the attention op's launches (host) */
+    size_t lz_cap;
     int x_fp8; /* during be_dev_ops.linear_x8: x is act_quant'd (e4m3 values times powers of two), exact in one
                 * bf16 plane, so the dequantise + cuBLAS path splits it into one plane instead of three, and FP8
                 * row-dots of up to 16 rows take codes against codes (bcu_rowdot_x8) */
@@ -209,6 +226,11 @@ typedef struct {
     void *blas_ws; /* cuBLAS's workspace, ours (a capture must not make cuBLAS allocate) */
     /* lanes (DEEPINFER_CUDA_LANES, default 1): independent chains of a region on their own streams */
     int lanes_on, lane;
+    /* down_start's copies: their stream (after an event of the main one's), their buffers */
+    cudaStream_t dn_st;
+    cudaEvent_t dn_fork;
+    int have_dn;
+    dslot_t dslot[BE_DOWN_SLOTS];
     lane_t lanes[NLANE]; /* [lane] is stale while it is the active one */
     cudaEvent_t fork_ev;
     int have_fork_ev;
@@ -1519,19 +1541,71 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             }
     free(pend);
     if (rc) return rc;
-    /* up: the staged rows, the window keys only if some came from the host (win_build_kernel writes the ring
-     * sequences' windows there on the device: V4-Flash, 256 KB a sequence a layer), the block pointers */
+    /* the launches, of at most rows_max rows each: their sequence lists staged first, so that one copy takes the
+     * block pointers, the lists, the window descriptors and the patches up together (at decode each copy of its
+     * own was a round of the copy engine between two kernels); a segment may be cut (each launch adds at most one
+     * piece, so the staged area holds nseq + launches entries) */
+    const int nlmax = ntok / rows_max + 2;
+    if ((size_t)nlmax > c->lz_cap) {
+        attn_launch *nz = (attn_launch *)realloc(c->lz, (size_t)nlmax * sizeof *nz);
+        if (!nz) return fail(c, "out of host memory");
+        c->lz = nz;
+        c->lz_cap = (size_t)nlmax;
+    }
+    attn_launch *lz = c->lz;
+    bcu_attn_seq *hs = (bcu_attn_seq *)(hst + o_seq);
+    int nl = 0, nls = 0;
+    {
+        int s = 0, done_in_s = 0, row = 0;
+        size_t blk0 = 0, win0 = 0;
+        while (row < ntok) {
+            int n = 0, rows = 0;
+            int64_t max_len = 0;
+            bcu_attn_seq *ls = hs + nls;
+            while (s < nseq && rows < rows_max) {
+                const be_attn_seq *q = &sq[s];
+                int take = q->T - done_in_s;
+                if (take > rows_max - rows) take = rows_max - rows;
+                const int64_t p0 = q->p0 + done_in_s;
+                int64_t ks = p0 - a->window + 1;
+                if (ks < q->kstart) ks = q->kstart;
+                bcu_attn_seq *o = &ls[n++];
+                o->p0 = p0;
+                o->kstart = ks;
+                o->kwin = (const float *)(dev + o_win) + win0 + (size_t)(ks - q->kstart) * d;
+                o->blocks = (const float *const *)(dev + o_ptr) + blk0;
+                o->row0 = rows;
+                o->T = take;
+                if (p0 + take > max_len) max_len = p0 + take;
+                rows += take;
+                done_in_s += take;
+                if (done_in_s == q->T) {
+                    blk0 += a->ratio ? q->nblk : 0;
+                    win0 += (size_t)(q->p0 + q->T - q->kstart) * d;
+                    s++;
+                    done_in_s = 0;
+                }
+            }
+            if (!rows || nl == nlmax) return fail(c, "attention: %d rows asked, the sequences hold %d", ntok, row);
+            lz[nl++] = attn_launch{n, rows, row, nls, max_len};
+            nls += n;
+            row += rows;
+        }
+    }
+    /* up: the staged rows and the window keys only if some came from the host (win_build_kernel writes the ring
+     * sequences' windows there on the device: V4-Flash, 256 KB a sequence a layer); then the block pointers, the
+     * launches' lists, the window descriptors and the patches in one copy, from the pointers to the last of them */
     if (kpf) CU(cudaMemcpyAsync(dev + o_part, hst + o_part, kpf * 4, cudaMemcpyHostToDevice, c->st));
     if (host_win) CU(cudaMemcpyAsync(dev + o_win, hst + o_win, kw * 4, cudaMemcpyHostToDevice, c->st));
-    if (kb) CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, kb * sizeof(float *), cudaMemcpyHostToDevice, c->st));
+    const size_t up_end = np ? o_patch + np * sizeof(ent_patch) : nwd ? o_wd + nwd * sizeof(win_desc)
+                                                                      : o_seq + (size_t)nls * sizeof(bcu_attn_seq);
+    CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, up_end - o_ptr, cudaMemcpyHostToDevice, c->st));
     if (np) { /* the rows the slots lacked, and the rows the device made, into their blocks */
-        CU(cudaMemcpyAsync(dev + o_patch, hst + o_patch, np * sizeof(ent_patch), cudaMemcpyHostToDevice, c->st));
         pdl_launch(ent_patch_kernel, (unsigned)np, 128, 0, c->st, (const ent_patch *)(dev + o_patch));
         CU(cudaGetLastError());
     }
     if (nwd) {
         /* the windows of the ring sequences, then their rings advanced past this call's keys */
-        CU(cudaMemcpyAsync(dev + o_wd, hst + o_wd, nwd * sizeof(win_desc), cudaMemcpyHostToDevice, c->st));
         /* a window is W x d floats (V4-Flash: 256 KB): enough blocks that each thread moves one or two vectors,
          * fewer when many sequences fill the GPU anyway */
         int v4 = d % 4 == 0 && (uintptr_t)(dev + o_win) % 16 == 0 && (uintptr_t)c->win_dev % 16 == 0;
@@ -1558,47 +1632,12 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         for (int s = 0; s < nseq; s++) /* the slots are at p0 + T now */
             if (!sq[s].kwin) win_mark(c, sq[s].win_key, a->layer, sq[s].p0 + sq[s].T);
     }
-    /* launches of at most rows_max rows; a segment may be cut (each launch adds at most one piece, so the
-     * staged area holds nseq + launches entries) */
-    bcu_attn_seq *hs = (bcu_attn_seq *)(hst + o_seq);
-    int s = 0, done_in_s = 0, row = 0;
-    size_t blk0 = 0, win0 = 0;
-    int nseq_launch_base = 0;
-    while (row < ntok) {
-        int n = 0, rows = 0;
-        int64_t max_len = 0;
-        bcu_attn_seq *ls = hs + nseq_launch_base;
-        while (s < nseq && rows < rows_max) {
-            const be_attn_seq *q = &sq[s];
-            int take = q->T - done_in_s;
-            if (take > rows_max - rows) take = rows_max - rows;
-            const int64_t p0 = q->p0 + done_in_s;
-            int64_t ks = p0 - a->window + 1;
-            if (ks < q->kstart) ks = q->kstart;
-            bcu_attn_seq *o = &ls[n++];
-            o->p0 = p0;
-            o->kstart = ks;
-            o->kwin = (const float *)(dev + o_win) + win0 + (size_t)(ks - q->kstart) * d;
-            o->blocks = (const float *const *)(dev + o_ptr) + blk0;
-            o->row0 = rows;
-            o->T = take;
-            if (p0 + take > max_len) max_len = p0 + take;
-            rows += take;
-            done_in_s += take;
-            if (done_in_s == q->T) {
-                blk0 += a->ratio ? q->nblk : 0;
-                win0 += (size_t)(q->p0 + q->T - q->kstart) * d;
-                s++;
-                done_in_s = 0;
-            }
-        }
-        if (!rows) return fail(c, "attention: %d rows asked, the sequences hold %d", ntok, row);
+    for (int li = 0; li < nl; li++) {
+        const int n = lz[li].n, rows = lz[li].rows, row = lz[li].row;
+        const int64_t max_len = lz[li].max_len;
         bcu_attn_limits need = {rows, max_len, H, d, a->csa ? a->topk : 0, a->csa ? a->ratio : 0};
         if (aws_room(c, &need)) return -1;
-        const size_t seq_dev = o_seq + (size_t)nseq_launch_base * sizeof(bcu_attn_seq);
-        CU(cudaMemcpyAsync(dev + seq_dev, ls, (size_t)n * sizeof *ls, cudaMemcpyHostToDevice, c->st));
-        nseq_launch_base += n;
-        bcu_attn_batch bt = {(const bcu_attn_seq *)(dev + seq_dev), n, rows, max_len};
+        bcu_attn_batch bt = {(const bcu_attn_seq *)(dev + o_seq) + lz[li].base, n, rows, max_len};
         if (devio) { /* device activations: q, iq, iw and out are read and written where they are */
             dq = (float *)a->q + (size_t)row * H * d;
             dout = a->out + (size_t)row * H * d;
@@ -1628,7 +1667,6 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         if (!devio)
             CU(cudaMemcpyAsync(a->out + (size_t)row * H * d, dout, (size_t)rows * H * d * 4, cudaMemcpyDeviceToHost,
                                c->st));
-        row += rows;
     }
     if (stage_done(c, sk)) return -1;
     if (devio) { /* the error flags are read at the next download, which waits for the device anyway */
@@ -1751,6 +1789,8 @@ static void dv_reset(be_backend *be)
         g_touch(c, "reset");
         DV_CU(cudaSetDevice(c->device));
         DV_CU(cudaStreamSynchronize(c->st)); /* the ring and the arena are free again */
+        if (c->have_dn) DV_CU(cudaStreamSynchronize(c->dn_st)); /* no copy left reading the arena */
+        for (int k = 0; k < BE_DOWN_SLOTS; k++) c->dslot[k].pending = 0;
         c->up_used = 0;
         ar_clear(&c->ar);
         ar_clear(&c->ark);
@@ -1835,17 +1875,46 @@ static void attn_flags_check(cuda_be *c)
     else if (fl) fail(c, "attention kernels flagged bad input (flags %d)", fl);
 }
 
+/* the attention error flags into flag_h behind the ops issued so far, so that one wait brings them with a download's
+ * bytes (flags_read after it): 1, or 0 where nothing is pending or there is no pinned word (attn_flags_check reads
+ * them then, with a wait of its own) */
+static int flags_enqueue(cuda_be *c)
+{
+    if (c->failed || !c->aws_pending) return 0;
+    if (!c->flag_h && cudaMallocHost((void **)&c->flag_h, 256) != cudaSuccess) {
+        c->flag_h = NULL;
+        cudaGetLastError();
+        return 0;
+    }
+    DV_CU(cudaMemcpyAsync(c->flag_h, c->aws.mem, sizeof(int), cudaMemcpyDeviceToHost, c->st));
+    return !c->failed;
+}
+
+/* after the wait: what flags_enqueue brought (attn_flags_check's verdict, without its round trip) */
+static void flags_read(cuda_be *c)
+{
+    c->aws_pending = 0;
+    const int fl = *c->flag_h;
+    if (!c->failed && fl) {
+        cudaMemsetAsync(c->aws.mem, 0, 256, c->st);
+        fail(c, "attention kernels flagged bad input (flags %d)", fl);
+    }
+}
+
 static int dv_download(be_backend *be, void *dst, const void *src, size_t bytes)
 {
     DV_ENTER(BCU_PROF_XFER);
     lane_join(c); /* a download waits for everything */
     g_touch(c, "a download");
-    /* large downloads through pinned memory: a pageable copy of 100+ MB runs at a fraction of the link's speed */
-    const int pin = bytes >= ((size_t)1 << 20) && !grow(c, &c->down, &c->down_cap, bytes, 1);
+    /* through pinned memory: a pageable copy of 100+ MB runs at a fraction of the link's speed, and a small one
+     * returns only when it has landed, so that the flags' copy behind it would be a second round trip */
+    const int pin = !grow(c, &c->down, &c->down_cap, bytes ? bytes : 1, 1);
     if (bytes && !c->failed) DV_CU(cudaMemcpyAsync(pin ? c->down : dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
+    const int fq = flags_enqueue(c);
     DV_CU(cudaStreamSynchronize(c->st));
-    if (pin && !c->failed) memcpy(dst, c->down, bytes);
-    attn_flags_check(c);
+    if (pin && bytes && !c->failed) memcpy(dst, c->down, bytes);
+    if (fq) flags_read(c);
+    else attn_flags_check(c);
     DV_LEAVE;
     return c->failed ? -1 : 0;
 }
@@ -1857,10 +1926,69 @@ static const void *dv_view(be_backend *be, const void *src, size_t bytes)
     g_touch(c, "a download");
     if (!grow(c, &c->down, &c->down_cap, bytes ? bytes : 1, 1) && bytes)
         DV_CU(cudaMemcpyAsync(c->down, src, bytes, cudaMemcpyDeviceToHost, c->st));
+    const int fq = flags_enqueue(c);
     DV_CU(cudaStreamSynchronize(c->st));
-    attn_flags_check(c);
+    if (fq) flags_read(c);
+    else attn_flags_check(c);
     DV_LEAVE;
     return c->failed ? NULL : c->down;
+}
+
+/* Larger copies take the synchronous download: a pinned buffer a slot of such size is not worth keeping */
+#define DOWN_SLOT_MAX ((size_t)64 << 20)
+
+static int dv_down_start(be_backend *be, int k, const void *src, size_t bytes)
+{
+    int rc = -1;
+    DV_ENTER(BCU_PROF_XFER);
+    if (k >= 0 && k < BE_DOWN_SLOTS && bytes && bytes <= DOWN_SLOT_MAX && !c->g_cur) {
+        dslot_t *s = &c->dslot[k];
+        lane_join(c);
+        if (!c->have_dn) {
+            DV_CU(cudaStreamCreateWithFlags(&c->dn_st, cudaStreamNonBlocking));
+            if (!c->failed) DV_CU(cudaEventCreateWithFlags(&c->dn_fork, cudaEventDisableTiming));
+            c->have_dn = !c->failed;
+        }
+        if (!c->failed && !s->have_ev) {
+            DV_CU(cudaEventCreateWithFlags(&s->ev, cudaEventDisableTiming));
+            s->have_ev = !c->failed;
+        }
+        if (!c->failed && s->cap < bytes) {
+            if (s->h) { /* its last copy may still be landing */
+                DV_CU(cudaEventSynchronize(s->ev));
+                cudaFreeHost(s->h);
+                s->h = NULL;
+                s->cap = 0;
+            }
+            const size_t nc = up256(bytes) < 4096 ? 4096 : up256(bytes);
+            DV_CU(cudaMallocHost((void **)&s->h, nc));
+            if (!c->failed) s->cap = nc;
+        }
+        if (!c->failed) {
+            DV_CU(cudaEventRecord(c->dn_fork, c->st));
+            DV_CU(cudaStreamWaitEvent(c->dn_st, c->dn_fork, 0));
+            DV_CU(cudaMemcpyAsync(s->h, src, bytes, cudaMemcpyDeviceToHost, c->dn_st));
+            DV_CU(cudaEventRecord(s->ev, c->dn_st));
+            s->pending = !c->failed;
+            rc = c->failed ? -1 : 0;
+        }
+    }
+    DV_LEAVE;
+    return rc;
+}
+
+static const void *dv_down_take(be_backend *be, int k)
+{
+    const void *p = NULL;
+    DV_ENTER(BCU_PROF_XFER);
+    if (k >= 0 && k < BE_DOWN_SLOTS && c->dslot[k].pending) {
+        dslot_t *s = &c->dslot[k];
+        s->pending = 0;
+        DV_CU(cudaEventSynchronize(s->ev));
+        if (!c->failed) p = s->h;
+    }
+    DV_LEAVE;
+    return p;
 }
 
 static int dv_failed(be_backend *be) { return get(be)->failed; }
@@ -2459,6 +2587,8 @@ static const be_dev_ops cuda_dev_ops = {
     /* .hc_pre_norm = */ dv_hc_pre_norm,
     /* .norm_rope = */ dv_norm_rope,
     /* .hc_post_add = */ dv_hc_post_add,
+    /* .down_start = */ dv_down_start,
+    /* .down_take = */ dv_down_take,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2525,6 +2655,15 @@ static void teardown(cuda_be *c)
         cudaStreamDestroy(L->st);
     }
     if (c->have_fork_ev) cudaEventDestroy(c->fork_ev);
+    if (c->have_dn) {
+        cudaStreamSynchronize(c->dn_st);
+        cudaStreamDestroy(c->dn_st);
+        cudaEventDestroy(c->dn_fork);
+    }
+    for (int k = 0; k < BE_DOWN_SLOTS; k++) {
+        if (c->dslot[k].h) cudaFreeHost(c->dslot[k].h);
+        if (c->dslot[k].have_ev) cudaEventDestroy(c->dslot[k].ev);
+    }
     if (c->gr)
         for (int i = 0; i < GR_SETS * GR_WAYS; i++) gr_drop(&c->gr[i]);
     free(c->gr);
@@ -2545,6 +2684,8 @@ static void teardown(cuda_be *c)
     ar_free(&c->ark);
     if (c->up) cudaFreeHost(c->up);
     if (c->down) cudaFreeHost(c->down);
+    if (c->flag_h) cudaFreeHost(c->flag_h);
+    free(c->lz);
     if (c->aws.mem) cudaFree(c->aws.mem);
     for (int k = 0; k < 2; k++) {
         if (c->stage[k]) cudaFreeHost(c->stage[k]);
@@ -2730,6 +2871,20 @@ extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *
     *replayed = c->g_replays;
     *eager = c->g_eager;
 }
+extern "C" int bcu_attn_flags_set(be_backend *be, int fl)
+{
+    cuda_be *c = get(be);
+    pthread_mutex_lock(&c->lock);
+    int rc = -1;
+    if (!c->failed && c->aws.mem && cudaStreamSynchronize(c->st) == cudaSuccess &&
+        cudaMemcpy(c->aws.mem, &fl, sizeof fl, cudaMemcpyHostToDevice) == cudaSuccess) {
+        c->aws_pending = 1;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 extern "C" size_t bcu_arena_bytes(const be_backend *be)
 {
     const cuda_be *c = get(be);

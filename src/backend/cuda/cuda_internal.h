@@ -191,6 +191,9 @@ cudaError_t bcu_fp8lt_gemm(bcu_fp8lt *f, float *y, const uint8_t *w, const float
 size_t bcu_fp8_gemm_calls(const be_backend *be);
 /* the device graph's regions (be_dev_ops.graph_begin) so far: recorded as CUDA graphs, replayed, run eagerly */
 void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager);
+/* tests: the device-graph attention's error flags word set to fl, as a kernel that found bad input leaves it (the
+ * next download must fail and name it); -1 where the attention has not run yet (no workspace) */
+int bcu_attn_flags_set(be_backend *be, int fl);
 
 #ifdef __cplusplus
 }
