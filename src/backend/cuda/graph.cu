@@ -862,68 +862,103 @@ __device__ __forceinline__ bool gr_better(float v, int e, float bv, int be)
     return e < be;
 }
 
-/* One block per row: scores, then (non-hash) K rounds of a parallel argmax
- * with gr_better, which is a total order, so the tree's shape does not change
- * the winner; then thread 0 sums the K scores in k order. */
-__global__ void __launch_bounds__(GR_NT) gr_route_kernel(RouteArgs a, const float *logits, int32_t *idx, float *wt)
+/* One warp per row, RT_WARP_ROWS rows a block: scores, then (non-hash) K rounds of v4.c's scan, then the weights.
+ * Lane l holds experts l + 32 j in registers; each round takes the lane's best untaken candidate (gr_better), then
+ * the warp's by five shuffles (gr_better is a total order, so the shape of the reduction does not change the
+ * winner and every lane ends with it), and the scan's first candidate (the lowest untaken expert, which the scan
+ * keeps where its value is NaN) by a min over the lanes.  Lane k keeps pick k; the weights' sum runs in k order
+ * on every lane.  It replaced a block a row (a block-wide tree a round, ~60 barriers), whose results it matched
+ * bit for bit on the H200 over test_route's 45 cases (nineteenth session, docs/CUDA.md). */
+#define RT_WARP_ROWS 4
+static_assert(RT_MAX_K <= 32 && RT_MAX_E / 32 <= 32, "a pick a lane, a taken bit a register slot");
+
+/* RT_NJ: experts a lane holds (E <= 32 RT_NJ) */
+template <int RT_NJ>
+__global__ void __launch_bounds__(32 * RT_WARP_ROWS)
+    gr_route_warp_kernel(RouteArgs a, const float *logits, int32_t *idx, float *wt, int R)
 {
+    const int lane = threadIdx.x & 31, E = a.E, K = a.K;
+    const int t = (int)blockIdx.x * RT_WARP_ROWS + (int)(threadIdx.x >> 5);
+    float bias[RT_NJ];
+#pragma unroll
+    for (int j = 0; j < RT_NJ; j++) /* a weight: no kernel writes it, so it is asked for before the wait */
+        bias[j] = !a.tid2eid && t < R && lane + 32 * j < E ? a.bias[lane + 32 * j] : 0.0f;
     pdl_enter();
-    __shared__ float score[RT_MAX_E], biased[RT_MAX_E];
-    __shared__ unsigned char taken[RT_MAX_E];
-    __shared__ float rv[GR_NT];
-    __shared__ int ri[GR_NT];
-    __shared__ int sel[RT_MAX_K];
-    const int tid = threadIdx.x, E = a.E, K = a.K;
-    const size_t t = blockIdx.x;
-    const float *lg = logits + t * E;
-    for (int e = tid; e < E; e += GR_NT) {
-        const float v = lg[e];
-        const float s = a.score_func == 1 ? gr_sigmoid(v) : __fsqrt_rn(gr_softplus(v));
-        score[e] = s;
-        taken[e] = 0;
-        if (!a.tid2eid) biased[e] = __fadd_rn(s, a.bias[e]);
+    if (t >= R) return;
+    const float *lg = logits + (size_t)t * E;
+    float sc[RT_NJ], bi[RT_NJ];
+    unsigned taken = 0; /* bit j: expert lane + 32 j is taken, or does not exist */
+#pragma unroll
+    for (int j = 0; j < RT_NJ; j++) {
+        const int e = lane + 32 * j;
+        sc[j] = bi[j] = 0.0f;
+        if (e < E) {
+            const float v = lg[e];
+            const float s = a.score_func == 1 ? gr_sigmoid(v) : __fsqrt_rn(gr_softplus(v));
+            sc[j] = s;
+            bi[j] = __fadd_rn(s, bias[j]);
+        } else {
+            taken |= 1u << j;
+        }
     }
-    if (a.tid2eid && tid < K) sel[tid] = a.tid2eid[(size_t)a.ids[t] * K + tid];
-    __syncthreads();
-    for (int k = 0; !a.tid2eid && k < K; k++) {
-        float bv = 0.0f;
-        int be = -1;
-        for (int e = tid; e < E; e += GR_NT)
-            if (!taken[e] && gr_better(biased[e], e, bv, be)) {
-                bv = biased[e];
-                be = e;
+    int mine = -1; /* lane k: pick k */
+    if (a.tid2eid) {
+        if (lane < K) mine = a.tid2eid[(size_t)a.ids[t] * K + lane];
+    } else {
+        for (int k = 0; k < K; k++) {
+            /* the best untaken (bv, be) and the first untaken with its value (fv: biased[first]); the registers
+             * are only ever indexed by the unrolled j (a select on a computed j became local memory) */
+            float bv = 0.0f, fv = 0.0f;
+            int be = -1, first = INT_MAX;
+#pragma unroll
+            for (int j = 0; j < RT_NJ; j++) {
+                const int e = lane + 32 * j;
+                if (!(taken >> j & 1u)) {
+                    if (first == INT_MAX) {
+                        first = e;
+                        fv = bi[j];
+                    }
+                    if (gr_better(bi[j], e, bv, be)) {
+                        bv = bi[j];
+                        be = e;
+                    }
+                }
             }
-        rv[tid] = bv;
-        ri[tid] = be;
-        __syncthreads();
-        for (int s = GR_NT / 2; s > 0; s >>= 1) {
-            if (tid < s && gr_better(rv[tid + s], ri[tid + s], rv[tid], ri[tid])) {
-                rv[tid] = rv[tid + s];
-                ri[tid] = ri[tid + s];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o), of_v = __shfl_xor_sync(0xffffffffu, fv, o);
+                const int oe = __shfl_xor_sync(0xffffffffu, be, o), of = __shfl_xor_sync(0xffffffffu, first, o);
+                if (gr_better(ov, oe, bv, be)) {
+                    bv = ov;
+                    be = oe;
+                }
+                if (of < first) {
+                    first = of;
+                    fv = of_v;
+                }
             }
-            __syncthreads();
+            const int pick = fv != fv ? first : be; /* k < K <= E: some expert is untaken */
+            if (lane == k) mine = pick;
+            if ((pick & 31) == lane) taken |= 1u << (pick >> 5);
         }
-        if (tid == 0) {
-            int first = 0; /* the scan's first candidate; k < K <= E, so one is free */
-            while (taken[first]) first++;
-            const int pick = biased[first] != biased[first] ? first : ri[0];
-            sel[k] = pick;
-            taken[pick] = 1;
-        }
-        __syncthreads();
     }
-    if (tid == 0) {
-        float w[RT_MAX_K], sum = 0;
-        for (int k = 0; k < K; k++) {
-            const int e = sel[k];
-            w[k] = e >= 0 && e < E ? score[e] : NAN; /* a hash table entry out of range poisons the row */
-            sum = __fadd_rn(sum, w[k]);
+    float sum = 0.0f, w = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const int e = __shfl_sync(0xffffffffu, mine, k);
+        float v = 0.0f; /* score[e], from the lane that holds it */
+#pragma unroll
+        for (int j = 0; j < RT_NJ; j++) {
+            const float o = __shfl_sync(0xffffffffu, sc[j], e & 31);
+            if (j == e >> 5) v = o;
         }
-        if (!a.official) sum = __fadd_rn(sum, 1e-20f);
-        for (int k = 0; k < K; k++) {
-            idx[t * K + k] = sel[k];
-            wt[t * K + k] = __fmul_rn(__fdiv_rn(w[k], sum), a.route_scale);
-        }
+        if (e < 0 || e >= E) v = NAN; /* a hash table entry out of range poisons the row */
+        if (lane == k) w = v;
+        sum = __fadd_rn(sum, v);
+    }
+    if (!a.official) sum = __fadd_rn(sum, 1e-20f);
+    if (lane < K) {
+        idx[(size_t)t * K + lane] = mine;
+        wt[(size_t)t * K + lane] = __fmul_rn(__fdiv_rn(w, sum), a.route_scale);
     }
 }
 
@@ -1194,7 +1229,12 @@ extern "C" cudaError_t bcu_route(const bcu_route_args *a, const float *logits, s
     if (!R) return cudaSuccess;
     if (!logits || !idx || !wt) return GR_INVALID;
     const RouteArgs ra = {a->E, a->K, a->score_func, a->official, a->route_scale, a->bias, a->tid2eid, a->ids};
-    pdl_launch(gr_route_kernel, (unsigned)R, GR_NT, 0, st, ra, logits, idx, wt);
+    if (a->E <= 256)
+        pdl_launch(gr_route_warp_kernel<8>, (unsigned)((R + RT_WARP_ROWS - 1) / RT_WARP_ROWS), 32 * RT_WARP_ROWS, 0,
+                   st, ra, logits, idx, wt, (int)R);
+    else
+        pdl_launch(gr_route_warp_kernel<RT_MAX_E / 32>, (unsigned)((R + RT_WARP_ROWS - 1) / RT_WARP_ROWS),
+                   32 * RT_WARP_ROWS, 0, st, ra, logits, idx, wt, (int)R);
     return cudaGetLastError();
 }
 
