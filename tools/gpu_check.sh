@@ -54,6 +54,11 @@ pack() {
     # the probe of cuBLASLt's block-scaled FP8 GEMM (tools/fp8lt_probe.cu, run by tools/fp8_check.sh)
     ninja -C "$b" fp8lt_probe
     cp "$b/fp8lt_probe" .carry/bin/
+    # the kernel timeline (tools/ktrace.c) and the CUPTI it needs, where the toolkit has it
+    if ninja -C "$b" ktrace >/dev/null 2>&1; then
+        cp "$b/libktrace.so" .carry/lib/
+        cp -L "$(ldd "$b/libktrace.so" | awk '/libcupti/ {print $3}')" .carry/lib/ 2>/dev/null || true
+    fi
     ldd .carry/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
         case $(basename "$lib") in
         libjansson.so*|libcmocka.so*|libhttp_parser.so*|libcudart.so*) cp -L "$lib" .carry/lib/ ;;
@@ -380,6 +385,13 @@ if want layers; then
             ${GPU_LAYERS_ARGS:-} 2> "$OUTDIR/gpu_layers.err" | tee -a "$SUM"
         say "bench_gpu_layers exit status: $? after $(( $(date +%s) - t )) s"
         tail -20 "$OUTDIR/gpu_layers.err" | tee -a "$SUM"
+        # one batch-1 step's kernel timeline (tools/ktrace.c; python3 tools/ktrace.py ktrace_b1.csv reads it)
+        if [ -f .carry/lib/libktrace.so ]; then
+            BENCH_NCU_B=1 KTRACE_OUT="$OUTDIR/ktrace_b1.csv" LD_PRELOAD="$PWD/.carry/lib/libktrace.so" timeout 120 \
+                "$BIN/bench_gpu_layers" "$SLICE" --batches 1 --contexts 4096 --prefill 512 --top1 1 --reps 15 \
+                > "$OUTDIR/ktrace_b1.txt" 2>&1
+            python3 tools/ktrace.py "$OUTDIR/ktrace_b1.csv" --top 12 --gaps 5 2>&1 | tee -a "$SUM"
+        fi
         rm -rf "$SLICE"
     else
         say "deepinfer or bench_gpu_layers not carried"

@@ -2,9 +2,9 @@
  * memset between the program's cudaProfilerStart and cudaProfilerStop is written, with its stream and its start and
  * end on the GPU's clock, to $KTRACE_OUT (default ktrace.csv) when the profiler stops.  Unlike ncu it does not
  * serialise the kernels, so the lanes' overlap and the gaps PDL leaves are what the step really had.
- *   gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o .carry/libktrace.so tools/ktrace.c \
- *       -L/usr/local/cuda/lib -lcupti                     (here; carry libcupti.so.13 beside it)
- *   BENCH_NCU_B=1 KTRACE_OUT=$OUT/t.csv LD_PRELOAD=$PWD/.carry/libktrace.so bench_gpu_layers ...   (there)
+ *   ninja -C /tmp/cub ktrace                              (here: the CMake target libktrace.so; tools/gpu_check.sh
+ *                                                          pack carries it and libcupti.so.13 in .carry/lib)
+ *   BENCH_NCU_B=1 KTRACE_OUT=$OUT/t.csv LD_PRELOAD=$PWD/.carry/lib/libktrace.so bench_gpu_layers ...  (there)
  *   python3 tools/ktrace.py t.csv                         (here: the step's critical chain, by kernel)
  * Columns: kind (K kernel, C memcpy, S memset; R a runtime API call, with KTRACE_API=1: its host thread in the
  * stream column, its start and end on the host), stream, start_ns, end_ns (relative to the profiler start, one
