@@ -1491,6 +1491,7 @@ typedef struct {
     int oom;
     int state_late, dev_comp; /* DEEPINFER_STATE_LATE, DEEPINFER_DEV_COMP (not "0"), read once per forward */
     int late_early;           /* DEEPINFER_LATE_START (not "0"): late_start starts the late rows down */
+    int merge;                /* DEEPINFER_REGION_MERGE (not "0"): a layer's attention output and FFN one region */
     /* layers whose state update waits for the end of the forward: their rows (device [R, xw]) */
     int *late_l;
     const float **late_xs;
@@ -2252,6 +2253,23 @@ static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, cons
 /* the host-dev graph's attention op needs the forward in progress (no-op on another backend) */
 static void hd_bind(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw);
 
+/* Layer l's FFN half on the device: mHC pre with the norm (and, official, x as the FP8 / FP4 expert GEMMs take it,
+ * made with the norm), the experts, mHC post with the shared expert's add */
+static int ffn_dev(dev_ctx *x, int l, float *X, float *coll, float *post, float *comb, float *f)
+{
+    const md_model *m = x->m;
+    const md_config *c = &m->cfg;
+    const md_layer *ly = &m->layers[l];
+    const size_t R = x->rw->R, D = (size_t)c->hidden_size;
+    be_hc h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
+    float *xq = moe_needs_xq(m, ly) ? dalloc(x, R * D * sizeof(float)) : NULL;
+    dhc_pre_norm(x, &h, 0, X, R, coll, post, comb, ly->ffn_norm, xq);
+    const float *sd = NULL;
+    const int rc = x->oom ? RC_ENOMEM : moe_dev(x, l, coll, xq, f, &sd);
+    if (!rc) dhc_post_add(x, X, f, sd, post, comb, R);
+    return rc;
+}
+
 /* md_forward on the device: rw is built, segs are checked; the caller advances the lengths */
 static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nseg, const rows_t *rw, rc_err *err)
 {
@@ -2260,7 +2278,8 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     const int n = c->hc_mult, D = c->hidden_size, V = c->vocab_size;
     const size_t R = rw->R;
     dev_ctx x = {.m = m, .be = be, .dv = dv, .rw = rw, .state_late = !env_off("DEEPINFER_STATE_LATE"),
-                 .dev_comp = !env_off("DEEPINFER_DEV_COMP"), .late_early = !env_off("DEEPINFER_LATE_START")};
+                 .dev_comp = !env_off("DEEPINFER_DEV_COMP"), .late_early = !env_off("DEEPINFER_LATE_START"),
+                 .merge = !env_off("DEEPINFER_REGION_MERGE")};
     int rc = 0;
     x.late_l = malloc((size_t)c->n_layers * sizeof *x.late_l);
     x.late_xs = malloc((size_t)c->n_layers * sizeof *x.late_xs);
@@ -2321,20 +2340,19 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
         const size_t amark = release ? dv->mark(be) : 0;
         if ((rc = attn_core_dev(&x, l, segs, nseg, &ab))) break;
         if (release) dv->release(be, amark);
-        if (!dregion_begin(&x, l, 1)) {
+        /* without a hook between them the attention's output and the FFN are one region (region 3): one graph
+         * launch fewer, and the FFN's first kernel overlaps hc_post's tail (PDL) */
+        const int merged = !m->hook && x.merge;
+        if (!dregion_begin(&x, l, merged ? 3 : 1)) {
             attn_out_dev(&x, l, &ab, f);
             dv->hc_post(be, X, f, post, comb, n, D, R);
+            if (merged) rc = ffn_dev(&x, l, X, coll, post, comb, f);
             dregion_end(&x);
+            if (rc) break;
         }
         if (m->hook) m->hook(m->hook_arg, l, 1);
-        if (!dregion_begin(&x, l, 2)) {
-            be_hc h = hc_params(c, ly->hc_ffn_fn, ly->hc_ffn_base, ly->hc_ffn_scale);
-            /* official: x as the FP8 / FP4 expert GEMMs take it (act_fp8), made with the norm */
-            float *xq = moe_needs_xq(m, ly) ? dalloc(&x, R * (size_t)D * sizeof(float)) : NULL;
-            dhc_pre_norm(&x, &h, 0, X, R, coll, post, comb, ly->ffn_norm, xq);
-            const float *sd = NULL;
-            rc = x.oom ? RC_ENOMEM : moe_dev(&x, l, coll, xq, f, &sd);
-            if (!rc) dhc_post_add(&x, X, f, sd, post, comb, R);
+        if (!merged && !dregion_begin(&x, l, 2)) {
+            rc = ffn_dev(&x, l, X, coll, post, comb, f);
             dregion_end(&x);
             if (rc) break;
         }
