@@ -9,9 +9,9 @@
  * Columns: kind (K kernel, C memcpy, S memset; R a runtime API call, with KTRACE_API=1: its host thread in the
  * stream column, its start and end on the host), stream, start_ns, end_ns (relative to the profiler start, one
  * clock for the host and the GPU), graph node (0 outside graphs), grid, block, name (mangled).  The API records
- * cost the host time of their own: time the step without them.  A kernel under programmatic dependent launch starts before
- * its predecessor ends (its prologue runs before the wait), so its own span overstates its work: ktrace.py reads
- * the chain from the ends. */
+ * cost the host time of their own: time the step without them.  A kernel under programmatic dependent launch
+ * starts before its predecessor ends (its prologue runs before the wait), so its own span overstates its work:
+ * ktrace.py reads the chain from the ends. */
 #include <cupti.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -147,8 +147,9 @@ __attribute__((constructor)) static void ktrace_start(void)
     CUpti_SubscriberHandle sub;
     CUPTI_OK(cuptiActivityRegisterCallbacks(buf_request, buf_done));
     CUPTI_OK(cuptiSubscribe(&sub, on_api, NULL));
-    CUPTI_OK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000));
-    CUPTI_OK(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000));
+    const CUpti_CallbackDomain rt = CUPTI_CB_DOMAIN_RUNTIME_API;
+    CUPTI_OK(cuptiEnableCallback(1, sub, rt, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000));
+    CUPTI_OK(cuptiEnableCallback(1, sub, rt, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
     CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));

@@ -10,6 +10,7 @@ step longer. A kernel under programmatic dependent launch starts before its pred
 minus start) overstates its work; the charge does not. Summed by kernel, the charges add up to the chain's span.
 """
 import argparse
+import bisect
 import collections
 import csv
 import re
@@ -93,8 +94,6 @@ def chain(rows):
             prev_same[b] = a
     ends = sorted(range(len(rows)), key=lambda i: rows[i]["end"])
     end_vals = [rows[i]["end"] for i in ends]
-    import bisect
-
     cur = ends[-1]
     out = []
     seen = set()
@@ -119,7 +118,8 @@ def main(argv=None):
     ap.add_argument("--chain", action="store_true", help="print the chain record by record")
     ap.add_argument("--top", type=int, default=30, help="rows of the by-kernel table (default 30)")
     ap.add_argument("--window", metavar="A:B", help="also list every record (host API calls too) starting in [A, B] us")
-    ap.add_argument("--gaps", type=int, default=0, metavar="N", help="also list the N longest gaps with nothing running")
+    ap.add_argument("--gaps", type=int, default=0, metavar="N",
+                    help="also list the N longest gaps with nothing running")
     a = ap.parse_args(argv)
     if a.window:
         lo, hi = (float(v) for v in a.window.split(":"))
@@ -130,7 +130,8 @@ def main(argv=None):
             s0 = (r["start"] - g0) / 1e3
             if lo <= s0 <= hi:
                 where = ("host " if r["kind"] == "R" else "s") + str(r["stream"] % 100000)
-                print(f"  {s0:9.1f} {(r['end'] - g0) / 1e3:9.1f} {(r['end'] - r['start']) / 1e3:7.1f}  {where:<10} {r['short']}")
+                e0, own = (r["end"] - g0) / 1e3, (r["end"] - r["start"]) / 1e3
+                print(f"  {s0:9.1f} {e0:9.1f} {own:7.1f}  {where:<10} {r['short']}")
     rows = load(a.csv)
     t0 = min(r["start"] for r in rows)
     t1 = max(r["end"] for r in rows)

@@ -1837,10 +1837,8 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
     return rc;
 }
 
-/* Layer l's state rows (xs, device [R, xw] as state_width lays them out) into hx, host, at the same places: all
- * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment: its
- * last max(window, 2 ratio) rows (comp_finish pushes fewer than 2 ratio, the ring keeps the window) */
-/* the rows of a segment late_rows needs: its last max(window, 2 ratio) */
+/* the rows of a segment late_rows needs: its last max(window, 2 ratio) (comp_finish pushes fewer than 2 ratio, the
+ * ring keeps the window) */
 static size_t late_tail(const md_model *m, int l)
 {
     const size_t r = (size_t)m->layers[l].ratio, w = (size_t)m->cfg.window;
@@ -1856,7 +1854,9 @@ static int late_whole(const dev_ctx *x, int l, size_t nseg)
     return nseg > 16 || 2 * need > R;
 }
 
-/* dn: late_start started them down as late layer i's rows (late_dn[i] & 1) */
+/* Layer l's state rows (xs, device [R, xw] as state_width lays them out) into hx, host, at the same places: all
+ * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment (its
+ * late_tail); dn: late_start started them down as late layer i's rows (late_dn[i] & 1) */
 static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg, size_t i, int dn)
 {
     const md_model *m = x->m;
