@@ -1854,21 +1854,22 @@ static int late_whole(const dev_ctx *x, int l, size_t nseg)
     return nseg > 16 || 2 * need > R;
 }
 
-/* Layer l's state rows (xs, device [R, xw] as state_width lays them out) into hx, host, at the same places: all
+/* Layer l's state rows (xs, device [R, xw] as state_width lays them out) on the host, at the same places (*out):
+ * where late_start started them down as late layer i's rows (dn & 1), the backend's copy itself; else in hx, all
  * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment (its
- * late_tail); dn: late_start started them down as late layer i's rows (late_dn[i] & 1) */
-static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg, size_t i, int dn)
+ * late_tail) */
+static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg, size_t i, int dn, const float **out)
 {
     const md_model *m = x->m;
     const size_t R = x->rw->R, *st = x->rw->seg_start;
     size_t cd, icd;
     const size_t xw = state_width(m, l, &cd, &icd), tail = late_tail(m, l);
-    if (dn & 1) {
-        const void *p = x->dv->down_take(x->be, dn_rows(i));
-        if (!p) return RC_EIO;
-        memcpy(hx, p, R * xw * sizeof(float));
-        return 0;
+    *out = hx;
+    if (dn & 1) { /* read where it landed: a copy into hx was a pass over R xw floats a layer (3 MB at batch 256) */
+        *out = x->dv->down_take(x->be, dn_rows(i));
+        return *out ? 0 : RC_EIO;
     }
+    if (!hx) return RC_ENOMEM;
     if (late_whole(x, l, nseg)) return x->dv->download(x->be, hx, xs, R * xw * sizeof(float)) ? RC_EIO : 0;
     const size_t w[5] = {(size_t)m->cfg.head_dim, cd, cd, icd, icd};
     size_t base = 0;
@@ -1916,19 +1917,23 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
         const size_t w = state_width(x->m, x->late_l[i], &cd, &icd);
         if (w > wmax) wmax = w;
     }
-    float *hx = x->nlate ? malloc(R * wmax * sizeof(float)) : NULL;
-    int rc = x->nlate && !hx ? RC_ENOMEM : 0;
+    /* a host copy only for the layers late_start did not start down */
+    int need = 0;
+    for (size_t i = 0; i < x->nlate; i++) need |= !(x->late_dn[i] & 1);
+    float *hx = need ? malloc(R * wmax * sizeof(float)) : NULL;
+    int rc = need && !hx ? RC_ENOMEM : 0;
     for (size_t i = 0; i < x->nlate && !rc; i++) {
         const int l = x->late_l[i];
+        const float *hr;
         state_width(x->m, l, &cd, &icd);
-        if ((rc = late_rows(x, l, x->late_xs[i], hx, nseg, i, x->late_dn[i]))) break;
+        if ((rc = late_rows(x, l, x->late_xs[i], hx, nseg, i, x->late_dn[i], &hr))) break;
         if (x->late_de[i].n[0] + x->late_de[i].n[1])
             rc = ents_write(x, l, segs, nseg, &x->late_de[i], i, x->late_dn[i]);
         if (!rc && cd) {
-            const float *rows[4] = {hx + R * d, hx + R * (d + cd), hx + R * (d + 2 * cd), hx + R * (d + 2 * cd + icd)};
+            const float *rows[4] = {hr + R * d, hr + R * (d + cd), hr + R * (d + 2 * cd), hr + R * (d + 2 * cd + icd)};
             comp_push(x->m, l, segs, nseg, x->rw, rows);
         }
-        if (!rc) ring_step(x->m, l, segs, nseg, x->rw, hx);
+        if (!rc) ring_step(x->m, l, segs, nseg, x->rw, hr);
     }
     for (size_t i = 0; i < x->nlate; i++) dev_ents_free(&x->late_de[i]);
     free(hx);
