@@ -770,8 +770,10 @@ static void test_rowdot_gemv(void **st)
               {"e8m0/64 300x1536", 300, 1536, 64, MD_F8_E8M0, 0, 300, 0, 1},
               {"e8m0/64 48x26624 (84 KB)", 48, 26624, 64, MD_F8_E8M0, 0, 48, 0, 1},
               {"rows 48.. cols 192..", 640, 2048, 128, MD_F8_E8M0, 48, 500, 192, 1},
-              {"8 groups of 64x640", 512, 640, 128, MD_F8_E8M0, 0, 64, 0, 8}};
-    const size_t TM = 8;
+              {"e8m0 96x4608 (9-chunk slices)", 96, 4608, 128, MD_F8_E8M0, 0, 96, 0, 1},
+              {"8 groups of 64x640", 512, 640, 128, MD_F8_E8M0, 0, 64, 0, 8},
+              {"8 groups of 32x4096 (wo_a)", 256, 4096, 128, MD_F8_E8M0, 0, 32, 0, 8}};
+    const size_t TM = 24; /* codes to T = 24 (three n8 groups of columns), planes to T = 8 */
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         rweight r = make_fp8(cs[k].rows, cs[k].cols, cs[k].bs, cs[k].sdt);
         const be_weight *w = &r.w;
@@ -798,11 +800,12 @@ static void test_rowdot_gemv(void **st)
         ck(cudaMemcpy(dxr, xraw, TM * (size_t)ldx * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
         const size_t ybytes = TM * (size_t)ny * sizeof(float);
         float *y0 = malloc(ybytes), *y1 = malloc(ybytes);
-        size_t bad = 0, taken = 0, outs = 0;
+        size_t bad = 0, taken = 0, split = 0, calls = 0, outs = 0;
         for (size_t T = 1; T <= TM; T++)
             for (int xq = 0; xq <= 2; xq++) {
-                if (xq == 2 && (c0 || G > 1)) continue; /* xq = 2 takes whole rows, no groups */
-                if (xq == 0 && T > 2) continue;        /* three planes a token: T <= 2 */
+                if (xq == 2 && (c0 || G > 1 || T > 16)) continue; /* xq = 2 takes whole rows, no groups, T <= 16 */
+                if (xq == 0 && T > 8) continue;                   /* three planes a token: 24 columns */
+                calls++;
                 bcu_rowdot_args a = q_args(w, dw, ds, cs[k].r0, n, c0, xq == 1 ? dx : dxr, T, dy);
                 a.K = K;
                 a.xq = xq;
@@ -815,9 +818,24 @@ static void test_rowdot_gemv(void **st)
                     a.yg = n;
                 }
                 const int gv = bcu_rowdot_gemv_ok(&a);
-                const int expect = (size_t)(xq ? T : 3 * T) * (size_t)(K + 8) * 2 <= 56 * 1024;
+                /* what it takes: 24 B columns at most; the row's slices (at most 8, of ceil(chunks / slices) chunks)
+                 * dealt to at most 8 blocks of a cluster so that a block's columns of x, as T or 3 T rows of f16
+                 * with 8 of padding, fit 56 KB; with act_quant in the kernel a split block takes an even number of
+                 * chunks */
+                const int64_t nb = xq ? (int64_t)T : 3 * (int64_t)T, nch = K / 64;
+                int64_t nsl = (nch + 7) / 8 > 8 ? 8 : (nch + 7) / 8;
+                const int64_t cps = (nch + nsl - 1) / nsl;
+                nsl = (nch + cps - 1) / cps;
+                int expect = 0, need_split = 1;
+                for (int64_t slr = nsl; slr >= 1 && nb <= 24 && !expect; slr--) {
+                    const int64_t ch = slr * cps < nch ? slr * cps : nch;
+                    const int fits = nb * (64 * ch + 8) * 2 <= 56 * 1024;
+                    if (slr == nsl) need_split = !fits;
+                    expect = fits && (slr == nsl || xq != 2 || (slr * cps) % 2 == 0);
+                }
                 if (gv != expect) fail_msg("%s T=%zu xq=%d: bcu_rowdot_gemv_ok %d, expected %d", cs[k].name, T, xq, gv, expect);
                 taken += gv != 0;
+                split += gv && need_split;
                 a.tile = gv ? BCU_ROWDOT_TILE_GEMV : 0;
                 ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
                 cudaError_t r1 = bcu_rowdot(&a, 0);
@@ -862,9 +880,10 @@ static void test_rowdot_gemv(void **st)
                     if (bcu_rowdot(&a, 0) != cudaErrorNotSupported) fail_msg("%s T=%zu: a forced GEMV tile ran", cs[k].name, T);
                 }
             }
-        printf("  rowdot gemv %-22s %zu of %zu calls on the GEMV kernel, %zu of %zu outputs differ from the decode kernel\n",
-               cs[k].name, taken, (size_t)(c0 || G > 1 ? TM + 2 : 2 * TM + 2), bad, outs);
+        printf("  rowdot gemv %-30s %zu of %zu calls on the GEMV kernel (%zu split over a cluster), %zu of %zu outputs "
+               "differ from the decode kernel\n", cs[k].name, taken, calls, split, bad, outs);
         if (!taken) fail_msg("%s: the GEMV kernel never ran", cs[k].name);
+        if (K >= 4096 && !split) fail_msg("%s: no call split its slices over a cluster", cs[k].name);
         if (bad) fail_msg("%s: the GEMV kernel differs from the decode kernel in %zu outputs", cs[k].name, bad);
         free(x); free(xraw); free(y0); free(y1);
         cudaFree(dw); cudaFree(ds); cudaFree(dx); cudaFree(dxr); cudaFree(dy);

@@ -109,10 +109,11 @@ bcu_rowdot_args bcu_rowdot_for(const be_weight *w, const void *dw, const void *d
  * the decode kernel (automatic or forced tile) */
 int bcu_rowdot_aq_ok(const bcu_rowdot_args *a);
 /* whether the GEMV kernel can take these arguments (tile 0 or BCU_ROWDOT_TILE_GEMV): FP8 weights, xq 1 or 2 at
- * 1 <= T <= 8 (f16 codes) or xq 0 at T <= 2 (three bf16 planes a token), c0 and K multiples of 64, r0 (and grouped,
- * n) multiples of 16, x's T or 3 T rows of K + 8 f16 in 56 KB, and DEEPINFER_CUDA_GEMV not 0.  Its bits are the
- * decode kernel's.  A forced BCU_ROWDOT_TILE_GEMV runs it where it can and is cudaErrorNotSupported, nothing
- * launched, elsewhere. */
+ * 1 <= T <= 24 (f16 codes) or xq 0 at T <= 8 (three bf16 planes a token), c0 and K multiples of 64, r0 (and grouped,
+ * n) multiples of 16, and the T or 3 T rows of one slice's K + 8 f16 (mm_geom's slices: at most 8 a row) in 56 KB
+ * (where the whole row's do not, the row's slices are split over the blocks of a cluster of at most 8; with xq 2 a
+ * block's chunks must then be even), and DEEPINFER_CUDA_GEMV not 0.  Its bits are the decode kernel's.  A forced
+ * BCU_ROWDOT_TILE_GEMV runs it where it can and is cudaErrorNotSupported, nothing launched, elsewhere. */
 int bcu_rowdot_gemv_ok(const bcu_rowdot_args *a);
 /* whether bcu_rowdot runs it for these arguments as they are (tile 0: where it measured faster) */
 int bcu_rowdot_gemv_auto(const bcu_rowdot_args *a);

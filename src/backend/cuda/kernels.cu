@@ -1404,21 +1404,24 @@ struct GvSmem {
     size_t xs, ws, sp, z, total;
 };
 #define GV_NRB 6 /* row blocks of weight scales a block may span: 256 rows, blocks of >= 64, misaligned */
-/* shared memory: x codes [T][K + 8] f16, x scales [nch][8] f32, weight scales [GV_NRB][ncb] f32, slice sums
- * [8 warps][32 rows][8 tokens] f32, 32 zero bytes */
-__host__ __device__ __forceinline__ GvSmem gv_smem(int T, int64_t K, int nch, int ncb)
+#define GV_NG 3  /* n8 groups of B columns at most: 24 columns (8 act_quant'd tokens' planes, or 24 tokens' codes) */
+/* shared memory for nb B columns in ng groups of 8 (nc = 8 ng) over the block's kx columns of x (nchl chunks): x
+ * codes [nb][kx + 8] f16, x scales [nchl][nc] f32, weight scales [GV_NRB][ncb] f32, slice sums [8 warps][32
+ * rows][nc] f32, 32 zero bytes */
+__host__ __device__ __forceinline__ GvSmem gv_smem(int nb, int64_t kx, int nchl, int ncb, int nc)
 {
     GvSmem m;
-    m.xs = ((size_t)T * (size_t)(K + 8) * 2 + 15) & ~(size_t)15;
-    m.ws = m.xs + (size_t)nch * 8 * 4;
+    m.xs = ((size_t)nb * (size_t)(kx + 8) * 2 + 15) & ~(size_t)15;
+    m.ws = m.xs + (size_t)nchl * (size_t)nc * 4;
     m.sp = (m.ws + (size_t)GV_NRB * ncb * 4 + 15) & ~(size_t)15;
-    m.z = m.sp + (size_t)8 * 256 * 4;
+    m.z = m.sp + (size_t)8 * 32 * nc * 4;
     m.total = m.z + 32;
     return m;
 }
 #define GV_XMAX (56 * 1024) /* the x codes' (planes') shared memory at most */
-/* the whole block's at most: x in GV_XMAX caps K at 28664 (T = 1), so the x scales (32 bytes a chunk: 14 KB), the
- * weight scales (GV_NRB x 4 bytes a column block: 11 KB at blocks of 64) and the slice sums (8 KB) stay under it */
+/* the whole block's at most: x in GV_XMAX caps a block's columns at 28664 (one B column), so the x scales (32
+ * bytes a chunk: 14 KB), the weight scales (GV_NRB x 4 bytes a column block: 11 KB at blocks of 64) and the slice
+ * sums (8 KB a group of 8 columns) stay under it */
 #define GV_SMAX (96 * 1024)
 
 /* four units u0 + s k (k < 4) of x, a float4 each from at(u), zeros from nu on: the four loads in flight before
@@ -1434,27 +1437,38 @@ __device__ __forceinline__ void gv_load4(float4 (&v)[4], int u0, int s, int nu, 
 }
 
 /* PD chunks of weights in flight a lane, WT 16-row tiles a warp (a lane streams 2 WT rows: 32 WT PD bytes in
- * flight), MINB blocks an SM.  Grid (tile groups, groups); a block's warp w owns tiles [WT (rt b + w / nsl), +WT)
- * and slice w % nsl. */
-template <int PD, int WT, int MINB, bool MATH, bool PL>
-__global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int nsl, int ncb, int nostage)
+ * flight), MINB blocks an SM, NG n8 groups of B columns.  Grid (ns x tile groups, groups), clusters of ns along x:
+ * the K split.  The nsl slices of a row are dealt to the ns blocks of a cluster, slr each (rank r: slices [r slr,
+ * r slr + slr)), and a block stages only its slices' columns of x; a block's warp w owns tiles [WT (rt b + w /
+ * slr), +WT) and slice r slr + w % slr.  The sums meet in slice order across the cluster through distributed
+ * shared memory, so the split changes no bit. */
+template <int PD, int WT, int MINB, bool MATH, bool PL, int NG, bool KS>
+__global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int slr, int nsl, int nsa, int ncb, int nostage)
 {
     extern __shared__ __align__(16) unsigned char rd_smem[];
+    constexpr int NC = 8 * NG; /* B columns the block's mma cover */
+    const int ns = KS ? nsa : 1; /* KS false: no split (and no registers for one) */
     pdl_trigger(); /* a row-dot after this one may start its weight loads */
     const int tid = (int)threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int T = (int)a.T, XLD = (int)a.K + 8, NB = PL ? 3 * T : T; /* B columns: tokens, or their planes */
+    const int T = (int)a.T, NB = PL ? 3 * T : T; /* B columns: tokens, or their planes */
+    const int rank = ns > 1 ? (int)(blockIdx.x % (unsigned)ns) : 0;
     const int gi = (int)blockIdx.y;
     const float *ax = a.x + gi * a.xg;
     float *ay = a.y + gi * a.yg;
     const int64_t ar0 = a.r0 + gi * a.n;
     const int64_t ntl = (a.n + 15) >> 4;
-    const int64_t tile0 = (int64_t)blockIdx.x * rt * WT; /* the block's first tile */
-    const int tl = w / nsl, js = w - tl * nsl;
+    const int64_t tile0 = (int64_t)(blockIdx.x / (unsigned)ns) * rt * WT; /* the block's first tile */
+    const int sl = KS ? slr : nsl;
+    const int tl = w / sl, js = rank * sl + (w - tl * sl);
     const int64_t tw = tile0 + (int64_t)tl * WT; /* the warp's first tile */
-    const bool act = tl < rt && tw < ntl;
+    const bool act = tl < rt && tw < ntl && js < nsl;
     const int cs = js * a.cps, ce = min(a.nch, cs + a.cps);
-    const GvSmem L = gv_smem(NB, a.K, a.nch, ncb);
+    /* the block's chunks [kc0, kc0 + nchl): x columns [64 kc0, 64 (kc0 + nchl)); the layout is the same in every
+     * block of the cluster (the last one's chunks may be fewer), so that a peer's Sp is at this block's offset */
+    const int kc0 = rank * sl * a.cps, nchl = min(a.nch, kc0 + sl * a.cps) - kc0, nchm = min(a.nch, sl * a.cps);
+    const int KX = 64 * nchl, XLD = 64 * nchm + 8;
+    const GvSmem L = gv_smem(NB, 64 * nchm, nchm, ncb, NC);
     __half *Xh = (__half *)rd_smem;
     float *Xs = (float *)(rd_smem + L.xs);
     float *Ws = (float *)(rd_smem + L.ws);
@@ -1494,13 +1508,14 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
         }
     }
     pdl_wait(); /* x and y are the previous kernels' from here on */
-    auto xat = [&](int tau, int col) { return rd_ldg_f4(ax + tau * a.ldx + col); }; /* x's float4 (tau, col) */
+    const float *axk = ax + 64 * kc0;
+    auto xat = [&](int tau, int col) { return rd_ldg_f4(axk + tau * a.ldx + col); }; /* x's float4 (tau, kc0 + col) */
 
     /* x as f16 codes and the scale of each (chunk, token); tokens >= T: scale 0 (and no codes: those lanes read
      * Z).  Four units of x a lane are loaded before any is used.  (nostage: a timing probe without it, wrong sums) */
     if (nostage) {
     } else if (PL) { /* raw x: the three bf16 planes of each value (rd_split3), plane p of token tau in row 3 tau + p */
-        const int n4 = (int)(a.K >> 2), nu = T * n4;
+        const int n4 = KX >> 2, nu = T * n4;
         for (int u0 = tid; u0 < nu; u0 += 1024) {
             float4 v[4];
             gv_load4(v, u0, 256, nu, [&](int u) { return xat(u / n4, 4 * (u % n4)); });
@@ -1519,8 +1534,9 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
                         make_uint2(s0[pl] | (s1[pl] << 16), s2[pl] | (s3[pl] << 16));
             }
         }
-    } else if (a.aq) { /* act_quant (v4.c fq_fp8) of each block of 128 columns of a token: one warp, a float4 a lane */
-        const int nb = (int)(a.K >> 7), nu = T * nb;
+    } else if (a.aq) { /* act_quant (v4.c fq_fp8) of each block of 128 columns of a token: one warp, a float4 a lane
+                        * (kc0 is even: gv_plan) */
+        const int nb = KX >> 7, nu = T * nb;
         for (int u0 = w; u0 < nu; u0 += 32) {
             float4 v[4];
             gv_load4(v, u0, 8, nu, [&](int u) { return xat(u / nb, 128 * (u % nb) + 4 * lane); });
@@ -1533,18 +1549,18 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
                 st.x = aq_e4m3x2_h(__fmul_rn(v[k].x, inv), __fmul_rn(v[k].y, inv));
                 st.y = aq_e4m3x2_h(__fmul_rn(v[k].z, inv), __fmul_rn(v[k].w, inv));
                 *(uint2 *)(Xh + (size_t)tau * XLD + 128 * b + 4 * lane) = st;
-                if (lane == 0) Xs[(2 * b) * 8 + tau] = Xs[(2 * b + 1) * 8 + tau] = sc;
+                if (lane == 0) Xs[(2 * b) * NC + tau] = Xs[(2 * b + 1) * NC + tau] = sc;
             }
         }
     } else { /* x act_quant'd already: each (token, chunk) over a half-warp, x / 2^k exact in f16 as the decode kernel */
-        const int nu = T * a.nch, hl = lane & 15;
+        const int nu = T * nchl, hl = lane & 15;
         for (int u0 = 2 * w; u0 < nu; u0 += 64) {
             float4 f[4];
-            gv_load4(f, u0 + (lane >> 4), 16, nu, [&](int u) { return xat(u / a.nch, 64 * (u % a.nch) + 4 * hl); });
+            gv_load4(f, u0 + (lane >> 4), 16, nu, [&](int u) { return xat(u / nchl, 64 * (u % nchl) + 4 * hl); });
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 if (u0 + 16 * k >= nu) break; /* warp-uniform */
-                const int u = u0 + 16 * k + (lane >> 4), tau = u / a.nch, c = u - tau * a.nch;
+                const int u = u0 + 16 * k + (lane >> 4), tau = u / nchl, c = u - tau * nchl;
                 float m = fmaxf(fmaxf(fabsf(f[k].x), fabsf(f[k].y)), fmaxf(fabsf(f[k].z), fabsf(f[k].w)));
 #pragma unroll
                 for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -1562,27 +1578,37 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
                     st.x = *(const uint32_t *)&h01;
                     st.y = *(const uint32_t *)&h23;
                     *(uint2 *)(Xh + (size_t)tau * XLD + 64 * c + 4 * hl) = st;
-                    if (hl == 0) Xs[c * 8 + tau] = ldexpf(1.0f, e);
+                    if (hl == 0) Xs[c * NC + tau] = ldexpf(1.0f, e);
                 }
             }
         }
     }
-    for (int i = tid; !PL && !nostage && i < a.nch * (8 - T); i += 256) {
-        const int c = i / (8 - T);
-        Xs[c * 8 + T + (i - c * (8 - T))] = 0.0f;
+    for (int i = tid; !PL && !nostage && i < nchl * (NC - T); i += 256) {
+        const int c = i / (NC - T);
+        Xs[c * NC + T + (i - c * (NC - T))] = 0.0f;
     }
     if (tid < 2) Z[tid] = zero;
     __syncthreads();
 
-    float S[WT][4];
+    float S[WT][NG][4];
 #pragma unroll
     for (int t = 0; t < WT; t++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) S[t][e] = 0.0f;
+        for (int j = 0; j < NG; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) S[t][j][e] = 0.0f;
     if (act) {
-        /* B column g's 16 codes (planes) of chunk c: xp + 64 c (lanes of no column read the zeros) */
-        const __half *xp = g < NB ? Xh + (size_t)g * XLD + 16 * q : (const __half *)Z;
-        const int xst = g < NB ? 64 : 0;
+        /* B column 8 j + g's 16 codes (planes) of chunk c: xp[j] + 64 c, the block's first chunk kc0 folded into
+         * the base (lanes of no column read the zeros); its scales Xk[NC c + column] */
+        const __half *xp[NG];
+        int xst[NG];
+#pragma unroll
+        for (int j = 0; j < NG; j++) {
+            const int col = 8 * j + g;
+            xp[j] = col < NB ? Xh + (size_t)col * XLD + 16 * q - 64 * kc0 : (const __half *)Z;
+            xst[j] = col < NB ? 64 : 0;
+        }
+        const float *Xk = Xs - NC * kc0;
         const float *wsr[WT]; /* tile t's scale row, by column block */
 #pragma unroll
         for (int t = 0; t < WT; t++) wsr[t] = Ws + (int)(((ar0 + (tw + t) * 16) >> a.bshift) - rb0) * ncb - cb0;
@@ -1593,37 +1619,55 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
                 const int c = base + p;
                 if (c >= ce) break; /* warp-uniform */
                 const uint4 *v = ring[p];
-                const uint4 xa = *(const uint4 *)(xp + c * xst), xb = *(const uint4 *)(xp + c * xst + 8);
-                const float2 sx = PL ? make_float2(1.0f, 1.0f) : *(const float2 *)&Xs[c * 8 + 2 * q];
+                uint4 xa[NG], xb[NG];
+                float2 sx[NG];
+#pragma unroll
+                for (int j = 0; j < NG; j++) {
+                    xa[j] = *(const uint4 *)(xp[j] + c * xst[j]);
+                    xb[j] = *(const uint4 *)(xp[j] + c * xst[j] + 8);
+                    sx[j] = PL ? make_float2(1.0f, 1.0f) : *(const float2 *)&Xk[c * NC + 8 * j + 2 * q];
+                }
 #pragma unroll
                 for (int t = 0; t < WT && !MATH; t++) { /* a probe of the loads alone (DEEPINFER_CUDA_GEMV_NOMATH) */
-                    S[t][0] += __uint_as_float((v[2 * t].x ^ v[2 * t + 1].y) & 0x3fffffffu);
-                    S[t][1] += __uint_as_float((v[2 * t].y ^ v[2 * t + 1].z) & 0x3fffffffu);
-                    S[t][2] += __uint_as_float((v[2 * t].z ^ v[2 * t + 1].w ^ xa.x) & 0x3fffffffu);
-                    S[t][3] += __uint_as_float((v[2 * t].w ^ v[2 * t + 1].x ^ xb.y) & 0x3fffffffu) * sx.x;
+                    S[t][0][0] += __uint_as_float((v[2 * t].x ^ v[2 * t + 1].y) & 0x3fffffffu);
+                    S[t][0][1] += __uint_as_float((v[2 * t].y ^ v[2 * t + 1].z) & 0x3fffffffu);
+                    S[t][0][2] += __uint_as_float((v[2 * t].z ^ v[2 * t + 1].w ^ xa[0].x) & 0x3fffffffu);
+                    S[t][0][3] += __uint_as_float((v[2 * t].w ^ v[2 * t + 1].x ^ xb[0].y) & 0x3fffffffu) * sx[0].x;
                 }
 #pragma unroll
                 for (int t = 0; t < WT && MATH; t++) {
-                    float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    float P[NG][4];
+#pragma unroll
+                    for (int j = 0; j < NG; j++) P[j][0] = P[j][1] = P[j][2] = P[j][3] = 0.0f;
 #pragma unroll
                     for (int s4 = 0; s4 < 4; s4++) {
                         const uint32_t wa = word_of(v[2 * t], s4), wb = word_of(v[2 * t + 1], s4);
-                        const uint4 &xv = s4 < 2 ? xa : xb;
                         if (PL) { /* e4m3 -> bf16 exactly, bf16 planes */
                             const uint32_t af[4] = {rd_e4m3x2(wa), rd_e4m3x2(wb), rd_e4m3x2(wa >> 16), rd_e4m3x2(wb >> 16)};
-                            rd_mma(P, af, word_of(xv, (2 * s4) & 3), word_of(xv, (2 * s4 + 1) & 3));
+#pragma unroll
+                            for (int j = 0; j < NG; j++) {
+                                const uint4 &xv = s4 < 2 ? xa[j] : xb[j];
+                                rd_mma(P[j], af, word_of(xv, (2 * s4) & 3), word_of(xv, (2 * s4 + 1) & 3));
+                            }
                         } else {
                             const uint32_t af[4] = {rd_e4m3x2_h(wa), rd_e4m3x2_h(wb), rd_e4m3x2_h(wa >> 16),
                                                     rd_e4m3x2_h(wb >> 16)};
-                            rd_mma_h(P, af, word_of(xv, (2 * s4) & 3), word_of(xv, (2 * s4 + 1) & 3));
+#pragma unroll
+                            for (int j = 0; j < NG; j++) {
+                                const uint4 &xv = s4 < 2 ? xa[j] : xb[j];
+                                rd_mma_h(P[j], af, word_of(xv, (2 * s4) & 3), word_of(xv, (2 * s4 + 1) & 3));
+                            }
                         }
                     }
                     const float sw = wsr[t][(cbb + c) >> cbs];
-                    const float m0 = PL ? sw : __fmul_rn(sw, sx.x), m1 = PL ? sw : __fmul_rn(sw, sx.y);
-                    S[t][0] = fmaf(P[0], m0, S[t][0]);
-                    S[t][1] = fmaf(P[1], m1, S[t][1]);
-                    S[t][2] = fmaf(P[2], m0, S[t][2]);
-                    S[t][3] = fmaf(P[3], m1, S[t][3]);
+#pragma unroll
+                    for (int j = 0; j < NG; j++) {
+                        const float m0 = PL ? sw : __fmul_rn(sw, sx[j].x), m1 = PL ? sw : __fmul_rn(sw, sx[j].y);
+                        S[t][j][0] = fmaf(P[j][0], m0, S[t][j][0]);
+                        S[t][j][1] = fmaf(P[j][1], m1, S[t][j][1]);
+                        S[t][j][2] = fmaf(P[j][2], m0, S[t][j][2]);
+                        S[t][j][3] = fmaf(P[j][3], m1, S[t][j][3]);
+                    }
                 }
                 if (c + PD < ce) /* the slot is free: chunk c + PD into it */
 #pragma unroll
@@ -1631,30 +1675,38 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
             }
         }
     }
-    /* tile t's rows g, g + 8, tokens 2q, 2q + 1 of this warp's slice: Sp[w][16 t + row][token] */
+    /* tile t's rows g, g + 8, columns 8 j + 2q, 8 j + 2q + 1 of this warp's slice: Sp[w][16 t + row][column] */
 #pragma unroll
-    for (int t = 0; t < WT; t++) {
-        *(float2 *)&Sp[w * 256 + (16 * t + g) * 8 + 2 * q] = make_float2(S[t][0], S[t][1]);
-        *(float2 *)&Sp[w * 256 + (16 * t + g + 8) * 8 + 2 * q] = make_float2(S[t][2], S[t][3]);
-    }
-    __syncthreads();
+    for (int t = 0; t < WT; t++)
+#pragma unroll
+        for (int j = 0; j < NG; j++) {
+            *(float2 *)&Sp[(w * 32 + 16 * t + g) * NC + 8 * j + 2 * q] = make_float2(S[t][j][0], S[t][j][1]);
+            *(float2 *)&Sp[(w * 32 + 16 * t + g + 8) * NC + 8 * j + 2 * q] = make_float2(S[t][j][2], S[t][j][3]);
+        }
+    if (ns > 1) rd_cluster_sync();
+    else __syncthreads();
+    /* ((0 + S_0) + S_1) + ... over the row's nsl slices in order, wherever in the cluster each was summed; the
+     * cluster's blocks share the block's outputs */
     const int rows = rt * WT * 16;
-    for (int e = tid; e < rows * T; e += 256) {
+    for (int e = rank * 256 + tid; e < rows * T; e += ns * 256) {
         const int rb = e / T, tau = e - rb * T; /* the block's row rb: warp group rb / (16 WT) */
         const int t2 = rb / (16 * WT), rw = rb - t2 * 16 * WT;
         const int64_t o = tile0 * 16 + rb;
         if (o >= a.n) continue;
-        const float *sp = Sp + t2 * nsl * 256 + rw * 8 + (PL ? 3 * tau : tau);
+        const int col = PL ? 3 * tau : tau;
         float acc = 0.0f, a1 = 0.0f, a2 = 0.0f;
         for (int j = 0; j < nsl; j++) {
-            acc = acc + sp[j * 256];
+            const int r = KS ? j / sl : 0;
+            const float *sp = (ns > 1 ? rd_cluster_peer(Sp, r) : Sp) + ((t2 * sl + j - r * sl) * 32 + rw) * NC + col;
+            acc = acc + sp[0];
             if (PL) {
-                a1 = a1 + sp[j * 256 + 1];
-                a2 = a2 + sp[j * 256 + 2];
+                a1 = a1 + sp[1];
+                a2 = a2 + sp[2];
             }
         }
         ay[tau * a.ldy + o] = PL ? acc + (a1 + a2) : acc;
     }
+    if (ns > 1) rd_cluster_sync(); /* the peers' shared memory stays until every block has read it */
 }
 
 /* the environment variable name, read once into cache: 1 + the index of its value among the n vals, 0 if it is
@@ -1682,74 +1734,184 @@ static int gv_env(void)
     return v == 1 ? 0 : v == 2 ? 2 : 1;
 }
 
+/* The GEMV kernel's plan for these arguments: its B columns (tokens, or three planes a token) in n8 groups, and
+ * its K split: the row's nsl slices dealt to the ns blocks of a cluster, slr a block. */
+struct GvPlan {
+    int nb, ng;  /* B columns, n8 groups of them */
+    int ns, slr; /* blocks of the cluster (1: no split), slices a block */
+    int nsl;     /* slices of a row (mm_geom) */
+    int ncb;     /* column blocks of weight scales the row spans */
+    size_t sm;   /* a block's shared memory */
+};
+
+/* the deal of ns blocks a cluster, if it is one (no fewer blocks give it) and a block's columns of x fit GV_XMAX
+ * (act_quant in the kernel: an even number of chunks a block, so that its blocks of 128 columns stay whole) */
+static bool gv_deal(const bcu_rowdot_args *p, const MmGeom &gm, int nb, int ncb, int ns, GvPlan *pl)
+{
+    const int slr = (gm.nsl + ns - 1) / ns;
+    if ((gm.nsl + slr - 1) / slr != ns) return false;
+    if (ns > 1 && p->xq == 2 && (slr * gm.cps) % 2) return false;
+    const int nchl = gm.nch < slr * gm.cps ? gm.nch : slr * gm.cps;
+    if ((size_t)nb * (size_t)(64 * nchl + 8) * 2 > GV_XMAX) return false;
+    const size_t sm = gv_smem(nb, 64 * nchl, nchl, ncb, 8 * ((nb + 7) / 8)).total;
+    if (sm > GV_SMAX) return false;
+    pl->nb = nb;
+    pl->ng = (nb + 7) / 8;
+    pl->ns = ns;
+    pl->slr = slr;
+    pl->nsl = gm.nsl;
+    pl->ncb = ncb;
+    pl->sm = sm;
+    return true;
+}
+
+/* Which deal.  A block of 8 warps reads 8 x 16 rows x cps chunks of weights whatever the deal, and stages its
+ * slices' columns of x, which it reads as fp32: T slr / 32 of its weight bytes, read again by every block on the
+ * same columns.  The fewest blocks (no split where x fits) unless that share passes 1/2 or the fewest blocks need a
+ * split anyway, or, from T = 2, where one slice a block takes at most one block an SM; then one slice a block (or
+ * the fewest slices the parity allows).  What the H200 said (bench_cuda_linear's act_quant and decode tables,
+ * 2026-12-01, twentieth session, us, fewest -> one slice a block): 1024 x 4096 T = 2 7.68 -> 6.24, T = 8 12.31 ->
+ * 7.17 (the decode kernel 12.03); wo_b T = 8 39.73 (three blocks a cluster) -> 23.75 (decode kernel 36.86), but T = 1
+ * 13.87 -> 18.57 and wq_b T = 1 11.09 -> 17.37: a split of a grid of 256-512 blocks costs ~5 us, a cluster launched
+ * beside the kernel before it.  DEEPINFER_CUDA_GEMV_SLR=k (read once, 1..8) instead takes the fewest blocks of at
+ * most k slices (8: the fewest blocks that fit). */
+static bool gv_plan(const bcu_rowdot_args *p, GvPlan *pl)
+{
+    if (p->T < 1 || p->T > 8 * GV_NG) return false;
+    const int nb = p->xq ? (int)p->T : 3 * (int)p->T;
+    if (nb > 8 * GV_NG) return false;
+    const MmGeom gm = mm_geom(p);
+    int bs = 0;
+    while ((1 << bs) < p->block) bs++;
+    const int cbs = bs - 6;
+    const int ncb = (int)(((gm.cb + gm.nch - 1) >> cbs) - (gm.cb >> cbs) + 1);
+    static std::atomic<int> slr_env(-1);
+    int smax = slr_env.load(std::memory_order_relaxed);
+    if (smax < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_GEMV_SLR");
+        smax = e && atoi(e) >= 1 && atoi(e) <= 8 ? atoi(e) : 0;
+        slr_env.store(smax, std::memory_order_relaxed);
+    }
+    int ns = 1;
+    while (ns <= 8 && (!gv_deal(p, gm, nb, ncb, ns, pl) || (smax && pl->slr > smax))) ns++;
+    if (smax) {
+        if (ns <= 8) return true;
+        for (ns = 1; ns <= 8 && !gv_deal(p, gm, nb, ncb, ns, pl); ns++) {} /* none that small: the fewest */
+    }
+    if (ns > 8) return false;
+    bool most = pl->ns > 1 || p->T * pl->slr > 16;
+    if (!most && p->T >= 2) {
+        const int64_t ntl = (p->n + 15) / 16, ng = p->groups > 1 ? p->groups : 1;
+        most = (ntl + 7) / 8 * ng * gm.nsl <= bcu_sm_count();
+    }
+    if (most) {
+        GvPlan m;
+        for (int k = 8; k > pl->ns; k--)
+            if (gv_deal(p, gm, nb, ncb, k, &m)) {
+                *pl = m;
+                break;
+            }
+    }
+    return true;
+}
+
 /* whether the GEMV kernel can take these arguments (after mm_supported): FP8 weights; act_quant'd x (xq) at
- * 1 <= T <= 8, or raw x as three bf16 planes (xq = 0) at T <= 2; whole chunks (c0, K multiples of 64), 16-row
- * tiles inside a row block of scales (r0 and, grouped, n multiples of 16), x's codes or planes in GV_XMAX, the
- * automatic or the GEMV tile, DEEPINFER_CUDA_GEMV not 0 */
+ * 1 <= T <= 24, or raw x as three bf16 planes (xq = 0) at T <= 8; whole chunks (c0, K multiples of 64), 16-row
+ * tiles inside a row block of scales (r0 and, grouped, n multiples of 16), a plan (gv_plan: a slice's x in GV_XMAX),
+ * the automatic or the GEMV tile, DEEPINFER_CUDA_GEMV not 0 */
 static bool gv_can(const bcu_rowdot_args *p)
 {
-    const int64_t nb = p->xq ? p->T : 3 * p->T; /* B columns */
-    if (p->fmt != BCU_RW_FP8 || p->T < 1 || nb > 8 || (p->tile != 0 && p->tile != BCU_ROWDOT_TILE_GEMV)) return false;
+    GvPlan pl;
+    if (p->fmt != BCU_RW_FP8 || p->T < 1 || (p->tile != 0 && p->tile != BCU_ROWDOT_TILE_GEMV)) return false;
     if (p->c0 % 64 || p->K % 64 || p->r0 % 16 || (p->groups > 1 && p->n % 16)) return false;
-    return (size_t)nb * (size_t)(p->K + 8) * 2 <= GV_XMAX && gv_env() != 0;
+    return gv_plan(p, &pl) && gv_env() != 0;
 }
 
 /* whether it runs: forced, or (tile 0) where the H200 measured it faster than the decode kernel (bench_cuda_linear's
- * act_quant table, 2026-12-01, seventeenth session, both kernels with their weight scales asked for before the PDL
- * wait).  On codes or act_quant'd x: every shape at T = 1 (wq_b 12.7 -> 10.9 us, wo_b 19.8 -> 13.8, 1024 x 4096 6.7
- * -> 5.9, 512 x 4096 5.4 -> 5.1; with act_quant in the kernel, xq = 2, the same within 0.3 us: both kernels quantise
- * with the conversion instructions); long slices (16 chunks and more: wo_b, T = 2 22.4 -> 17.5); and 4096 rows and
- * more to T = 8 (wq_b T = 8 22.0 -> 14.9, 4096 x 2048 12.8 -> 12.5).  The decode kernel stays faster at T >= 2 on
- * 512-2048 rows of 4096 columns (1024 x 4096, T = 2: 7.6 against 7.8; T = 5: 9.9 against 12.1).
- * On bf16 planes (xq = 0): the grouped wo_a and long slices, as the sixteenth session measured (wo_a at T = 1
- * 20.1 -> 14.8 us). */
+ * act_quant and decode tables).  On codes or act_quant'd x: every shape to T = 16 since the twentieth session's K
+ * split and second n8 group (2026-12-01, us, decode kernel -> GEMV: 1024 x 4096 T = 2 7.61 -> 6.24, T = 8 12.03 ->
+ * 7.17, T = 16 17.77 -> 9.65; wo_b T = 8 36.86 -> 23.75, T = 16 55.99 -> 33.63; wq_b T = 8 22.01 -> 14.92, T = 16
+ * 32.45 -> 29.18; 4096 x 2048 T = 2 8.50 -> 7.18); before it, T = 1 everywhere (seventeenth session: wq_b 12.7 ->
+ * 10.9, wo_b 19.8 -> 13.8), long slices and 4096 rows and more to T = 8.  On bf16 planes (xq = 0): the grouped wo_a
+ * and long slices at T <= 2 (sixteenth session: wo_a T = 1 20.1 -> 14.8) and T = 6..8 (three n8 groups, one slice
+ * a block: T = 8 40.50 -> 30.67); at T = 3..5 the decode kernel's one token block beats the split (23.97 against
+ * 28.55). */
 static bool gv_pick(const bcu_rowdot_args *p)
 {
     if (!gv_can(p)) return false;
     if (p->tile == BCU_ROWDOT_TILE_GEMV || gv_env() == 2) return true;
     const MmGeom gm = mm_geom(p);
-    if (!p->xq) return p->groups > 1 || gm.cps >= 16;
-    return p->T == 1 || gm.cps >= 16 || p->n >= 4096;
+    if (!p->xq) return (p->groups > 1 || gm.cps >= 16) && (p->T <= 2 || p->T >= 6);
+    return p->T <= 16;
 }
 
 /* The GEMV kernel's shape (both 256 bytes in flight a lane, two blocks an SM): one tile a warp and 8 chunks in
- * flight where that grid is at most one wave, else two tiles a warp and 4 chunks in flight (half the blocks).
- * DEEPINFER_CUDA_GEMV_SHAPE (read once) forces one: "8x1" or "4x2". */
-template <int PD, int WT, int MINB, bool MATH, bool PL>
-static cudaError_t gv_launch_t(const MmArgs &a, int nsl, int ncb, size_t sm, cudaStream_t st, int nostage = 0)
+ * flight where that grid is at most one wave (and wherever B takes more than one n8 group: the registers), else two
+ * tiles a warp and 4 chunks in flight (half the blocks).  DEEPINFER_CUDA_GEMV_SHAPE (read once) forces one: "8x1" or
+ * "4x2" (one group). */
+template <int PD, int WT, int MINB, bool MATH, bool PL, int NG, bool KS>
+static cudaError_t gv_launch_t(const MmArgs &a, const GvPlan &pl, cudaStream_t st, int nostage = 0)
 {
+    void (*kern)(MmArgs, int, int, int, int, int, int) = rowgv_kernel<PD, WT, MINB, MATH, PL, NG, KS>;
     static std::atomic<unsigned long long> attr_set(0);
-    if (const cudaError_t e = rd_smem_attr_once(attr_set, rowgv_kernel<PD, WT, MINB, MATH, PL>, (size_t)GV_SMAX);
-        e != cudaSuccess)
-        return e;
-    const int rt = 8 / nsl;
-    const int64_t ntl = (a.n + 15) >> 4, gx = (ntl + (int64_t)rt * WT - 1) / ((int64_t)rt * WT);
+    if (const cudaError_t e = rd_smem_attr_once(attr_set, kern, (size_t)GV_SMAX); e != cudaSuccess) return e;
+    const int rt = 8 / pl.slr;
+    const int64_t ntl = (a.n + 15) >> 4, gx = (ntl + (int64_t)rt * WT - 1) / ((int64_t)rt * WT) * pl.ns;
     if (gx > 0x7fffffff || a.groups > 65535) return cudaErrorInvalidConfiguration;
-    return rd_launch_ex(rowgv_kernel<PD, WT, MINB, MATH, PL>, dim3((unsigned)gx, (unsigned)(a.groups > 1 ? a.groups : 1)),
-                        dim3(256), sm, 1, true, st, a, rt, nsl, ncb, nostage);
+    if (pl.ns > 1) {
+        static std::atomic<int> fits[9]; /* per cluster size: 0 not asked, 1 fits, 2 does not */
+        int f = fits[pl.ns].load(std::memory_order_relaxed);
+        if (!f) {
+            f = rd_cluster_fits(kern, pl.ns, 256, (size_t)GV_SMAX) ? 1 : 2;
+            fits[pl.ns].store(f, std::memory_order_relaxed);
+        }
+        if (f != 1) return cudaErrorNotSupported;
+    }
+    const cudaError_t e = rd_launch_ex(kern, dim3((unsigned)gx, (unsigned)(a.groups > 1 ? a.groups : 1)), dim3(256),
+                                       pl.sm, pl.ns, true, st, a, rt, pl.slr, pl.nsl, pl.ns, pl.ncb, nostage);
+    if (e != cudaSuccess && pl.ns > 1) {
+        (void)cudaGetLastError(); /* a cluster launch refused */
+        return cudaErrorNotSupported;
+    }
+    return e;
 }
 
-static cudaError_t gv_launch(const MmArgs &a, bool pl, int nsl, cudaStream_t st)
+/* the instances: one n8 group without a split in both shapes (and the probes), everything else (a split, more
+ * groups) in the 8x1 shape alone */
+template <bool PL, int NG>
+static cudaError_t gv_launch_ng(const MmArgs &a, const GvPlan &pl, bool one, int nm, cudaStream_t st)
 {
-    const int cbs = a.bshift - 6;
-    const int ncb = (int)(((a.cb + a.nch - 1) >> cbs) - (a.cb >> cbs) + 1);
-    const size_t sm = gv_smem(pl ? 3 * (int)a.T : (int)a.T, a.K, a.nch, ncb).total;
-    if (sm > GV_SMAX) return cudaErrorInvalidConfiguration; /* cannot happen (GV_SMAX above), and gv_can took it */
+    if constexpr (NG == 1 && !PL)
+        if (nm && pl.ns == 1) /* a probe: no maths (wrong sums); 2: no x staging either */
+            return one ? gv_launch_t<8, 1, 2, false, false, 1, false>(a, pl, st, nm == 2)
+                       : gv_launch_t<4, 2, 2, false, false, 1, false>(a, pl, st, nm == 2);
+    if constexpr (NG == 1)
+        if (pl.ns == 1)
+            return one ? gv_launch_t<8, 1, 2, true, PL, 1, false>(a, pl, st) : gv_launch_t<4, 2, 2, true, PL, 1, false>(a, pl, st);
+    return gv_launch_t<NG == 3 ? 6 : 8, 1, 2, true, PL, NG, true>(a, pl, st); /* three groups: 6 chunks in flight (registers) */
+}
+
+/* cudaErrorNotSupported: no plan, or its cluster cannot run (nothing launched) */
+static cudaError_t gv_launch(const MmArgs &a, const bcu_rowdot_args *p, cudaStream_t st)
+{
+    GvPlan pl;
+    if (!gv_plan(p, &pl)) return cudaErrorNotSupported;
     static std::atomic<int> force(-1);
     static const char *const shapes[] = {"8x1", "4x2"};
     const int f = env_once(force, "DEEPINFER_CUDA_GEMV_SHAPE", shapes, 2); /* 0 auto, 1 "8x1", 2 "4x2" */
-    const int rt = 8 / nsl;
+    const int rt = 8 / pl.slr;
     const int64_t ntl = (a.n + 15) >> 4, ng = a.groups > 1 ? a.groups : 1, sms = bcu_sm_count();
-    const int64_t b1 = (ntl + rt - 1) / rt * ng; /* blocks of one tile a warp */
+    const int64_t b1 = (ntl + rt - 1) / rt * ng * pl.ns; /* blocks of one tile a warp */
     const bool one = f ? f == 1 : b1 <= 2 * sms;
     static std::atomic<int> nomath(-1);
     static const char *const on[] = {"1", "2"};
     const int nm = env_once(nomath, "DEEPINFER_CUDA_GEMV_NOMATH", on, 2); /* 1: the loads alone, wrong sums; 2: no x staging either */
-    if (pl) return one ? gv_launch_t<8, 1, 2, true, true>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, true>(a, nsl, ncb, sm, st);
-    if (nm) /* a probe: no maths (wrong sums); 2: no x staging either */
-        return one ? gv_launch_t<8, 1, 2, false, false>(a, nsl, ncb, sm, st, nm == 2)
-                   : gv_launch_t<4, 2, 2, false, false>(a, nsl, ncb, sm, st, nm == 2);
-    return one ? gv_launch_t<8, 1, 2, true, false>(a, nsl, ncb, sm, st) : gv_launch_t<4, 2, 2, true, false>(a, nsl, ncb, sm, st);
+    const bool pln = !p->xq;
+    switch (pl.ng) {
+    case 1: return pln ? gv_launch_ng<true, 1>(a, pl, one, nm, st) : gv_launch_ng<false, 1>(a, pl, one, nm, st);
+    case 2: return pln ? gv_launch_ng<true, 2>(a, pl, one, nm, st) : gv_launch_ng<false, 2>(a, pl, one, nm, st);
+    default: return pln ? gv_launch_ng<true, 3>(a, pl, one, nm, st) : gv_launch_ng<false, 3>(a, pl, one, nm, st);
+    }
 }
 
 /* A probe of the read bandwidth a GEMV could reach (bench_cuda_linear): the bytes of buf in 512-byte runs a warp
@@ -1855,8 +2017,11 @@ template <int FMT>
 static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int nsl, cudaStream_t st)
 {
     if constexpr (FMT == BCU_RW_FP8) {
-        if (gv_pick(p)) return gv_launch(a, !p->xq, nsl, st);
-        if (p->tile == BCU_ROWDOT_TILE_GEMV) return cudaErrorNotSupported;
+        if (gv_pick(p)) {
+            const cudaError_t e = gv_launch(a, p, st);
+            if (e != cudaErrorNotSupported || p->tile == BCU_ROWDOT_TILE_GEMV) return e;
+            /* its cluster cannot run here: the decode kernel, the same bits */
+        } else if (p->tile == BCU_ROWDOT_TILE_GEMV) return cudaErrorNotSupported;
     }
     const int tile = mm_tile(p);
     if (a.groups > 1) { /* grouped: the decode kernel (automatic tile: up to BCU_ROWDOT_GROUPED_T rows) or nothing */
