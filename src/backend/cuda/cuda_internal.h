@@ -115,7 +115,8 @@ int bcu_rowdot_aq_ok(const bcu_rowdot_args *a);
  * block's chunks must then be even), and DEEPINFER_CUDA_GEMV not 0.  Its bits are the decode kernel's.  A forced
  * BCU_ROWDOT_TILE_GEMV runs it where it can and is cudaErrorNotSupported, nothing launched, elsewhere. */
 int bcu_rowdot_gemv_ok(const bcu_rowdot_args *a);
-/* whether bcu_rowdot runs it for these arguments as they are (tile 0: where it measured faster) */
+/* whether bcu_rowdot runs it for these arguments as they are (tile 0: where it measured faster; bf16 planes of 9 ..
+ * BCU_ROWDOT_GROUPED_T tokens in launches of 8 where it takes 8) */
 int bcu_rowdot_gemv_auto(const bcu_rowdot_args *a);
 /* reads bytes of buf (16-byte aligned) as a plain stream: 512 bytes a warp, 8 loads of 16 bytes in flight a lane,
  * per_sm (1 .. 8) blocks of 256 threads an SM (bench_cuda_linear's read rows); sink: 256 words a write could land in

@@ -2044,8 +2044,35 @@ static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int 
     }
 }
 
+/* whether the automatic tile runs these bf16-plane arguments (xq 0) of 9 .. BCU_ROWDOT_GROUPED_T tokens as launches
+ * of 8 tokens (the last fewer), each taking the kernel gv_pick gives it (the GEMV at 8 tokens: the same bits as the
+ * decode kernel, whose one launch reads the weights once a 5-token block): where the GEMV takes them at T = 8.
+ * H200 (bench_cuda_linear's decode table, the grouped wo_a, us, one decode-kernel launch -> launches of 8): T = 16
+ * 75.2 -> 61.2, T = 32 132.2 -> 122.4 (the twentieth session, 2026-12-01) */
+static bool gv_chunked(const bcu_rowdot_args *p)
+{
+    if (p->fmt != BCU_RW_FP8 || p->xq || p->tile != 0 || p->T <= 8 || p->T > BCU_ROWDOT_GROUPED_T) return false;
+    bcu_rowdot_args q = *p;
+    q.T = 8;
+    return gv_pick(&q);
+}
+
 static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
 {
+    if (gv_chunked(p)) {
+        const int64_t ldx = p->ldx ? p->ldx : p->K, ldy = p->ldy ? p->ldy : p->n;
+        for (int64_t t0 = 0; t0 < p->T; t0 += 8) {
+            bcu_rowdot_args q = *p;
+            q.T = p->T - t0 < 8 ? p->T - t0 : 8;
+            q.x = p->x + t0 * ldx;
+            q.y = p->y + t0 * ldy;
+            q.ldx = ldx;
+            q.ldy = ldy;
+            const cudaError_t e = mm_rowdot(&q, st);
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
+    }
     const MmGeom gm = mm_geom(p);
     MmArgs a;
     memset(&a, 0, sizeof a);
@@ -2106,7 +2133,7 @@ extern "C" int bcu_rowdot_gemv_ok(const bcu_rowdot_args *p)
 extern "C" int bcu_rowdot_gemv_auto(const bcu_rowdot_args *p)
 {
     const int path = p->path ? p->path : rowdot_env();
-    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) && gv_pick(p);
+    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) && (gv_pick(p) || gv_chunked(p));
 }
 
 extern "C" int bcu_rowdot_path(const bcu_rowdot_args *p)
