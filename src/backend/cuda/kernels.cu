@@ -66,9 +66,10 @@
  *    decode) at 16-20 warps an SM; below ~8 MB, a block's latency (its x
  *    staging, then up to 8 dependent chunks) and the launch.
  *  - the GEMV kernel (rowgv_kernel, below the decode kernel): the decode
- *    kernel's sums for T <= 8 act_quant'd tokens (T <= 2 raw ones) with the
- *    weights as the A operand and the K split inside the block; the
- *    automatic tile takes it where the H200 measured it faster (gv_pick).
+ *    kernel's sums for T <= 24 act_quant'd tokens (T <= 8 raw ones) with the
+ *    weights as the A operand and the K split inside the block or across
+ *    a thread-block cluster (gv_plan); the automatic tile takes it where the
+ *    H200 measured it faster (gv_pick, gv_chunked).
  *  - simple, for everything else (f16, unaligned slices, other block sizes)
  *    and for DEEPINFER_CUDA_ROWDOT=simple (read once): one warp per output
  *    feature, 8 tokens per warp, 8 weights per lane per step decoded in
@@ -1381,7 +1382,7 @@ static cudaError_t dec_launch_p(const MmArgs &a, const bcu_rowdot_args *p, int n
     return dec_launch<FMT, false>(a, p->n, p->T, nsl, p->split, st, took);
 }
 
-/* ---- the GEMV kernel (T <= 8 act_quant'd tokens on f16 codes, or T <= 2 raw tokens as bf16 planes)
+/* ---- the GEMV kernel (T <= 24 act_quant'd tokens on f16 codes, or T <= 8 raw tokens as bf16 planes)
  *
  * The decode kernel's sums with the operands' roles swapped and the K split inside the block.  The weights are the
  * A operand (m16 = 16 weight rows; lane (g, q) streams 16 bytes of rows g and g + 8 a chunk, the same bytes a
