@@ -773,7 +773,8 @@ static void test_rowdot_gemv(void **st)
               {"e8m0 96x4608 (9-chunk slices)", 96, 4608, 128, MD_F8_E8M0, 0, 96, 0, 1},
               {"8 groups of 64x640", 512, 640, 128, MD_F8_E8M0, 0, 64, 0, 8},
               {"8 groups of 32x4096 (wo_a)", 256, 4096, 128, MD_F8_E8M0, 0, 32, 0, 8}};
-    const size_t TM = 24; /* codes to T = 24 (three n8 groups of columns), planes to T = 8 */
+    const size_t TM = 48; /* the GEMV: codes to T = 24 (three n8 groups of columns), planes to T = 8; beyond, the
+                           * automatic tile's launches of 16 (codes) or 8 (planes) where it takes them */
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         rweight r = make_fp8(cs[k].rows, cs[k].cols, cs[k].bs, cs[k].sdt);
         const be_weight *w = &r.w;
@@ -800,11 +801,11 @@ static void test_rowdot_gemv(void **st)
         ck(cudaMemcpy(dxr, xraw, TM * (size_t)ldx * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
         const size_t ybytes = TM * (size_t)ny * sizeof(float);
         float *y0 = malloc(ybytes), *y1 = malloc(ybytes);
-        size_t bad = 0, taken = 0, split = 0, calls = 0, outs = 0;
+        size_t bad = 0, taken = 0, split = 0, calls = 0, outs = 0, chunked = 0;
+        int gv16 = 0; /* the GEMV took codes at T = 16: then T = 17 .. 48 run as launches of 16 */
         for (size_t T = 1; T <= TM; T++)
             for (int xq = 0; xq <= 2; xq++) {
                 if (xq == 2 && (c0 || G > 1 || T > 16)) continue; /* xq = 2 takes whole rows, no groups, T <= 16 */
-                if (xq == 0 && T > 8) continue;                   /* three planes a token: 24 columns */
                 calls++;
                 bcu_rowdot_args a = q_args(w, dw, ds, cs[k].r0, n, c0, xq == 1 ? dx : dxr, T, dy);
                 a.K = K;
@@ -836,6 +837,12 @@ static void test_rowdot_gemv(void **st)
                 if (gv != expect) fail_msg("%s T=%zu xq=%d: bcu_rowdot_gemv_ok %d, expected %d", cs[k].name, T, xq, gv, expect);
                 taken += gv != 0;
                 split += gv && need_split;
+                if (xq == 1 && T == 16) gv16 = gv;
+                {
+                    bcu_rowdot_args c = a;
+                    c.tile = 0;
+                    chunked += !gv && bcu_rowdot_gemv_auto(&c);
+                }
                 a.tile = gv ? BCU_ROWDOT_TILE_GEMV : 0;
                 ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
                 cudaError_t r1 = bcu_rowdot(&a, 0);
@@ -880,8 +887,10 @@ static void test_rowdot_gemv(void **st)
                     if (bcu_rowdot(&a, 0) != cudaErrorNotSupported) fail_msg("%s T=%zu: a forced GEMV tile ran", cs[k].name, T);
                 }
             }
-        printf("  rowdot gemv %-30s %zu of %zu calls on the GEMV kernel (%zu split over a cluster), %zu of %zu outputs "
-               "differ from the decode kernel\n", cs[k].name, taken, calls, split, bad, outs);
+        printf("  rowdot gemv %-30s %zu of %zu calls on the GEMV kernel (%zu split over a cluster, %zu more in launches "
+               "of 8 or 16), %zu of %zu outputs differ from the decode kernel\n", cs[k].name, taken, calls, split, chunked,
+               bad, outs);
+        if (gv16 && !chunked) fail_msg("%s: codes of T = 17 .. 48 never ran as launches of 16", cs[k].name);
         if (!taken) fail_msg("%s: the GEMV kernel never ran", cs[k].name);
         if (K >= 4096 && !split) fail_msg("%s: no call split its slices over a cluster", cs[k].name);
         if (bad) fail_msg("%s: the GEMV kernel differs from the decode kernel in %zu outputs", cs[k].name, bad);

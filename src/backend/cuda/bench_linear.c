@@ -25,7 +25,7 @@
  * m16 tile, at every V4-Flash FP8 decode shape, and the grouped wo_a as
  * cuda.cu runs it (8 strided calls) beside the same bytes in one call.
  *
- * An act_quant table (T = 1 .. 16, x holding e4m3 values times powers of two,
+ * An act_quant table (T = 1 .. 32, x holding e4m3 values times powers of two,
  * as official semantics give the FP8 GEMMs): what bcu_rowdot ran before on
  * such x (three bf16 planes: the decode kernel to T = 5, rowmma above)
  * against the decode kernel on f16 codes (bcu_rowdot_args.xq), with the
@@ -396,7 +396,7 @@ static void run_xq(const shape *s, double bw)
     make_weight(s, &w0, &d0, &s0);
     void *dw[64], *ds[64];
     const int ncopy = device_copies(s, &w0, d0, s0, dw, ds);
-    const size_t wb = wbytes(&w0), cols = (size_t)s->cols, rows = (size_t)s->rows, TM = 16;
+    const size_t wb = wbytes(&w0), cols = (size_t)s->cols, rows = (size_t)s->rows, TM = 64;
     float *x = malloc(TM * cols * sizeof *x), *dx, *dy;
     for (size_t i = 0; i < TM * cols; i++) x[i] = (float)((int)(rnd() % 31) - 15) * 0.015625f; /* e4m3 x 2^-6 */
     CK(cudaMalloc((void **)&dx, TM * cols * 4));
@@ -406,7 +406,7 @@ static void run_xq(const shape *s, double bw)
     for (int v = 0; v < 4; v++) yv[v] = malloc(TM * rows * 4);
     bcu_rowdot_args a = bench_args(s, w0.block, dw[0], ds[0], dx, 1, dy);
     a.path = BCU_ROWDOT_MMA;
-    const size_t Ts[] = {1, 2, 5, 8, 16};
+    const size_t Ts[] = {1, 2, 5, 8, 16, 32, 64};
     for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
         a.T = (int64_t)Ts[t];
         const double bytes = (double)wb + 4.0 * (double)Ts[t] * (double)(rows + cols);
@@ -415,6 +415,11 @@ static void run_xq(const shape *s, double bw)
         double tm[4];
         const char *fg = getenv("BENCH_LINEAR_GEMV"); /* 1: the auto columns force the GEMV kernel where it can run */
         for (int v = 0; v < 4; v++) {
+            if (v == 3 && Ts[t] > 16) { /* xq = 2 takes at most 16 tokens */
+                tm[3] = NAN;
+                memcpy(yv[3], yv[2], Ts[t] * rows * 4);
+                continue;
+            }
             a.xq = v == 0 ? 0 : v == 3 ? 2 : 1;
             a.tile = v <= 1 ? BCU_ROWDOT_TILE_DEC : 0;
             if (v >= 2 && fg && !strcmp(fg, "1") && bcu_rowdot_gemv_ok(&a)) a.tile = BCU_ROWDOT_TILE_GEMV;
@@ -695,8 +700,9 @@ static void decode_tables(double bw)
     const shape wo_a = {"v4 fp8 wo_a", 8192, 4096, BE_W_FP8}; /* 8 groups of 1024 rows */
     if (!only || strstr(wo_a.label, only)) run_decode(&wo_a, 8, bw);
     printf("\nact_quant'd x (official semantics' FP8 GEMMs), device pointers: the decode kernel on bf16 planes (xq = 0) "
-           "and on f16 codes (xq = 1), the automatic tile on codes (auto: the GEMV kernel to T = 8 where it runs, else "
-           "the decode kernel) and the same with act_quant in the kernel (xq = 2); speedup = codes / auto; diff = max "
+           "and on f16 codes (xq = 1), the automatic tile on codes (auto: the GEMV kernel to T = 16 where it runs, "
+           "launches of 16 of it to T = 32, else the decode kernel or rowmma) and the same with act_quant in the kernel "
+           "(xq = 2, to T = 16); speedup = codes / auto; diff = max "
            "|y_codes - y_planes| / max |y_planes|; bits = outputs where auto differs from the decode kernel on codes\n\n");
     printf("| case             | rows x cols |    T | planes us | %% copy |  codes us | %% copy |   auto us | %% copy | "
            "kern |  xq=2 us | %% copy | speedup |    diff |   bits |\n");

@@ -69,7 +69,7 @@
  *    kernel's sums for T <= 24 act_quant'd tokens (T <= 8 raw ones) with the
  *    weights as the A operand and the K split inside the block or across
  *    a thread-block cluster (gv_plan); the automatic tile takes it where the
- *    H200 measured it faster (gv_pick, gv_chunked).
+ *    H200 measured it faster (gv_pick, gv_chunk).
  *  - simple, for everything else (f16, unaligned slices, other block sizes)
  *    and for DEEPINFER_CUDA_ROWDOT=simple (read once): one warp per output
  *    feature, 8 tokens per warp, 8 weights per lane per step decoded in
@@ -2045,26 +2045,40 @@ static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int 
     }
 }
 
-/* whether the automatic tile runs these bf16-plane arguments (xq 0) of 9 .. BCU_ROWDOT_GROUPED_T tokens as launches
- * of 8 tokens (the last fewer), each taking the kernel gv_pick gives it (the GEMV at 8 tokens: the same bits as the
- * decode kernel, whose one launch reads the weights once a 5-token block): where the GEMV takes them at T = 8.
- * H200 (bench_cuda_linear's decode table, the grouped wo_a, us, one decode-kernel launch -> launches of 8): T = 16
- * 75.2 -> 61.2, T = 32 132.2 -> 122.4 (the twentieth session, 2026-12-01) */
-static bool gv_chunked(const bcu_rowdot_args *p)
+/* The tokens a launch of the GEMV when the automatic tile runs these arguments as several (0: one launch): bf16
+ * planes (xq 0) of 9 .. GV_CHUNK_T tokens in launches of 8, act_quant'd x of 17 .. GV_CHUNK_T in launches of 16
+ * (the last fewer), each launch taking the kernel gv_pick gives it, where the GEMV takes a full launch.  The GEMV's
+ * bits are the decode kernel's and rowmma's, so a token's result does not move.  H200 (bench_cuda_linear, the
+ * twentieth session, 2026-12-01, us): the grouped wo_a, one decode-kernel launch -> launches of 8, T = 16 75.3 ->
+ * 60.2, T = 32 132.3 -> 118.9; codes at T = 32, rowmma -> launches of 16: wq_b 96.1 -> 56.8, wo_b 125.9 -> 65.2,
+ * 2048 x 4096 47.8 -> 22.5; at T = 64, wo_b 207.6 -> 128.5.  (The backend's FP8 linears of 64 tokens and more take
+ * dequantise + cuBLAS, DEEPINFER_CUDA_DEQUANT_T.)  DEEPINFER_CUDA_GEMV_CHUNK=0 (read once): one launch. */
+#ifndef GV_CHUNK_T
+#define GV_CHUNK_T 64 /* the most tokens gv_chunk splits into launches */
+#endif
+static int gv_chunk(const bcu_rowdot_args *p)
 {
-    if (p->fmt != BCU_RW_FP8 || p->xq || p->tile != 0 || p->T <= 8 || p->T > BCU_ROWDOT_GROUPED_T) return false;
+    static std::atomic<int> cache(-1);
+    static const char *const off[] = {"0"};
+    if (p->fmt != BCU_RW_FP8 || p->tile != 0 || p->T > GV_CHUNK_T || env_once(cache, "DEEPINFER_CUDA_GEMV_CHUNK", off, 1))
+        return 0;
+    const int cs = p->xq ? 16 : 8;
+    if (p->T <= cs) return 0;
+    /* more than two launches re-read a small weight too often: 512 x 4096 at T = 64 24.8 -> 36.9 us (rowmma: 1024 x
+     * 4096 47.2 -> 40.1, wq_b 165.6 -> 112.2) */
+    if ((p->T + cs - 1) / cs > 2 && p->n * (p->groups > 1 ? p->groups : 1) * p->K < ((int64_t)4 << 20)) return 0;
     bcu_rowdot_args q = *p;
-    q.T = 8;
-    return gv_pick(&q);
+    q.T = cs;
+    return gv_pick(&q) ? cs : 0;
 }
 
 static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
 {
-    if (gv_chunked(p)) {
+    if (const int cs = gv_chunk(p)) {
         const int64_t ldx = p->ldx ? p->ldx : p->K, ldy = p->ldy ? p->ldy : p->n;
-        for (int64_t t0 = 0; t0 < p->T; t0 += 8) {
+        for (int64_t t0 = 0; t0 < p->T; t0 += cs) {
             bcu_rowdot_args q = *p;
-            q.T = p->T - t0 < 8 ? p->T - t0 : 8;
+            q.T = p->T - t0 < cs ? p->T - t0 : cs;
             q.x = p->x + t0 * ldx;
             q.y = p->y + t0 * ldy;
             q.ldx = ldx;
@@ -2134,7 +2148,7 @@ extern "C" int bcu_rowdot_gemv_ok(const bcu_rowdot_args *p)
 extern "C" int bcu_rowdot_gemv_auto(const bcu_rowdot_args *p)
 {
     const int path = p->path ? p->path : rowdot_env();
-    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) && (gv_pick(p) || gv_chunked(p));
+    return path != BCU_ROWDOT_SIMPLE && mm_supported(p) && (gv_pick(p) || gv_chunk(p));
 }
 
 extern "C" int bcu_rowdot_path(const bcu_rowdot_args *p)
