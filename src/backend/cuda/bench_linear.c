@@ -25,7 +25,7 @@
  * m16 tile, at every V4-Flash FP8 decode shape, and the grouped wo_a as
  * cuda.cu runs it (8 strided calls) beside the same bytes in one call.
  *
- * An act_quant table (T = 1 .. 32, x holding e4m3 values times powers of two,
+ * An act_quant table (T = 1 .. 64, x holding e4m3 values times powers of two,
  * as official semantics give the FP8 GEMMs): what bcu_rowdot ran before on
  * such x (three bf16 planes: the decode kernel to T = 5, rowmma above)
  * against the decode kernel on f16 codes (bcu_rowdot_args.xq), with the
@@ -701,7 +701,7 @@ static void decode_tables(double bw)
     if (!only || strstr(wo_a.label, only)) run_decode(&wo_a, 8, bw);
     printf("\nact_quant'd x (official semantics' FP8 GEMMs), device pointers: the decode kernel on bf16 planes (xq = 0) "
            "and on f16 codes (xq = 1), the automatic tile on codes (auto: the GEMV kernel to T = 16 where it runs, "
-           "launches of 16 of it to T = 32, else the decode kernel or rowmma) and the same with act_quant in the kernel "
+           "launches of 16 of it to T = 64, else the decode kernel or rowmma) and the same with act_quant in the kernel "
            "(xq = 2, to T = 16); speedup = codes / auto; diff = max "
            "|y_codes - y_planes| / max |y_planes|; bits = outputs where auto differs from the decode kernel on codes\n\n");
     printf("| case             | rows x cols |    T | planes us | %% copy |  codes us | %% copy |   auto us | %% copy | "

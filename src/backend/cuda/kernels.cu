@@ -1227,6 +1227,14 @@ struct MmGeom {
     int nch, cps, nsl;
 };
 
+/* log2 of a power-of-two block size (the weight scales' block: 1 << shift columns or rows) */
+static int block_shift(int block)
+{
+    int bs = 0;
+    while ((1 << bs) < block) bs++;
+    return bs;
+}
+
 static MmGeom mm_geom(const bcu_rowdot_args *p)
 {
     const int epb = p->fmt == BCU_RW_FP4 ? 2 : 1;
@@ -1536,7 +1544,7 @@ __global__ void __launch_bounds__(256, MINB) rowgv_kernel(MmArgs a, int rt, int 
             }
         }
     } else if (a.aq) { /* act_quant (v4.c fq_fp8) of each block of 128 columns of a token: one warp, a float4 a lane
-                        * (kc0 is even: gv_plan) */
+                        * (kc0 is even: gv_deal) */
         const int nb = KX >> 7, nu = T * nb;
         for (int u0 = w; u0 < nu; u0 += 32) {
             float4 v[4];
@@ -1782,9 +1790,7 @@ static bool gv_plan(const bcu_rowdot_args *p, GvPlan *pl)
     const int nb = p->xq ? (int)p->T : 3 * (int)p->T;
     if (nb > 8 * GV_NG) return false;
     const MmGeom gm = mm_geom(p);
-    int bs = 0;
-    while ((1 << bs) < p->block) bs++;
-    const int cbs = bs - 6;
+    const int cbs = block_shift(p->block) - 6;
     const int ncb = (int)(((gm.cb + gm.nch - 1) >> cbs) - (gm.cb >> cbs) + 1);
     static std::atomic<int> slr_env(-1);
     int smax = slr_env.load(std::memory_order_relaxed);
@@ -2053,9 +2059,7 @@ static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int 
  * 60.2, T = 32 132.3 -> 118.9; codes at T = 32, rowmma -> launches of 16: wq_b 96.1 -> 56.8, wo_b 125.9 -> 65.2,
  * 2048 x 4096 47.8 -> 22.5; at T = 64, wo_b 207.6 -> 128.5.  (The backend's FP8 linears of 64 tokens and more take
  * dequantise + cuBLAS, DEEPINFER_CUDA_DEQUANT_T.)  DEEPINFER_CUDA_GEMV_CHUNK=0 (read once): one launch. */
-#ifndef GV_CHUNK_T
 #define GV_CHUNK_T 64 /* the most tokens gv_chunk splits into launches */
-#endif
 static int gv_chunk(const bcu_rowdot_args *p)
 {
     static std::atomic<int> cache(-1);
@@ -2107,9 +2111,7 @@ static cudaError_t mm_rowdot(const bcu_rowdot_args *p, cudaStream_t st)
     a.nch = gm.nch;
     a.cps = gm.cps;
     a.sc_dtype = p->sc_dtype;
-    int bs = 0;
-    while ((1 << bs) < p->block) bs++;
-    a.bshift = bs;
+    a.bshift = block_shift(p->block);
     a.nsb = p->fmt == BCU_RW_FP4 ? p->wcols / 32 : (p->wcols + p->block - 1) / p->block;
     a.groups = p->groups > 1 ? p->groups : 1;
     a.xg = p->xg;
