@@ -844,6 +844,13 @@ static void test_rowdot_gemv(void **st)
                     chunked += !gv && bcu_rowdot_gemv_auto(&c);
                 }
                 a.tile = gv ? BCU_ROWDOT_TILE_GEMV : 0;
+                if (!gv && G > 1 && T > BCU_ROWDOT_GROUPED_T) {
+                    /* grouped rows past the decode kernel's reach: refused (the backend takes a batched GEMM there) */
+                    if (bcu_rowdot(&a, 0) != cudaErrorNotSupported)
+                        fail_msg("%s T=%zu xq=%d: grouped rows past %d were not refused", cs[k].name, T, xq,
+                                 BCU_ROWDOT_GROUPED_T);
+                    continue;
+                }
                 ck(cudaMemset(dy, 0xff, ybytes), "cudaMemset");
                 cudaError_t r1 = bcu_rowdot(&a, 0);
                 if (r1 == cudaErrorNotSupported && xq == 2 && !gv) { /* see the decode kernel's fallback below */
