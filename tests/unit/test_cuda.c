@@ -371,8 +371,8 @@ static size_t q_diff(const float *a, size_t a0, const float *b, size_t b0, size_
 static void test_rowdot_batch_invariance(void **st)
 {
     (void)st;
-    /* the backend takes GEMMs of >= 64 rows to dequantise + cuBLAS (batch-invariant only to rounding, like any
-     * cuBLAS GEMM): held off here, so that the backend path is the row-dot at T = 300 too */
+    /* the backend takes GEMMs of >= 17 rows (DEEPINFER_CUDA_DEQUANT_T) to dequantise + cuBLAS (batch-invariant only
+     * to rounding, like any cuBLAS GEMM): held off here, so that the backend path is the row-dot at T = 300 too */
     setenv("DEEPINFER_CUDA_DEQUANT_T", "100000", 1);
     be_backend *gpu = cuda(BCU_MATH_BF16X3);
     unsetenv("DEEPINFER_CUDA_DEQUANT_T");

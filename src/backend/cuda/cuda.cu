@@ -158,7 +158,7 @@ typedef struct {
     cudaEvent_t stage_ev[2];
     int stage_rec[2], stage_k, have_stage_ev;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
-    size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 64) */
+    size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 17) */
     size_t hc_gemm_R; /* device graph: mHC pre over at least this many rows does its dot products as one GEMM
                        * (DEEPINFER_CUDA_HC_GEMM_R, 128) */
     int fuse;         /* device graph: mHC pre and the norm after it, a norm and the RoPE after it, each in one
@@ -2743,7 +2743,11 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     if (getenv("DEEPINFER_CUDA_ATTN_ROWS") && atoi(getenv("DEEPINFER_CUDA_ATTN_ROWS")) > 0)
         c->attn_rows = atoi(getenv("DEEPINFER_CUDA_ATTN_ROWS"));
     if (c->attn_rows > 65535) c->attn_rows = 65535;
-    c->deq_T = env_size("DEEPINFER_CUDA_DEQUANT_T", 64); /* 0: always; huge: never */
+    /* 0: always; huge: never.  17: on the H200's V4-Flash slice the transient bf16 copy and one cuBLAS GEMM beat the
+     * GEMV's launches of 16 from 17 tokens on (twenty-first session: batch 24 -5%, 32 -9%, 48 -14%, 56 -16%; it was
+     * 64, where batch 48 took 7.4 ms against batch 64's 7.1).  Below it a token's result does not depend on the
+     * batch, bit for bit (the row-dots); from it, by rounding (cuBLAS) */
+    c->deq_T = env_size("DEEPINFER_CUDA_DEQUANT_T", 17);
     c->gemv_T = env_size("DEEPINFER_CUDA_GEMV_T", 8);
     c->x8_kernel = env_size("DEEPINFER_CUDA_X8", 1) != 0;
     c->grouped_one = env_size("DEEPINFER_CUDA_GROUPED", 1) != 0;
