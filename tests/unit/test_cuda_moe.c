@@ -926,7 +926,10 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
              * reference lies within 1e-4 of a midpoint).  wgmma on e4m3 codes (the fast maths) sums in the FP8
              * tensor core's ~13 bits relative to the largest term: a small gate or up value (one that cancels)
              * moves by far more than 1e-4 of itself, so there h may round a step or two off anywhere (a small
-             * element of its block even to 0): there only the count is bounded (1 in 50), and y below */
+             * element of its block even to 0): there only the count is bounded (1 in 50), and y below.  Its block's
+             * amax moves as well, so where the reference's lies near a power of two times 448 the device's scale may
+             * be half or twice the reference's: a value is then a code of that scale (twenty-first session: one
+             * block of T = 400, an e4m3 subnormal of half the scale, under TEST_CUDA_MOE_QUICK's inputs) */
             const int fast8 = vs[v].path == BCU_MOE_WGMMA && vs[v].math == BCU_MOE_BF16;
             const int64_t flipdiv = fast8 ? 50 : 2000;
             int64_t flips = 0;
@@ -935,7 +938,12 @@ static void act_fp8_h_run(int E, int64_t Dm, int64_t Im, int topk, const int64_t
                 const float sc = aq_ref_scale(hr + i / 128 * 128, 128);
                 const float vq = hd[i] / sc;
                 const uint8_t c = md_f32_to_e4m3(vq), cr = md_f32_to_e4m3(hq[i] / sc);
-                if (!(md_e4m3_to_f32(c) == vq && (fast8 || (gap[i] < 1e-4 && abs((c & 0x7f) - (cr & 0x7f)) == 1))))
+                int on_grid = md_e4m3_to_f32(c) == vq;
+                for (int f = 0; fast8 && !on_grid && f < 2; f++) { /* the device's scale half or twice the reference's */
+                    const float v2 = hd[i] / (f ? 2.0f * sc : 0.5f * sc);
+                    on_grid = md_e4m3_to_f32(md_f32_to_e4m3(v2)) == v2;
+                }
+                if (!(on_grid && (fast8 || (gap[i] < 1e-4 && abs((c & 0x7f) - (cr & 0x7f)) == 1))))
                     fail_msg("%s: h[row %lld, %lld] = %.9g, reference %.9g (unquantised %.9g, midpoint gap %.2g)",
                              what, (long long)(i / I), (long long)(i % I), hd[i], hq[i], hr[i], gap[i]);
                 flips++;

@@ -174,7 +174,7 @@ typedef struct {
                    (DEEPINFER_CUDA_MOE_WG, 1: f16 under bf16x3, e4m3 under bf16; 2: e4m3 under both; 0: the mma
                    rows) */
     size_t moe_gemv_T; /* of those, batches of at most this many tokens take the GEMV (bcu_wg_gemv;
-                          DEEPINFER_CUDA_MOE_GEMV: 32 under bf16x3, 16 where the experts take e4m3; 0: never) */
+                          DEEPINFER_CUDA_MOE_GEMV: 56 under bf16x3, 16 where the experts take e4m3; 0: never) */
     int aws_pending; /* device-graph attention ran: its error flags are read at the next download */
     int *flag_h;     /* pinned: where a download's wait reads those flags with its own bytes */
     attn_launch *lz; /* the attention op's launches (host) */
@@ -980,10 +980,10 @@ run:
     if (x8 && mm != BCU_MOE_FP32 && wg_ok(c, D, I)) {
         const int f16 = c->math == BCU_MATH_BF16X3 && c->moe_wg != 2;
         if (T <= c->moe_gemv_T) {
-            /* up to 32 tokens (16 in the bf16 maths): the GEMV, exact products under either maths.  Its passes of
+            /* up to 56 tokens (16 in the bf16 maths): the GEMV, exact products under either maths.  Its passes of
              * two tokens read an expert's weights once a pass, yet on the H200 (bench_gpu_moe, V4-Flash dims) it
              * beat the f16 wgmma kernel up to T = 32 (657 against 790 us; tied at 64) and the e4m3 one up to 8
-             * (216 against 232; 657 against 640 at 32) */
+             * (216 against 232; 657 against 640 at 32); in the slice's whole step it is ahead to 56 (moe_gemv_T) */
             mp = BCU_MOE_WGGEMV;
             mm = BCU_MOE_BF16X3;
         } else if ((int64_t)T * topk <= (f16 ? 5 : 8) * (int64_t)E) {
@@ -2761,7 +2761,10 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->moe_loop_T = env_size("DEEPINFER_CUDA_MOE_LOOP_T", 2048);
     c->moe_mmarows_max = env_size("DEEPINFER_CUDA_MOE_MMAROWS_MAX", BCU_MOE_MMAROWS_MAX);
     c->moe_wg = (int)env_size("DEEPINFER_CUDA_MOE_WG", 1);
-    c->moe_gemv_T = env_size("DEEPINFER_CUDA_MOE_GEMV", math == BCU_MATH_BF16 || c->moe_wg == 2 ? 16 : 32);
+    /* 56 under bf16x3: on the H200's V4-Flash slice (twenty-first session) the GEMV beat the f16 wgmma kernel in the
+     * whole step at batch 40 (5.84 -> 5.56 ms), 48 (6.39 -> 6.23) and 56 (6.87 -> 6.74), and lost at 64 (7.35 ->
+     * 7.52); it was 32 */
+    c->moe_gemv_T = env_size("DEEPINFER_CUDA_MOE_GEMV", math == BCU_MATH_BF16 || c->moe_wg == 2 ? 16 : 56);
     c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
