@@ -520,10 +520,15 @@ static void load_hf(const char *path, result *res, int nres, char *hf_info, size
 
 /* ------------------------------------------------------------ main */
 
+/* at most this many batch sizes, contexts and prefill lengths each */
+#define LIST_MAX 16
+
+/* a comma-separated list of positive numbers into out (cap at most); -1 on a bad or a longer list */
 static int parse_list(const char *s, long *out, int cap)
 {
     int n = 0;
-    while (*s && n < cap) {
+    while (*s) {
+        if (n == cap) return -1;
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s || v <= 0) return -1;
@@ -550,7 +555,8 @@ static const char usage[] =
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *hf = NULL, *out = NULL;
-    long batches[8] = {1, 8, 64, 256}, contexts[8] = {4096, 32768, 131072}, prefill[8] = {4096, 16384};
+    long batches[LIST_MAX] = {1, 8, 64, 256}, contexts[LIST_MAX] = {4096, 32768, 131072};
+    long prefill[LIST_MAX] = {4096, 16384};
     int nb = 4, nc = 3, np = 2, reps = 3, threads = 0;
     double budget = 420;
     md_semantics sem = MD_SEM_OFFICIAL;
@@ -562,9 +568,9 @@ int main(int argc, char **argv)
         i++;
         if (!strcmp(a, "--hf")) hf = v;
         else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--batches")) nb = parse_list(v, batches, 8);
-        else if (!strcmp(a, "--contexts")) nc = parse_list(v, contexts, 8);
-        else if (!strcmp(a, "--prefill")) np = parse_list(v, prefill, 8);
+        else if (!strcmp(a, "--batches")) nb = parse_list(v, batches, LIST_MAX);
+        else if (!strcmp(a, "--contexts")) nc = parse_list(v, contexts, LIST_MAX);
+        else if (!strcmp(a, "--prefill")) np = parse_list(v, prefill, LIST_MAX);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--backend")) on_gpu = strcmp(v, "cpu") != 0;
@@ -573,7 +579,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--semantics")) {
             if (md_semantics_parse(v, &sem)) { fprintf(stderr, BENCH_NAME ": --semantics official|transformers\n"); return 2; }
         } else { fprintf(stderr, BENCH_NAME ": unknown option %s\n\n%s", a, usage); return 2; }
-        if (nb < 0 || nc < 0 || np < 0) { fprintf(stderr, BENCH_NAME ": %s: a comma-separated list of positive numbers\n", a); return 2; }
+        if (nb < 0 || nc < 0 || np < 0) {
+            fprintf(stderr, BENCH_NAME ": %s: a comma-separated list of at most %d positive numbers\n", a, LIST_MAX);
+            return 2;
+        }
     }
     if (!dir) { fputs(usage, stderr); return 2; }
     if (reps < 1 || reps > MAXREP - 1) reps = 3;
@@ -625,7 +634,7 @@ int main(int argc, char **argv)
     fprintf(stderr, BENCH_NAME ": loaded in %.1f s, warm-up forward (weight upload) %.1f s, %.2f GB on the device\n",
             tl, tw, dev_gb);
 
-    result res[8 * 8 + 8]; /* contexts x batches + prefills, 8 each at most (parse_list) */
+    result res[LIST_MAX * LIST_MAX + LIST_MAX]; /* contexts x batches + prefills, LIST_MAX each at most */
     int nres = 0;
     memset(res, 0, sizeof res);
     for (int ic = 0; ic < nc; ic++)
