@@ -2059,7 +2059,7 @@ static cudaError_t mm_launch_fmt(const MmArgs &a, const bcu_rowdot_args *p, int 
  * 60.2, T = 32 132.3 -> 118.9; codes at T = 32, rowmma -> launches of 16: wq_b 96.1 -> 56.8, wo_b 125.9 -> 65.2,
  * 2048 x 4096 47.8 -> 22.5; at T = 64, wo_b 207.6 -> 128.5.  (The backend's FP8 linears of 17 tokens and more take
  * dequantise + cuBLAS, DEEPINFER_CUDA_DEQUANT_T, measured faster in the step in the twenty-first session, so by
- * default these launches run only where that threshold is raised.)  DEEPINFER_CUDA_GEMV_CHUNK=0: one launch. */
+ * default these launches run only where that threshold is raised.)  DEEPINFER_CUDA_GEMV_CHUNK=0 (read once): one launch. */
 #define GV_CHUNK_T 64 /* the most tokens gv_chunk splits into launches */
 static int gv_chunk(const bcu_rowdot_args *p)
 {
