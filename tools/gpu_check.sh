@@ -51,6 +51,9 @@ pack() {
     # the V4-Flash slice benchmark (bench/gpu_layers.c; the slice is made there by deepinfer make-tiny-model)
     ninja -C "$b" bench_gpu_layers
     cp "$b/bench_gpu_layers" .carry/bin/
+    # a chain of batch-1 FP8 GEMVs, a launch a step against one persistent launch (bench/gpu_chain.c)
+    ninja -C "$b" bench_gpu_chain
+    cp "$b/bench_gpu_chain" .carry/bin/
     # the probe of cuBLASLt's block-scaled FP8 GEMM (tools/fp8lt_probe.cu, run by tools/fp8_check.sh)
     ninja -C "$b" fp8lt_probe
     cp "$b/fp8lt_probe" .carry/bin/
@@ -99,7 +102,7 @@ SUM=$OUTDIR/gpu_check.txt
 say() { echo "$*" | tee -a "$SUM"; }
 section() { say ""; say "== $*"; }
 
-# GPU_CHECK_ONLY="kernels unit cli serve linear attn moe sanitizer sanmodel sangraph layers" picks sections (default: all;
+# GPU_CHECK_ONLY="kernels unit cli serve linear attn moe chain sanitizer sanmodel sangraph layers" picks sections (default: all;
 # unit includes kernels: test_cuda_graph and test_cuda_dequant)
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 
@@ -332,6 +335,14 @@ else
 fi
 
 fi
+if want chain; then
+section "bench_gpu_chain (batch-1 FP8 GEMVs: the backend's row-dots, chain.cu a launch a step, chain.cu persistent)"
+if [ -x "$BIN/bench_gpu_chain" ]; then
+    timeout 240 "$BIN/bench_gpu_chain" 2>&1 | tee "$OUTDIR/bench_chain.txt" | tee -a "$SUM"
+    say "bench_gpu_chain exit status: ${PIPESTATUS[0]}"
+fi
+fi
+
 if want sanitizer; then
 section "compute-sanitizer memcheck on test_cuda (ops tests; the model tests are skipped here)"
 if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then

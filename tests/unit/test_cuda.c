@@ -46,6 +46,7 @@
 
 #include "model_util.h"
 
+#include "backend/cuda/chain.h"
 #include "backend/cuda/cuda_internal.h"
 #include "model/v4.h"
 
@@ -524,6 +525,103 @@ static void test_e4m3_cvt(void **st)
     if (bcu_e4m3_cvt_check(c) != cudaSuccess) fail_msg("bcu_e4m3_cvt_check failed");
     printf("  e4m3 round trip over 2^32 floats: %llu differ, %llu of them NaN against NaN\n", c[0], c[1]);
     if (c[0] != c[1]) fail_msg("%llu floats convert differently (not NaN)", c[0] - c[1]);
+}
+
+/* ------------------------------------------------------------------ the persistent GEMV chain (chain.cu) */
+
+/* A chain of FP8 GEMVs whose steps' shapes cover the cases of chain.cu's split: fewer rows than blocks (some
+ * blocks idle in a step), rows not a multiple of the blocks, one stage and several a block, K from 512 to
+ * BCU_CHAIN_KMAX, a step whose x is longer than the y before it (zeros past n).  Launched persistent twice (its
+ * counters carry over from launch to launch), a launch a step, persistent again: every launch's y the same bits,
+ * and each step within 1e-5 of max |y| of the double sums of its own x. */
+static void test_chain(void **st)
+{
+    (void)st;
+    const int sh[][2] = {{100, 512}, {1000, 512}, {5000, 1024}, {300, 8192}, {2048, 4096}, {8192, 2048}, {700, 1024}};
+    enum { NS = sizeof sh / sizeof sh[0] };
+    uint8_t *hw[NS], *hs[NS];
+    void *dw[NS], *ds[NS];
+    float *dy[NS], *dx0;
+    size_t ylen[NS];
+    bcu_chain_step cs[NS];
+    float *x0 = rand_rows(8192);
+    if (cudaMalloc((void **)&dx0, 8192 * 4) || cudaMemcpy(dx0, x0, 8192 * 4, cudaMemcpyHostToDevice))
+        fail_msg("device memory");
+    for (int i = 0; i < NS; i++) {
+        const int n = sh[i][0], K = sh[i][1];
+        const size_t nb = (size_t)n * K, nsc = (size_t)((n + 127) / 128) * (K / 128);
+        hw[i] = malloc(nb);
+        hs[i] = malloc(nsc);
+        for (size_t k = 0; k < nb; k++) {
+            uint8_t c = (uint8_t)(rnd() >> 56);
+            if ((c & 0x7f) == 0x7f) c ^= 1; /* no NaN */
+            hw[i][k] = c;
+        }
+        for (size_t k = 0; k < nsc; k++) hs[i][k] = (uint8_t)(110 + rnd() % 8u);
+        ylen[i] = (size_t)(i + 1 < NS && sh[i + 1][1] > n ? sh[i + 1][1] : n);
+        if (cudaMalloc(&dw[i], nb) || cudaMalloc(&ds[i], nsc) || cudaMalloc((void **)&dy[i], ylen[i] * 4) ||
+            cudaMemcpy(dw[i], hw[i], nb, cudaMemcpyHostToDevice) ||
+            cudaMemcpy(ds[i], hs[i], nsc, cudaMemcpyHostToDevice) || cudaMemset(dy[i], 0, ylen[i] * 4))
+            fail_msg("device memory");
+        cs[i] = (bcu_chain_step){dw[i], ds[i], i ? dy[i - 1] : dx0, dy[i], n, K};
+    }
+    bcu_chain *ch;
+    bcu_chain_step bad = cs[0];
+    bad.K = 640;
+    assert_int_equal(bcu_chain_create(&bad, 1, &ch), cudaErrorInvalidValue);
+    assert_int_equal(bcu_chain_create(cs, NS, &ch), cudaSuccess);
+    float *first[NS];
+    const int modes[] = {1, 1, 0, 1};
+    for (int r = 0; r < 4; r++) {
+        for (int i = 0; i < NS; i++) assert_int_equal(cudaMemset(dy[i], 0, ylen[i] * 4), cudaSuccess);
+        assert_int_equal(bcu_chain_launch(ch, modes[r], 0), cudaSuccess);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        for (int i = 0; i < NS; i++) {
+            float *y = malloc(ylen[i] * 4);
+            assert_int_equal(cudaMemcpy(y, dy[i], ylen[i] * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+            if (!r) {
+                first[i] = y;
+                continue;
+            }
+            if (memcmp(y, first[i], ylen[i] * 4))
+                fail_msg("launch %d (%s): step %d's y differs from the first launch's", r,
+                         modes[r] ? "persistent" : "a launch a step", i);
+            free(y);
+        }
+    }
+    double us[NS];
+    assert_int_equal(bcu_chain_times(ch, us), cudaSuccess);
+    for (int i = 0; i < NS; i++) {
+        const int n = sh[i][0], K = sh[i][1], nsb = K / 128;
+        const float *x = i ? first[i - 1] : x0;
+        double m = 0.0, e = 0.0;
+        double *ref = malloc((size_t)n * sizeof *ref);
+        for (int o = 0; o < n; o++) {
+            double acc = 0.0;
+            for (int c = 0; c < K; c++)
+                acc += (double)md_e4m3_to_f32(hw[i][(size_t)o * K + c]) *
+                       (double)md_ue8m0_to_f32(hs[i][(o / 128) * nsb + c / 128]) * x[c];
+            ref[o] = acc;
+            m = fmax(m, fabs(acc));
+        }
+        for (int o = 0; o < n; o++) e = fmax(e, fabs((double)first[i][o] - ref[o]));
+        printf("  chain step %d (%d x %d): max error %.2e of max |y| %.3g, %.1f us\n", i, n, K, e / m, m, us[i]);
+        if (!(e <= 1e-5 * m)) fail_msg("step %d: error %.3g against max |y| %.3g", i, e, m);
+        for (size_t k = (size_t)n; k < ylen[i]; k++)
+            if (first[i][k] != 0.0f) fail_msg("step %d wrote y past its %d rows", i, n);
+        free(ref);
+    }
+    bcu_chain_destroy(ch);
+    for (int i = 0; i < NS; i++) {
+        free(hw[i]);
+        free(hs[i]);
+        free(first[i]);
+        cudaFree(dw[i]);
+        cudaFree(ds[i]);
+        cudaFree(dy[i]);
+    }
+    cudaFree(dx0);
+    free(x0);
 }
 
 /* ------------------------------------------------------------------ the small bf16 GEMVs */
@@ -1684,6 +1782,7 @@ int main(void)
         cmocka_unit_test(test_rowdot_xq),
         cmocka_unit_test(test_rowdot_gemv),
         cmocka_unit_test(test_e4m3_cvt),
+        cmocka_unit_test(test_chain),
         cmocka_unit_test(test_rowdot_bf16_small),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_cache_notices_new_contents),

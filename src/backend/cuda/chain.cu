@@ -1,0 +1,328 @@
+/* chain.cu - a chain of dependent batch-1 FP8 GEMVs, as one launch a step or as one persistent launch.
+ *
+ * The question it answers (docs/CUDA.md, "A persistent chain of GEMVs"): a batch-1 decode layer is ~30 dependent
+ * kernels, and a kernel that only streams a 4 MB weight takes ~4.3 us where the bandwidth floor is ~0.9.  Does one
+ * persistent kernel whose blocks pass the chain's steps on through counters in global memory, and stream the next
+ * steps' weights while they wait, get nearer the floor than a launch a step with programmatic dependent launch
+ * (PDL: the next kernel's first weight loads before its wait)?  Both modes run the same code on the same data and
+ * give the same bits; only the boundaries between steps differ.
+ *
+ * A step: y [n] = W [n, K] . x [K], W e4m3 codes with ue8m0 scales over 128 x 128 blocks, x fp32, sums in fp32.
+ * G = SM-count blocks of 16 warps; global warp gw of GW = 16 G takes rows [n gw / GW, n (gw + 1) / GW) of every
+ * step, whole.  A lane's part of a row is 16 bytes of each 512-byte segment.  Its pieces of the whole chain, step
+ * after step, are one stream, copied by cp.async into the lane's own ring of CH_PD slots in shared memory (with
+ * the word of the segment's four weight scales), CH_PD pieces ahead of the one it sums, across step boundaries: no
+ * barrier between the lanes while they stream, and while a block waits for the step before to finish, its lanes'
+ * next weights are already on their way.
+ *
+ * The sums, in either mode: a piece's 16 products in four chains of four (ch_dot16), added (c0 + c1) + (c2 + c3);
+ * times its scale into the lane's fmaf chain over the row's segments in order; the warp's 32 lanes by a butterfly.
+ * x is staged in shared memory once a step, after its input is complete.
+ *
+ * Persistent (mode 1): one cooperative launch (every block waits on every other, so all must be resident).  After
+ * step i a block's thread 0 adds 1 to cnt[i] with a release at gpu scope (after a barrier: cumulative over the
+ * block's y stores); before step i + 1 it polls cnt[i] (acquire) until (gen + 1) G, gen being the launches
+ * completed so far (read by every block at its start, raised by the block that completes the last step), so the
+ * counters are never reset.  A launch a step (mode 0): the same code over one step a kernel, the ring's first
+ * pieces issued before the PDL wait.  Measured on the H200 (bench_gpu_chain, docs/BENCHMARKS.md): a step with no
+ * weight to speak of costs 2.5 us persistent, 3.3 a launch a step, 3.0 on the backend's row-dots; on one V4-Flash
+ * layer's five critical row-dots, persistent is 20% faster than a launch a step with the same code, and this
+ * code's FMA sums are slower than the backend's tensor-core GEMV on the 32 MB weights. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "pdl.cuh"
+#include "sm_count.cuh"
+
+#include "chain.h"
+
+#define CH_THREADS 512
+#define CH_WARPS (CH_THREADS / 32)
+#define CH_PD 16 /* 16-byte pieces in flight a lane: 128 KB of weights an SM */
+#define CH_SMEM ((size_t)CH_PD * CH_THREADS * 20 + (size_t)BCU_CHAIN_KMAX * 4)
+
+struct ChStep {
+    const uint8_t *w, *s;
+    const float *x;
+    float *y;
+    int n, K;
+};
+
+struct ChArgs {
+    const ChStep *st;
+    int nsteps, first, last; /* steps [first, last) of the chain in this launch */
+    unsigned *cnt;          /* [nsteps]: blocks done with each step, mode 1: never reset */
+    unsigned *cnt0;         /* [nsteps]: the same, mode 0: wrapping at G */
+    unsigned *gen;          /* launches completed (mode 1) */
+    unsigned long long *t;  /* [nsteps + 1]: the globaltimer when the first block started (t[0]) and when the last
+                               block finished step i (t[i + 1]) */
+    unsigned *start;        /* a wrapping count of the blocks started (t[0]) */
+    int persistent;
+};
+
+__device__ __forceinline__ unsigned long long ch_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ unsigned ch_ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void ch_cp16(void *smem, const void *g)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void ch_cp4(void *smem, const void *g)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void ch_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ch_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* the rows [r, rb) of step i that global warp gw of GW takes, and where its next 512-byte segment is */
+struct ChCur {
+    int i, row, rb, seg, nseg;
+};
+/* the first warp-nonempty step from i on (c.i == last: none) */
+__device__ __forceinline__ void ch_cur_at(const ChArgs &a, ChCur &c, int i, int gw, int GW)
+{
+    for (c.i = i; c.i < a.last; c.i++) {
+        const int n = a.st[c.i].n;
+        c.row = (int)((int64_t)n * gw / GW);
+        c.rb = (int)((int64_t)n * (gw + 1) / GW);
+        c.seg = 0;
+        c.nseg = a.st[c.i].K / 512;
+        if (c.row < c.rb) return;
+    }
+}
+__device__ __forceinline__ void ch_cur_next(const ChArgs &a, ChCur &c, int gw, int GW)
+{
+    if (++c.seg == c.nseg) {
+        c.seg = 0;
+        if (++c.row == c.rb) ch_cur_at(a, c, c.i + 1, gw, GW);
+    }
+}
+
+/* the lane's 16 bytes of the cursor's segment and the word of its four weight scales into ring slot sl, then a
+ * commit group (empty past the last step) */
+__device__ __forceinline__ void ch_issue(const ChArgs &a, ChCur &c, uint8_t *wr, uint32_t *sr, int sl, int gw, int GW)
+{
+    if (c.i < a.last) {
+        const ChStep &s = a.st[c.i];
+        const int lane = threadIdx.x & 31;
+        ch_cp16(wr + ((size_t)sl * CH_THREADS + threadIdx.x) * 16,
+                s.w + (int64_t)c.row * s.K + 512 * c.seg + 16 * lane);
+        ch_cp4(sr + (size_t)sl * CH_THREADS + threadIdx.x, s.s + (int64_t)(c.row / 128) * (s.K / 128) + 4 * c.seg);
+        ch_cur_next(a, c, gw, GW);
+    }
+    ch_commit();
+}
+
+__device__ __forceinline__ float2 ch_dec2(uint32_t w16)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w16 & 0xffffu), __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+
+/* 16 e4m3 codes . 16 floats: four chains over the piece's four words, added as (c0 + c1) + (c2 + c3).  Chain i
+ * takes word (i + r) % 4, r = (lane / 2) % 4: the eight lanes of a quarter warp then read eight different 16-byte
+ * columns of x in each of the four steps (lanes 64 bytes apart in x would otherwise read four ways into the same
+ * banks, and the kernel's shared-memory pipe, not HBM, set its pace) */
+__device__ __forceinline__ float ch_dot16(uint4 w, const float *x, int r)
+{
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int k = (i + r) & 3;
+        const uint32_t wk = k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w;
+        const float4 xv = *(const float4 *)(x + 4 * k);
+        const float2 lo = ch_dec2(wk), hi = ch_dec2(wk >> 16);
+        c[i] = fmaf(lo.x, xv.x, c[i]);
+        c[i] = fmaf(lo.y, xv.y, c[i]);
+        c[i] = fmaf(hi.x, xv.z, c[i]);
+        c[i] = fmaf(hi.y, xv.w, c[i]);
+    }
+    return (c[0] + c[1]) + (c[2] + c[3]);
+}
+
+__device__ __forceinline__ unsigned ch_add_release(unsigned *p, unsigned v)
+{
+    unsigned old;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+__global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
+{
+    extern __shared__ __align__(16) uint8_t ch_smem[];
+    uint8_t *wr = ch_smem;                                               /* [CH_PD][threads] 16 bytes */
+    uint32_t *sr = (uint32_t *)(ch_smem + (size_t)CH_PD * CH_THREADS * 16); /* [CH_PD][threads] scale words */
+    float *xs = (float *)(ch_smem + (size_t)CH_PD * CH_THREADS * 20);
+    __shared__ unsigned s_gen;
+    const int b = blockIdx.x, G = gridDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int GW = G * CH_WARPS, gw = b * CH_WARPS + warp;
+
+    if (a.first == 0 && tid == 0 && atomicInc(a.start, (unsigned)G - 1u) == 0u) a.t[0] = ch_now();
+    /* the lane's first pieces: weights only, before the wait for the grid before (PDL) */
+    ChCur lc;
+    ch_cur_at(a, lc, a.first, gw, GW);
+#pragma unroll 1
+    for (int k = 0; k < CH_PD; k++) ch_issue(a, lc, wr, sr, k, gw, GW);
+    pdl_wait();
+    pdl_trigger();
+    if (a.persistent && tid == 0) s_gen = *(volatile unsigned *)a.gen;
+    __syncthreads();
+    const unsigned target = a.persistent ? (s_gen + 1u) * (unsigned)G : 0u;
+
+    unsigned q = 0; /* pieces consumed by this lane */
+    for (int i = a.first; i < a.last; i++) {
+        const ChStep s = a.st[i];
+        if (a.persistent && i > a.first) { /* step i - 1 complete in every block */
+            if (tid == 0)
+                while (ch_ld_acquire(&a.cnt[i - 1]) < target) {
+                }
+            __syncthreads();
+        }
+        for (int k = tid; 4 * k < s.K; k += CH_THREADS) ((float4 *)xs)[k] = __ldcg((const float4 *)s.x + k);
+        __syncthreads();
+        const int r0 = (int)((int64_t)s.n * gw / GW), r1 = (int)((int64_t)s.n * (gw + 1) / GW), nseg = s.K / 512;
+        for (int row = r0; row < r1; row++) {
+            float acc = 0.0f;
+            for (int seg = 0; seg < nseg; seg++, q++) {
+                const int sl = (int)(q % CH_PD);
+                ch_wait<CH_PD - 1>();
+                const uint4 w = *(const uint4 *)(wr + ((size_t)sl * CH_THREADS + tid) * 16);
+                const uint32_t sw = sr[(size_t)sl * CH_THREADS + tid];
+                const float d = ch_dot16(w, xs + 512 * seg + 16 * lane, (lane >> 1) & 3);
+                acc = fmaf(d, __uint_as_float(((sw >> (8 * (lane >> 3))) & 255u) << 23), acc);
+                ch_issue(a, lc, wr, sr, sl, gw, GW); /* the slot's next piece, after its value was used */
+            }
+#pragma unroll
+            for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0) s.y[row] = acc;
+        }
+        /* step i done in this block: its y stores before the count (the barrier orders them before thread 0's
+         * release add at gpu scope, which is cumulative), and xs free for the next step */
+        __syncthreads();
+        if (tid == 0) {
+            if (a.persistent) {
+                const unsigned old = ch_add_release(&a.cnt[i], 1u);
+                if (old + 1u == target) {
+                    a.t[i + 1] = ch_now();
+                    if (i == a.last - 1) atomicAdd(a.gen, 1u);
+                }
+            } else if (atomicInc(&a.cnt0[i], (unsigned)G - 1u) == (unsigned)G - 1u) { /* the timer alone */
+                a.t[i + 1] = ch_now();
+            }
+        }
+    }
+    ch_wait<0>();
+}
+
+struct bcu_chain {
+    int nsteps, G;
+    ChStep *dst;
+    unsigned *cnt, *cnt0, *gen, *start;
+    unsigned long long *t;
+};
+
+static bool ch_attr(void)
+{
+    static int done;
+    if (done) return done > 0;
+    const cudaError_t r = cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CH_SMEM);
+    done = r == cudaSuccess ? 1 : -1;
+    return done > 0;
+}
+
+extern "C" cudaError_t bcu_chain_create(const bcu_chain_step *steps, int nsteps, bcu_chain **out)
+{
+    *out = NULL;
+    if (nsteps <= 0) return cudaErrorInvalidValue;
+    for (int i = 0; i < nsteps; i++) {
+        const bcu_chain_step *s = &steps[i];
+        if (s->K <= 0 || s->K % 512 || s->K > BCU_CHAIN_KMAX || s->n <= 0 || !s->w || !s->s || !s->x || !s->y)
+            return cudaErrorInvalidValue;
+    }
+    if (!ch_attr()) return cudaErrorInvalidConfiguration;
+    bcu_chain *c = (bcu_chain *)calloc(1, sizeof *c);
+    if (!c) return cudaErrorMemoryAllocation;
+    c->nsteps = nsteps;
+    c->G = bcu_sm_count();
+    ChStep *h = (ChStep *)malloc((size_t)nsteps * sizeof *h);
+    cudaError_t r = h ? cudaSuccess : cudaErrorMemoryAllocation;
+    for (int i = 0; h && i < nsteps; i++)
+        h[i] = ChStep{(const uint8_t *)steps[i].w, (const uint8_t *)steps[i].s, steps[i].x, steps[i].y, steps[i].n,
+                      steps[i].K};
+    if (!r) r = cudaMalloc((void **)&c->dst, (size_t)nsteps * sizeof(ChStep));
+    if (!r) r = cudaMemcpy(c->dst, h, (size_t)nsteps * sizeof(ChStep), cudaMemcpyHostToDevice);
+    if (!r) r = cudaMalloc((void **)&c->cnt, (2 * (size_t)nsteps + 2) * sizeof(unsigned));
+    if (!r) r = cudaMemset(c->cnt, 0, (2 * (size_t)nsteps + 2) * sizeof(unsigned));
+    if (!r) r = cudaMalloc((void **)&c->t, ((size_t)nsteps + 1) * sizeof(unsigned long long));
+    if (!r) r = cudaMemset(c->t, 0, ((size_t)nsteps + 1) * sizeof(unsigned long long));
+    free(h);
+    if (r) {
+        bcu_chain_destroy(c);
+        return r;
+    }
+    c->cnt0 = c->cnt + nsteps;
+    c->gen = c->cnt + 2 * nsteps;
+    c->start = c->cnt + 2 * nsteps + 1;
+    *out = c;
+    return cudaSuccess;
+}
+
+extern "C" void bcu_chain_destroy(bcu_chain *c)
+{
+    if (!c) return;
+    cudaFree(c->dst);
+    cudaFree(c->cnt);
+    cudaFree(c->t);
+    free(c);
+}
+
+extern "C" cudaError_t bcu_chain_launch(bcu_chain *c, int persistent, cudaStream_t st)
+{
+    ChArgs a = {c->dst, c->nsteps, 0, c->nsteps, c->cnt, c->cnt0, c->gen, c->t, c->start, persistent};
+    if (persistent) {
+        /* every block waits on every other: all must be resident at once (a cooperative launch says so, or fails) */
+        cudaLaunchConfig_t cfg = launch_cfg(dim3(c->G), dim3(CH_THREADS), CH_SMEM, st);
+        cudaLaunchAttribute at[2] = {};
+        at[0].id = cudaLaunchAttributeCooperative;
+        at[0].val.cooperative = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, chain_kernel, a);
+    }
+    for (int i = 0; i < c->nsteps; i++) {
+        a.first = i;
+        a.last = i + 1;
+        const cudaError_t r = pdl_launch(chain_kernel, dim3(c->G), dim3(CH_THREADS), CH_SMEM, st, a);
+        if (r) return r;
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t bcu_chain_times(bcu_chain *c, double *us)
+{
+    unsigned long long *t = (unsigned long long *)malloc(((size_t)c->nsteps + 1) * sizeof *t);
+    if (!t) return cudaErrorMemoryAllocation;
+    cudaError_t r = cudaDeviceSynchronize();
+    if (!r) r = cudaMemcpy(t, c->t, ((size_t)c->nsteps + 1) * sizeof *t, cudaMemcpyDeviceToHost);
+    for (int i = 0; !r && i < c->nsteps; i++) us[i] = 1e-3 * (double)(long long)(t[i + 1] - t[i]);
+    free(t);
+    return r;
+}
+
+extern "C" int bcu_chain_blocks(const bcu_chain *c) { return c->G; }

@@ -1,0 +1,43 @@
+/* chain.h - a chain of dependent batch-1 FP8 GEMVs, one launch a step or one persistent launch (chain.cu says
+ * why it exists).  bench/gpu_chain.c measures it; test_cuda checks that both modes give the same bits. */
+#ifndef BACKEND_CUDA_CHAIN_H
+#define BACKEND_CUDA_CHAIN_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BCU_CHAIN_KMAX 8192 /* a step's K at most (x in shared memory) */
+
+/* y [n] = W [n, K] . x [K]: W e4m3 codes, row-major; s ue8m0 bytes over 128 x 128 blocks, [ceil(n / 128)][K /
+ * 128]; x and y fp32 on the device, 16-byte aligned; K a multiple of 512, at most BCU_CHAIN_KMAX.  A step's x is
+ * usually an earlier step's y. */
+typedef struct {
+    const void *w, *s;
+    const float *x;
+    float *y;
+    int n, K;
+} bcu_chain_step;
+
+typedef struct bcu_chain bcu_chain;
+
+/* the step table on the device and the counters; cudaErrorInvalidValue for a step it cannot take */
+cudaError_t bcu_chain_create(const bcu_chain_step *steps, int nsteps, bcu_chain **out);
+void bcu_chain_destroy(bcu_chain *c);
+/* every step in order: persistent = 1 one cooperative launch, 0 a launch a step (PDL); asynchronous on st.  Both
+ * give the same bits. */
+cudaError_t bcu_chain_launch(bcu_chain *c, int persistent, cudaStream_t st);
+/* synchronises; us[i]: step i's time in the last launch (from the last block done with step i - 1, or from the
+ * first block's start, to the last block done with step i; globaltimer) */
+cudaError_t bcu_chain_times(bcu_chain *c, double *us);
+int bcu_chain_blocks(const bcu_chain *c); /* blocks a launch (one an SM) */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
