@@ -1,22 +1,23 @@
 /* gpu_chain.c - bench_gpu_chain: a chain of dependent batch-1 FP8 GEMVs at V4-Flash shapes, as the backend runs
  * it today (bcu_rowdot, a launch a step with PDL, replayed from a CUDA graph) and as chain.cu runs it: a launch a
- * step with PDL, and one persistent launch whose blocks pass the steps on through counters and stream the next
- * steps' weights while they wait (src/backend/cuda/chain.cu says why).
+ * step with PDL, and one persistent launch whose blocks pass the steps on through memory (one counter a step, or a
+ * flag a block and step) and stream the next steps' weights while they wait (src/backend/cuda/chain.cu says why).
  *
  * The chain is one layer's critical FP8 row-dots, repeated: wq_a 1024 x 4096, wq_b 32768 x 1024, wo_a as one
  * 8192 x 4096 (the grouped projection's bytes), wo_b 4096 x 8192, a shared expert's w1 2048 x 4096 (--chain
  * NxK,NxK,... changes it).  Step i's x is step i - 1's y (its first K floats; zeros past its n).  Every step's
- * weight is its own copy, so the chain (~430 MB at 4 layers) streams from HBM.
+ * weight is its own copy, so the chain (453 MB at 4 layers) streams from HBM.
  *
  *   floor     (weight codes + scales) / the copy bandwidth of a 1 GiB device-to-device copy, measured here
- *   us        one chain, a CUDA graph replay timed with events, median of --reps after a warm-up; the three
+ *   us        one chain, a CUDA graph replay timed with events, median of --reps after a warm-up; the four
  *             variants alternate round by round
  *   %floor    floor / us
  *   vs rowdot the variant's time against the backend's row-dots in the same rounds
- * Then each step's time in chain.cu's two modes (the device's globaltimer at the last block's finish, mean of
- * --reps launches).  Checks: chain.cu's two modes give the same bits, and both match a double-precision host sum
- * of the same chain (max error relative to max |y| of each step); the row-dots act_quant their x as the backend
- * does (official semantics), so they are compared with a looser bound.
+ * Then each step's time in chain.cu's three modes (the latest block's globaltimer at the end of the step, mean
+ * of --reps launches), and block 0's way through a step in the persistent ones (seeing the step before done,
+ * staging x, its sums, its signal).  Checks: chain.cu's modes give the same bits and match double sums of the
+ * same chain (max error relative to max |y| of each step, below 1e-5 or the run fails); the row-dots act_quant
+ * their x as the backend does (official semantics): their first step's error is printed, not held.
  *
  * Usage: bench_gpu_chain [--layers L] [--chain NxK,...] [--reps R]
  * Exits 77 with "SKIPPED" where there is no CUDA device. */
@@ -201,21 +202,23 @@ int main(int argc, char **argv)
 
     cudaStream_t sm;
     CK(cudaStreamCreateWithFlags(&sm, cudaStreamNonBlocking));
-    cudaGraphExec_t gx[3];
-    const char *name[3] = {"rowdot (backend)", "chain, a launch a step", "chain, persistent"};
-    for (int v = 0; v < 3; v++) {
+    enum { NV = 4 };
+    cudaGraphExec_t gx[NV];
+    const char *name[NV] = {"rowdot (backend)", "chain, a launch a step", "chain, persistent, a counter a step",
+                            "chain, persistent, a flag a block"};
+    for (int v = 0; v < NV; v++) {
         /* one eager run first: module loading and the kernels' attributes outside the capture */
         if (v == 0)
             for (int i = 0; i < ns; i++) CK(bcu_rowdot(&ra[i], sm));
         else
-            CK(bcu_chain_launch(ch, v == 2, sm));
+            CK(bcu_chain_launch(ch, v - 1, sm));
         CK(cudaStreamSynchronize(sm));
         cudaGraph_t g;
         CK(cudaStreamBeginCapture(sm, cudaStreamCaptureModeThreadLocal));
         if (v == 0)
             for (int i = 0; i < ns; i++) CK(bcu_rowdot(&ra[i], sm));
         else
-            CK(bcu_chain_launch(ch, v == 2, sm));
+            CK(bcu_chain_launch(ch, v - 1, sm));
         CK(cudaStreamEndCapture(sm, &g));
         CK(cudaGraphInstantiate(&gx[v], g, 0));
         CK(cudaGraphDestroy(g));
@@ -226,10 +229,10 @@ int main(int argc, char **argv)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    double *tv[3];
-    for (int v = 0; v < 3; v++) tv[v] = malloc((size_t)reps * sizeof(double));
+    double *tv[NV];
+    for (int v = 0; v < NV; v++) tv[v] = malloc((size_t)reps * sizeof(double));
     for (int r = -2; r < reps; r++)
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < NV; v++) {
             CK(cudaEventRecord(e0, sm));
             CK(cudaGraphLaunch(gx[v], sm));
             CK(cudaEventRecord(e1, sm));
@@ -238,12 +241,12 @@ int main(int argc, char **argv)
             CK(cudaEventElapsedTime(&ms, e0, e1));
             if (r >= 0) tv[v][r] = ms * 1e3;
         }
-    double med[3];
-    for (int v = 0; v < 3; v++) med[v] = median(tv[v], reps);
+    double med[NV];
+    for (int v = 0; v < NV; v++) med[v] = median(tv[v], reps);
 
     /* each step's time in the two modes (after the timed rounds: the clocks are warm) */
-    double *stime[2];
-    for (int m = 0; m < 2; m++) {
+    double *stime[3];
+    for (int m = 0; m < 3; m++) {
         stime[m] = calloc((size_t)ns, sizeof(double));
         double *one = malloc((size_t)ns * sizeof(double));
         for (int r = 0; r < reps; r++) {
@@ -254,7 +257,18 @@ int main(int argc, char **argv)
         free(one);
     }
 
-    /* checks: the two modes' bits (the persistent mode ran last), then both against the host */
+    /* block 0's path through each step of the persistent modes (mean of --reps launches; the flags' mode last) */
+    double (*hop)[2][4] = calloc((size_t)ns, sizeof *hop), (*one4)[4] = malloc((size_t)ns * sizeof *one4);
+    for (int m = 0; m < 2; m++)
+        for (int r = 0; r < reps; r++) {
+            CK(cudaGraphLaunch(gx[2 + m], sm));
+            CK(bcu_chain_hops(ch, one4));
+            for (int i = 0; i < ns; i++)
+                for (int k = 0; k < 4; k++) hop[i][m][k] += one4[i][k] / reps;
+        }
+    free(one4);
+
+    /* checks: the modes' bits (the flags' mode ran last), then both against the host */
     float **ys = malloc((size_t)ns * sizeof *ys);
     for (int i = 0; i < ns; i++) {
         ys[i] = malloc(st[i].ylen * 4);
@@ -308,16 +322,25 @@ int main(int argc, char **argv)
            "%.1f us (%.1f a repeat); %d rounds\n\n",
            pr.name, pr.multiProcessorCount, bw / 1e9, ns, layers, nc, bytes / 1e6, floor_us, floor_us / layers, reps);
     printf("| variant | us a chain | us a repeat | %% of floor | vs rowdot |\n| --- | --- | --- | --- | --- |\n");
-    for (int v = 0; v < 3; v++)
+    for (int v = 0; v < NV; v++)
         printf("| %s | %.1f | %.1f | %.1f%% | %.2fx |\n", name[v], med[v], med[v] / layers, 100.0 * floor_us / med[v],
                med[0] / med[v]);
-    printf("\n| step | n x K | MB | floor us | a launch a step us | persistent us |\n| --- | --- | --- | --- | --- | --- |\n");
+    printf("\n| step | n x K | MB | floor us | a launch a step us | persistent, counter us | persistent, flags us |\n"
+           "| --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < ns; i++) {
         const double b = (double)st[i].sh.n * st[i].sh.K * (1.0 + 1.0 / 16384.0);
-        printf("| %d | %dx%d | %.1f | %.2f | %.2f | %.2f |\n", i, st[i].sh.n, st[i].sh.K, b / 1e6, b / bw * 1e6,
-               stime[0][i], stime[1][i]);
+        printf("| %d | %dx%d | %.1f | %.2f | %.2f | %.2f | %.2f |\n", i, st[i].sh.n, st[i].sh.K, b / 1e6, b / bw * 1e6,
+               stime[0][i], stime[1][i], stime[2][i]);
     }
-    printf("\nchecks: the two chain modes' y differ in %zu of %d steps (bits); chain vs the host's double sums %.2e "
+    for (int m = 0; m < 2 && ns > 1; m++) {
+        double hm[4] = {0, 0, 0, 0};
+        for (int i = 1; i < ns; i++)
+            for (int k = 0; k < 4; k++) hm[k] += hop[i][m][k] / (ns - 1);
+        printf("%spersistent (%s), block 0's path through a step (mean of steps 1..%d, us): sees the step before done "
+               "%.2f, stages x %.2f, sums its rows %.2f, signals %.2f; the step %.2f\n",
+               m ? "" : "\n", m ? "flags" : "counter", ns - 1, hm[0], hm[1], hm[2], hm[3], (med[2 + m] / ns));
+    }
+    printf("\nchecks: the chain's persistent (flags) and launch-a-step y differ in %zu of %d steps (bits); chain vs the host's double sums %.2e "
            "(max over steps, relative to max |y|); row-dots (x act_quant'd) vs the host, step 0: %.2e\n",
            differ, ns, err_chain, err_row);
     const int ok = differ == 0 && err_chain < 1e-5;

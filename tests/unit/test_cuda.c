@@ -531,9 +531,9 @@ static void test_e4m3_cvt(void **st)
 
 /* A chain of FP8 GEMVs whose steps' shapes cover the cases of chain.cu's split: fewer rows than blocks (some
  * blocks idle in a step), rows not a multiple of the blocks, one stage and several a block, K from 512 to
- * BCU_CHAIN_KMAX, a step whose x is longer than the y before it (zeros past n).  Launched persistent twice (its
- * counters carry over from launch to launch), a launch a step, persistent again: every launch's y the same bits,
- * and each step within 1e-5 of max |y| of the double sums of its own x. */
+ * BCU_CHAIN_KMAX, a step whose x is longer than the y before it (zeros past n).  Launched persistent with a counter
+ * twice (the counters carry over from launch to launch), with flags, a launch a step, flags and a counter again:
+ * every launch's y the same bits, and each step within 1e-5 of max |y| of the double sums of its own x. */
 static void test_chain(void **st)
 {
     (void)st;
@@ -571,8 +571,8 @@ static void test_chain(void **st)
     assert_int_equal(bcu_chain_create(&bad, 1, &ch), cudaErrorInvalidValue);
     assert_int_equal(bcu_chain_create(cs, NS, &ch), cudaSuccess);
     float *first[NS];
-    const int modes[] = {1, 1, 0, 1};
-    for (int r = 0; r < 4; r++) {
+    const int modes[] = {1, 1, 2, 0, 2, 1};
+    for (int r = 0; r < 6; r++) {
         for (int i = 0; i < NS; i++) assert_int_equal(cudaMemset(dy[i], 0, ylen[i] * 4), cudaSuccess);
         assert_int_equal(bcu_chain_launch(ch, modes[r], 0), cudaSuccess);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
@@ -584,8 +584,7 @@ static void test_chain(void **st)
                 continue;
             }
             if (memcmp(y, first[i], ylen[i] * 4))
-                fail_msg("launch %d (%s): step %d's y differs from the first launch's", r,
-                         modes[r] ? "persistent" : "a launch a step", i);
+                fail_msg("launch %d (mode %d): step %d's y differs from the first launch's", r, modes[r], i);
             free(y);
         }
     }

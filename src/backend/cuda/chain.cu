@@ -19,20 +19,24 @@
  * times its scale into the lane's fmaf chain over the row's segments in order; the warp's 32 lanes by a butterfly.
  * x is staged in shared memory once a step, after its input is complete.
  *
- * Persistent (mode 1): one cooperative launch (every block waits on every other, so all must be resident).  After
- * step i a block's thread 0 adds 1 to cnt[i] with a release at gpu scope (after a barrier: cumulative over the
- * block's y stores); before step i + 1 it polls cnt[i] (acquire) until (gen + 1) G, gen being the launches
- * completed so far (read by every block at its start, raised by the block that completes the last step), so the
- * counters are never reset.  A launch a step (mode 0): the same code over one step a kernel, the ring's first
- * pieces issued before the PDL wait.  Measured on the H200 (bench_gpu_chain, docs/BENCHMARKS.md): a step with no
- * weight to speak of costs 2.5 us persistent, 3.3 a launch a step, 3.0 on the backend's row-dots; on one V4-Flash
- * layer's five critical row-dots, persistent is 20% faster than a launch a step with the same code, and this
- * code's FMA sums are slower than the backend's tensor-core GEMV on the 32 MB weights. */
+ * Persistent (modes 1 and 2): one cooperative launch (every block waits on every other, so all must be resident).
+ * After step i a block's thread 0, after a barrier (so cumulative over the block's y stores), signals at gpu scope
+ * with release: mode 1 adds 1 to cnt[i] and warp 0's lane 0 of every block polls it (acquire) until epoch G; mode
+ * 2 stores epoch in flag[i][b] and warp 0 of every block polls all G flags.  epoch is the launch's number in its
+ * mode (gen, read by every block at its start, set by block 0 once the last step is done everywhere), so nothing
+ * is reset between launches and a CUDA graph replays them.  A launch a step (mode 0): the same code over one step a
+ * kernel, the lanes' first pieces issued before the PDL wait.  Every block stamps the globaltimer at its start
+ * and at the end of each step (no atomic on the path being timed); block 0 also stamps its way through a step.
+ * Measured on the H200 (bench_gpu_chain, docs/BENCHMARKS.md): a step with no weight to speak of costs 2.7 us with
+ * a counter, 4.2 with flags, 3.3 a launch a step, 3.0 on the backend's row-dots; on one V4-Flash layer's five
+ * critical row-dots the counter is 18% faster than a launch a step with the same code, and this code's FMA sums
+ * are slower than the backend's tensor-core GEMV on the 32 MB weights. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "pdl.cuh"
 #include "sm_count.cuh"
@@ -54,13 +58,14 @@ struct ChStep {
 struct ChArgs {
     const ChStep *st;
     int nsteps, first, last; /* steps [first, last) of the chain in this launch */
-    unsigned *cnt;          /* [nsteps]: blocks done with each step, mode 1: never reset */
-    unsigned *cnt0;         /* [nsteps]: the same, mode 0: wrapping at G */
-    unsigned *gen;          /* launches completed (mode 1) */
-    unsigned long long *t;  /* [nsteps + 1]: the globaltimer when the first block started (t[0]) and when the last
-                               block finished step i (t[i + 1]) */
-    unsigned *start;        /* a wrapping count of the blocks started (t[0]) */
-    int persistent;
+    unsigned *cnt;          /* [nsteps]: blocks done with each step (mode 1), never reset */
+    unsigned *flag;         /* [nsteps][G]: the launch count once block b is done with step i (mode 2) */
+    unsigned *gen;          /* [2]: launches completed in mode 1, in mode 2 */
+    unsigned long long *t0; /* [G]: each block's globaltimer at its start (launches of step 0) */
+    unsigned long long *tp; /* [nsteps][G]: each block's globaltimer when it was done with step i */
+    unsigned long long *tb; /* [nsteps][4], modes 1 and 2: block 0's globaltimer when it saw step i - 1 complete,
+                               had x staged, had its rows summed, had its count or flag out */
+    int persistent;         /* 0 a launch a step, 1 one counter a step, 2 a flag a block and step */
 };
 
 __device__ __forceinline__ unsigned long long ch_now()
@@ -156,11 +161,31 @@ __device__ __forceinline__ float ch_dot16(uint4 w, const float *x, int r)
     return (c[0] + c[1]) + (c[2] + c[3]);
 }
 
-__device__ __forceinline__ unsigned ch_add_release(unsigned *p, unsigned v)
+__device__ __forceinline__ void ch_add_release(unsigned *p, unsigned v)
 {
-    unsigned old;
-    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void ch_st_release(unsigned *p, unsigned v)
+{
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* warp 0 of a block: until step i is done in every block (mode 1: its counter at e G; mode 2: every block's flag
+ * at e), acquire */
+__device__ __forceinline__ void ch_wait_step(const ChArgs &a, int i, unsigned e, int G, int lane)
+{
+    if (a.persistent == 1) {
+        if (lane == 0)
+            while (ch_ld_acquire(&a.cnt[i]) < e * (unsigned)G) {
+            }
+        __syncwarp();
+        return;
+    }
+    for (;;) {
+        bool ok = true;
+        for (int k = lane; k < G; k += 32) ok &= ch_ld_acquire(&a.flag[(size_t)i * G + k]) >= e;
+        if (__all_sync(0xffffffffu, ok)) return;
+    }
 }
 
 __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
@@ -173,7 +198,7 @@ __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
     const int b = blockIdx.x, G = gridDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int GW = G * CH_WARPS, gw = b * CH_WARPS + warp;
 
-    if (a.first == 0 && tid == 0 && atomicInc(a.start, (unsigned)G - 1u) == 0u) a.t[0] = ch_now();
+    if (a.first == 0 && tid == 0) a.t0[b] = ch_now();
     /* the lane's first pieces: weights only, before the wait for the grid before (PDL) */
     ChCur lc;
     ch_cur_at(a, lc, a.first, gw, GW);
@@ -181,21 +206,23 @@ __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
     for (int k = 0; k < CH_PD; k++) ch_issue(a, lc, wr, sr, k, gw, GW);
     pdl_wait();
     pdl_trigger();
-    if (a.persistent && tid == 0) s_gen = *(volatile unsigned *)a.gen;
+    if (a.persistent && tid == 0) s_gen = *(volatile unsigned *)&a.gen[a.persistent - 1];
     __syncthreads();
-    const unsigned target = a.persistent ? (s_gen + 1u) * (unsigned)G : 0u;
+    const unsigned epoch = a.persistent ? s_gen + 1u : 0u; /* this launch's count (modes 1 and 2) */
 
     unsigned q = 0; /* pieces consumed by this lane */
     for (int i = a.first; i < a.last; i++) {
         const ChStep s = a.st[i];
         if (a.persistent && i > a.first) { /* step i - 1 complete in every block */
-            if (tid == 0)
-                while (ch_ld_acquire(&a.cnt[i - 1]) < target) {
-                }
+            if (warp == 0) {
+                ch_wait_step(a, i - 1, epoch, G, lane);
+                if (b == 0 && lane == 0) a.tb[4 * i] = ch_now();
+            }
             __syncthreads();
         }
         for (int k = tid; 4 * k < s.K; k += CH_THREADS) ((float4 *)xs)[k] = __ldcg((const float4 *)s.x + k);
         __syncthreads();
+        if (a.persistent && b == 0 && tid == 0) a.tb[4 * i + 1] = ch_now();
         const int r0 = (int)((int64_t)s.n * gw / GW), r1 = (int)((int64_t)s.n * (gw + 1) / GW), nseg = s.K / 512;
         for (int row = r0; row < r1; row++) {
             float acc = 0.0f;
@@ -212,20 +239,22 @@ __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
             for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
             if (lane == 0) s.y[row] = acc;
         }
-        /* step i done in this block: its y stores before the count (the barrier orders them before thread 0's
-         * release add at gpu scope, which is cumulative), and xs free for the next step */
+        /* step i done in this block: its y stores before the count or flag (the barrier orders them before thread
+         * 0's release at gpu scope, which is cumulative), and xs free for the next step */
         __syncthreads();
         if (tid == 0) {
-            if (a.persistent) {
-                const unsigned old = ch_add_release(&a.cnt[i], 1u);
-                if (old + 1u == target) {
-                    a.t[i + 1] = ch_now();
-                    if (i == a.last - 1) atomicAdd(a.gen, 1u);
-                }
-            } else if (atomicInc(&a.cnt0[i], (unsigned)G - 1u) == (unsigned)G - 1u) { /* the timer alone */
-                a.t[i + 1] = ch_now();
-            }
+            if (a.persistent && b == 0) a.tb[4 * i + 2] = ch_now();
+            if (a.persistent == 1) ch_add_release(&a.cnt[i], 1u);
+            else if (a.persistent == 2) ch_st_release(&a.flag[(size_t)i * G + b], epoch);
+            const unsigned long long now = ch_now();
+            if (a.persistent && b == 0) a.tb[4 * i + 3] = now;
+            a.tp[(size_t)i * G + b] = now;
         }
+    }
+    /* the launch count, once every block is done with the last step (block 0; read by the next launch) */
+    if (a.persistent && b == 0 && warp == 0) {
+        ch_wait_step(a, a.last - 1, epoch, G, lane);
+        if (lane == 0) *(volatile unsigned *)&a.gen[a.persistent - 1] = epoch;
     }
     ch_wait<0>();
 }
@@ -233,8 +262,8 @@ __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
 struct bcu_chain {
     int nsteps, G;
     ChStep *dst;
-    unsigned *cnt, *cnt0, *gen, *start;
-    unsigned long long *t;
+    unsigned *cnt, *flag, *gen;
+    unsigned long long *t0, *tp, *tb;
 };
 
 static bool ch_attr(void)
@@ -267,18 +296,21 @@ extern "C" cudaError_t bcu_chain_create(const bcu_chain_step *steps, int nsteps,
                       steps[i].K};
     if (!r) r = cudaMalloc((void **)&c->dst, (size_t)nsteps * sizeof(ChStep));
     if (!r) r = cudaMemcpy(c->dst, h, (size_t)nsteps * sizeof(ChStep), cudaMemcpyHostToDevice);
-    if (!r) r = cudaMalloc((void **)&c->cnt, (2 * (size_t)nsteps + 2) * sizeof(unsigned));
-    if (!r) r = cudaMemset(c->cnt, 0, (2 * (size_t)nsteps + 2) * sizeof(unsigned));
-    if (!r) r = cudaMalloc((void **)&c->t, ((size_t)nsteps + 1) * sizeof(unsigned long long));
-    if (!r) r = cudaMemset(c->t, 0, ((size_t)nsteps + 1) * sizeof(unsigned long long));
+    /* cnt [nsteps], flag [nsteps][G], gen [2]; t0 [G], tp [nsteps][G], tb [nsteps][4] */
+    const size_t nu = (size_t)nsteps * (1 + (size_t)c->G) + 2, nt = (size_t)c->G * (1 + (size_t)nsteps) + 4 * (size_t)nsteps;
+    if (!r) r = cudaMalloc((void **)&c->cnt, nu * sizeof(unsigned));
+    if (!r) r = cudaMemset(c->cnt, 0, nu * sizeof(unsigned));
+    if (!r) r = cudaMalloc((void **)&c->t0, nt * sizeof(unsigned long long));
+    if (!r) r = cudaMemset(c->t0, 0, nt * sizeof(unsigned long long));
     free(h);
     if (r) {
         bcu_chain_destroy(c);
         return r;
     }
-    c->cnt0 = c->cnt + nsteps;
-    c->gen = c->cnt + 2 * nsteps;
-    c->start = c->cnt + 2 * nsteps + 1;
+    c->flag = c->cnt + nsteps;
+    c->gen = c->flag + (size_t)nsteps * c->G;
+    c->tp = c->t0 + c->G;
+    c->tb = c->tp + (size_t)nsteps * c->G;
     *out = c;
     return cudaSuccess;
 }
@@ -288,13 +320,14 @@ extern "C" void bcu_chain_destroy(bcu_chain *c)
     if (!c) return;
     cudaFree(c->dst);
     cudaFree(c->cnt);
-    cudaFree(c->t);
+    cudaFree(c->t0);
     free(c);
 }
 
 extern "C" cudaError_t bcu_chain_launch(bcu_chain *c, int persistent, cudaStream_t st)
 {
-    ChArgs a = {c->dst, c->nsteps, 0, c->nsteps, c->cnt, c->cnt0, c->gen, c->t, c->start, persistent};
+    if (persistent < 0 || persistent > 2) return cudaErrorInvalidValue;
+    ChArgs a = {c->dst, c->nsteps, 0, c->nsteps, c->cnt, c->flag, c->gen, c->t0, c->tp, c->tb, persistent};
     if (persistent) {
         /* every block waits on every other: all must be resident at once (a cooperative launch says so, or fails) */
         cudaLaunchConfig_t cfg = launch_cfg(dim3(c->G), dim3(CH_THREADS), CH_SMEM, st);
@@ -314,14 +347,53 @@ extern "C" cudaError_t bcu_chain_launch(bcu_chain *c, int persistent, cudaStream
     return cudaSuccess;
 }
 
+/* the last launch's clocks on the host: te[i] the end of step i (the last block's), te[-1] the start (the first
+ * block's); tb as the device has it */
+static cudaError_t ch_clocks(bcu_chain *c, double *te, unsigned long long *tb)
+{
+    const size_t n = (size_t)c->nsteps, G = (size_t)c->G, nt = G * (1 + n) + 4 * n;
+    unsigned long long *h = (unsigned long long *)malloc(nt * sizeof *h);
+    if (!h) return cudaErrorMemoryAllocation;
+    cudaError_t r = cudaDeviceSynchronize();
+    if (!r) r = cudaMemcpy(h, c->t0, nt * sizeof *h, cudaMemcpyDeviceToHost);
+    if (!r) {
+        unsigned long long m = h[0];
+        for (size_t b = 1; b < G; b++) m = h[b] < m ? h[b] : m;
+        te[-1] = (double)m;
+        for (size_t i = 0; i < n; i++) {
+            unsigned long long e = 0;
+            for (size_t b = 0; b < G; b++) e = h[G + i * G + b] > e ? h[G + i * G + b] : e;
+            te[i] = (double)e;
+        }
+        if (tb) memcpy(tb, h + G * (1 + n), 4 * n * sizeof *h);
+    }
+    free(h);
+    return r;
+}
+
 extern "C" cudaError_t bcu_chain_times(bcu_chain *c, double *us)
 {
-    unsigned long long *t = (unsigned long long *)malloc(((size_t)c->nsteps + 1) * sizeof *t);
-    if (!t) return cudaErrorMemoryAllocation;
-    cudaError_t r = cudaDeviceSynchronize();
-    if (!r) r = cudaMemcpy(t, c->t, ((size_t)c->nsteps + 1) * sizeof *t, cudaMemcpyDeviceToHost);
-    for (int i = 0; !r && i < c->nsteps; i++) us[i] = 1e-3 * (double)(long long)(t[i + 1] - t[i]);
-    free(t);
+    double *te = (double *)malloc(((size_t)c->nsteps + 1) * sizeof *te);
+    if (!te) return cudaErrorMemoryAllocation;
+    const cudaError_t r = ch_clocks(c, te + 1, NULL);
+    for (int i = 0; !r && i < c->nsteps; i++) us[i] = 1e-3 * (te[i + 1] - te[i]);
+    free(te);
+    return r;
+}
+
+extern "C" cudaError_t bcu_chain_hops(bcu_chain *c, double (*us)[4])
+{
+    const size_t n = (size_t)c->nsteps;
+    double *te = (double *)malloc((n + 1) * sizeof *te);
+    unsigned long long *tb = (unsigned long long *)malloc(4 * n * sizeof *tb);
+    cudaError_t r = te && tb ? ch_clocks(c, te + 1, tb) : cudaErrorMemoryAllocation;
+    for (size_t i = 1; !r && i < n; i++) {
+        const double p[5] = {te[i], (double)tb[4 * i], (double)tb[4 * i + 1], (double)tb[4 * i + 2], (double)tb[4 * i + 3]};
+        for (int k = 0; k < 4; k++) us[i][k] = 1e-3 * (p[k + 1] - p[k]);
+    }
+    if (!r) us[0][0] = us[0][1] = us[0][2] = us[0][3] = 0.0;
+    free(te);
+    free(tb);
     return r;
 }
 

@@ -28,12 +28,17 @@ typedef struct bcu_chain bcu_chain;
 /* the step table on the device and the counters; cudaErrorInvalidValue for a step it cannot take */
 cudaError_t bcu_chain_create(const bcu_chain_step *steps, int nsteps, bcu_chain **out);
 void bcu_chain_destroy(bcu_chain *c);
-/* every step in order: persistent = 1 one cooperative launch, 0 a launch a step (PDL); asynchronous on st.  Both
- * give the same bits. */
+/* every step in order, asynchronous on st: persistent = 0 a launch a step (PDL), 1 one cooperative launch whose
+ * blocks count the blocks done with a step in one counter (a release add each), 2 the same launch with a flag a
+ * block and step (a release store each; a warp polls all of a step's flags).  All give the same bits. */
 cudaError_t bcu_chain_launch(bcu_chain *c, int persistent, cudaStream_t st);
 /* synchronises; us[i]: step i's time in the last launch (from the last block done with step i - 1, or from the
- * first block's start, to the last block done with step i; globaltimer) */
+ * first block's start, to the last block done with step i; each block's globaltimer) */
 cudaError_t bcu_chain_times(bcu_chain *c, double *us);
+/* synchronises; after a persistent launch, for steps i >= 1, block 0's path through step i: us[i][0] from the
+ * last block's count of step i - 1 to block 0 seeing it, [1] staging x, [2] summing its rows, [3] adding its count
+ * (us[0] zeros) */
+cudaError_t bcu_chain_hops(bcu_chain *c, double (*us)[4]);
 int bcu_chain_blocks(const bcu_chain *c); /* blocks a launch (one an SM) */
 
 #ifdef __cplusplus
