@@ -31,6 +31,7 @@
 
 #include "backend/cuda/chain.h"
 #include "backend/cuda/cuda_internal.h"
+#include "model/dtype.h"
 
 #define BENCH_NAME "bench_gpu_chain"
 #include "backend/cuda/bench_util.h"
@@ -75,13 +76,6 @@ static uint8_t rnd_code(void)
 {
     const uint32_t r = rnd();
     return (uint8_t)(((r & 1u) << 7) | ((5u + ((r >> 1) & 3u)) << 3) | ((r >> 3) & 7u));
-}
-
-static float dec_e4m3(uint8_t c)
-{
-    const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
-    const float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
-    return s ? -v : v;
 }
 
 typedef struct {
@@ -287,7 +281,7 @@ int main(int argc, char **argv)
      * rounding does not carry into the next step's error */
     double err_chain = 0.0, err_row = 0.0;
     float lut[256];
-    for (int c = 0; c < 256; c++) lut[c] = dec_e4m3((uint8_t)c);
+    for (int c = 0; c < 256; c++) lut[c] = md_e4m3_to_f32((uint8_t)c);
     for (int i = 0; i < ns; i++) {
         const int n = st[i].sh.n, K = st[i].sh.K, nsb = K / 128;
         const float *xin = i ? ys[i - 1] : x0;
@@ -299,7 +293,7 @@ int main(int argc, char **argv)
             for (int cb = 0; cb < nsb; cb++) {
                 double blk = 0.0;
                 for (int c = 128 * cb; c < 128 * cb + 128 && c < xlen; c++) blk += (double)lut[w[c]] * xin[c];
-                acc += blk * ldexp(1.0, st[i].hs[(o / 128) * nsb + cb] - 127);
+                acc += blk * (double)md_ue8m0_to_f32(st[i].hs[(o / 128) * nsb + cb]);
             }
             yr[o] = acc;
         }

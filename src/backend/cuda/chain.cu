@@ -32,12 +32,12 @@
  * critical row-dots the counter is 18% faster than a launch a step with the same code, and this code's FMA sums
  * are slower than the backend's tensor-core GEMV on the 32 MB weights. */
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "mma_frag.cuh"
 #include "pdl.cuh"
 #include "sm_count.cuh"
 
@@ -82,19 +82,6 @@ __device__ __forceinline__ unsigned ch_ld_acquire(const unsigned *p)
     return v;
 }
 
-__device__ __forceinline__ void ch_cp16(void *smem, const void *g)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
-}
-__device__ __forceinline__ void ch_cp4(void *smem, const void *g)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(g) : "memory");
-}
-__device__ __forceinline__ void ch_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void ch_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 /* the rows [r, rb) of step i that global warp gw of GW takes, and where its next 512-byte segment is */
 struct ChCur {
     int i, row, rb, seg, nseg;
@@ -126,17 +113,17 @@ __device__ __forceinline__ void ch_issue(const ChArgs &a, ChCur &c, uint8_t *wr,
     if (c.i < a.last) {
         const ChStep &s = a.st[c.i];
         const int lane = threadIdx.x & 31;
-        ch_cp16(wr + ((size_t)sl * CH_THREADS + threadIdx.x) * 16,
+        rd_cp16(wr + ((size_t)sl * CH_THREADS + threadIdx.x) * 16,
                 s.w + (int64_t)c.row * s.K + 512 * c.seg + 16 * lane);
-        ch_cp4(sr + (size_t)sl * CH_THREADS + threadIdx.x, s.s + (int64_t)(c.row / 128) * (s.K / 128) + 4 * c.seg);
+        rd_cp4(sr + (size_t)sl * CH_THREADS + threadIdx.x, s.s + (int64_t)(c.row / 128) * (s.K / 128) + 4 * c.seg);
         ch_cur_next(a, c, gw, GW);
     }
-    ch_commit();
+    rd_cp_commit();
 }
 
 __device__ __forceinline__ float2 ch_dec2(uint32_t w16)
 {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w16 & 0xffffu), __NV_E4M3);
+    const uint32_t h = rd_e4m3x2_h(w16);
     return __half22float2(*(const __half2 *)&h);
 }
 
@@ -176,14 +163,14 @@ __device__ __forceinline__ void ch_wait_step(const ChArgs &a, int i, unsigned e,
 {
     if (a.persistent == 1) {
         if (lane == 0)
-            while (ch_ld_acquire(&a.cnt[i]) < e * (unsigned)G) {
+            while ((int)(ch_ld_acquire(&a.cnt[i]) - e * (unsigned)G) < 0) { /* wrap-safe */
             }
         __syncwarp();
         return;
     }
     for (;;) {
         bool ok = true;
-        for (int k = lane; k < G; k += 32) ok &= ch_ld_acquire(&a.flag[(size_t)i * G + k]) >= e;
+        for (int k = lane; k < G; k += 32) ok &= (int)(ch_ld_acquire(&a.flag[(size_t)i * G + k]) - e) >= 0;
         if (__all_sync(0xffffffffu, ok)) return;
     }
 }
@@ -228,7 +215,7 @@ __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
             float acc = 0.0f;
             for (int seg = 0; seg < nseg; seg++, q++) {
                 const int sl = (int)(q % CH_PD);
-                ch_wait<CH_PD - 1>();
+                rd_cp_wait_group<CH_PD - 1>();
                 const uint4 w = *(const uint4 *)(wr + ((size_t)sl * CH_THREADS + tid) * 16);
                 const uint32_t sw = sr[(size_t)sl * CH_THREADS + tid];
                 const float d = ch_dot16(w, xs + 512 * seg + 16 * lane, (lane >> 1) & 3);
@@ -256,7 +243,7 @@ __global__ void __launch_bounds__(CH_THREADS, 1) chain_kernel(ChArgs a)
         ch_wait_step(a, a.last - 1, epoch, G, lane);
         if (lane == 0) *(volatile unsigned *)&a.gen[a.persistent - 1] = epoch;
     }
-    ch_wait<0>();
+    rd_cp_wait_group<0>();
 }
 
 struct bcu_chain {
@@ -396,5 +383,3 @@ extern "C" cudaError_t bcu_chain_hops(bcu_chain *c, double (*us)[4])
     free(tb);
     return r;
 }
-
-extern "C" int bcu_chain_blocks(const bcu_chain *c) { return c->G; }

@@ -39,7 +39,6 @@ cudaError_t bcu_chain_times(bcu_chain *c, double *us);
  * last block's count of step i - 1 to block 0 seeing it, [1] staging x, [2] summing its rows, [3] adding its count
  * (us[0] zeros) */
 cudaError_t bcu_chain_hops(bcu_chain *c, double (*us)[4]);
-int bcu_chain_blocks(const bcu_chain *c); /* blocks a launch (one an SM) */
 
 #ifdef __cplusplus
 }

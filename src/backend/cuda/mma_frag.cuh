@@ -57,6 +57,16 @@ __device__ __forceinline__ void rd_cp16z(void *smem, const void *gmem, bool full
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(full ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void rd_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* global -> shared, 4 bytes, asynchronous (through L1) */
+__device__ __forceinline__ void rd_cp4(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+/* the copies this thread issued since the last commit as one group; rd_cp_wait_group<N>: until at most N of its
+ * groups are in flight */
+__device__ __forceinline__ void rd_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void rd_cp_wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 /* two e4m3 codes (bits 0-7, 8-15) -> two f16 (low half, high half), exact for every code: one instruction */
 __device__ __forceinline__ uint32_t rd_e4m3x2_h(uint32_t v)

@@ -86,8 +86,6 @@ __device__ __forceinline__ void cp4(uint32_t dst, const void *src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* generic-proxy stores to shared memory, made visible to wgmma's reads (the async proxy) */
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -318,7 +316,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
             if (q == 0) cp4(s + 16 * WG_PITCH + 4 * g, sA + 4 * c);
             if (q == 1) cp4(s + 16 * WG_PITCH + 32 + 4 * g, sB + 4 * c);
         }
-        cp_commit();
+        rd_cp_commit();
     };
     /* chunk c's A fragments (four scale blocks, SPB steps each) from its stage */
     auto convert = [&](int c, uint32_t (&A)[4][SPB][4]) {
@@ -392,7 +390,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
 #pragma unroll
             for (int i = 0; i < 4; i++) dd[j][i] = 0.0f;
         uint32_t A0[4][SPB][4], A1[4][SPB][4];
-        cp_wait<ST - 2>(); /* chunk 0 */
+        rd_cp_wait_group<ST - 2>(); /* chunk 0 */
         __syncwarp();
         convert(0, A0);
         auto chunk = [&](int c, uint32_t (&Ac)[4][SPB][4], uint32_t (&An)[4][SPB][4]) {
@@ -415,7 +413,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
             __syncwarp(); /* every lane has read the stage that issue() refills (chunk c - 1's) */
             issue(c + ST - 1);
             if (c + 1 < nch) {
-                cp_wait<ST - 2>(); /* chunk c + 1 */
+                rd_cp_wait_group<ST - 2>(); /* chunk c + 1 */
                 __syncwarp();
                 convert(c + 1, An);
             }
@@ -463,7 +461,7 @@ __global__ void __launch_bounds__(WG_THREADS, F16 ? 4 : 5) wg_kernel(bcu_wg_args
             chunk(c, A0, A1);
             if (c + 1 < nch) chunk(c + 1, A1, A0);
         }
-        cp_wait<0>(); /* the ring's empty tail groups */
+        rd_cp_wait_group<0>(); /* the ring's empty tail groups */
 
         /* acc: (row A, token 2q), (row A, 2q + 1), (row B, 2q), (row B, 2q + 1) */
 #pragma unroll
@@ -584,7 +582,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             if (q == 0) cp4(s + 1024 + 4 * g, sA + 4 * c);
             if (q == 1) cp4(s + 1024 + 32 + 4 * g, sB + 4 * c);
         }
-        cp_commit();
+        rd_cp_commit();
     };
     /* half chunk k's A fragments (chunk k / 2, steps 4 (k % 2) ..), scales inside: step s of the chunk takes word
      * s / 2 of this lane's scale block q, pairs i = 2 (s % 2) (a0 / a1: rows g / g + 8) and i + 1 (a2 / a3) */
@@ -633,7 +631,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
         for (int i = 0; i < 64; i++) acc[i] = 0.0f;
         uint32_t A0[4][4], A1[4][4];
         for (int c = 0; c < WT_STAGES - 2; c++) issue(c);
-        cp_wait<WT_STAGES - 3>(); /* chunk 0 */
+        rd_cp_wait_group<WT_STAGES - 3>(); /* chunk 0 */
         __syncwarp();
         convert(0, A0);
         /* half chunk k: on entering chunk c = k / 2 its B is made visible to all (each thread waited for its own
@@ -657,7 +655,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             wg_wait<1>(); /* half k - 1 */
             if (k + 1 < nk) {
                 if (k & 1) {
-                    cp_wait<WT_STAGES - 3>(); /* chunk c + 1 */
+                    rd_cp_wait_group<WT_STAGES - 3>(); /* chunk c + 1 */
                     __syncwarp();
                 }
                 convert(k + 1, An);
@@ -668,7 +666,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
             half(k + 1, A1, A0);
         }
         wg_wait<0>();
-        cp_wait<0>(); /* the empty tail groups */
+        rd_cp_wait_group<0>(); /* the empty tail groups */
 #pragma unroll
         for (int i = 0; i < 64; i += 4) {
             float d4[4] = {acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
@@ -766,7 +764,7 @@ __global__ void __launch_bounds__(32 * W, 12 / W) wv_kernel(bcu_wg_args a)
         cp4(smem_u32(Ws + g * nkb + 4 * i), wr.sA + 4 * i);
         cp4(smem_u32(Ws + (g + 8) * nkb + 4 * i), wr.sB + 4 * i);
     }
-    cp_commit();
+    rd_cp_commit();
     const uint32_t *const sA = (const uint32_t *)(Ws + g * nkb), *const sB = (const uint32_t *)(Ws + (g + 8) * nkb);
     const uint8_t *const csrc = G == 1 ? a.xc : a.hc;
     const float *const ssrc = G == 1 ? a.xs : a.hs;
@@ -811,7 +809,7 @@ __global__ void __launch_bounds__(32 * W, 12 / W) wv_kernel(bcu_wg_args a)
             /* times 2^14: the weights' f16 placement */
             Xs[u] = t < ntk ? ssrc[(t ? xr1 : xr0) * nch + c] * 16384.0f : 0.0f;
         }
-        cp_wait<0>(); /* the weight scales (the first pass's; later passes have none in flight) */
+        rd_cp_wait_group<0>(); /* the weight scales (the first pass's; later passes have none in flight) */
         __syncthreads();
         /* dtype.c's special scale bytes 0 and 255 anywhere in the warp's rows: the general ue8m0 below for every
          * chunk (asked once here; per chunk it was ~15 of the loop's instructions) */
