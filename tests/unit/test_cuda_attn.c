@@ -787,6 +787,30 @@ static void run_case(const tcase *c, int controls)
         printf("  FAIL %s: a second run differs\n", c->name);
         bad++;
     }
+    /* the fp32 kernel's two block shapes (2 or 8 warps, a quad of heads each) do every head's operations in the
+     * same order: each must give the automatic choice's bits; any other count is refused */
+    for (int nw = 2; nw <= 8; nw += 6) {
+        bcu_attention_args an = aa;
+        an.warps = nw;
+        CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
+        cudaError_t r = bcu_attention(&h.ws, &b, &an, h.st, err, sizeof err);
+        if (r != cudaSuccess) fail_msg("%s: bcu_attention (%d warps): %s %s", c->name, nw, cudaGetErrorString(r), err);
+        CK(cudaStreamSynchronize(h.st));
+        CK(cudaMemcpy(out2, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
+        if (memcmp(out, out2, nout * sizeof(float))) {
+            size_t nd = 0;
+            for (size_t i = 0; i < nout; i++) nd += memcmp(&out[i], &out2[i], sizeof(float)) != 0;
+            printf("  FAIL %s: %d warps a block: %zu of %zu outputs differ from the automatic shape\n", c->name, nw,
+                   nd, nout);
+            bad++;
+        }
+    }
+    {
+        bcu_attention_args an = aa;
+        an.warps = 4;
+        if (bcu_attention(&h.ws, &b, &an, h.st, err, sizeof err) == cudaSuccess)
+            fail_msg("%s: 4 warps a block was accepted", c->name);
+    }
     if (controls && !abad) {
         /* a 1e-4 relative error in one channel must be caught */
         size_t at = nout / 2;

@@ -18,13 +18,16 @@
  *                lowest-index ties at it.  The compaction keeps item order,
  *                which is index order, so the output is ascending as is.
  *   at_split     flash-decoding: one block per (row, split of the candidate
- *                list, group of 32 heads).  The candidates (window then
+ *                list, group of 32 heads, or 8 where the grid would not
+ *                fill the GPU: a decode step).  The candidates (window then
  *                compressed) are cut into S splits of whole 16-key tiles; a
- *                block keeps Q of its 32 heads and one key tile in shared
- *                memory, computes the 32x16 logits (split-K over lanes, then
- *                a butterfly), runs the online softmax, and accumulates
- *                O (32 heads x d) in registers.  MQA: K = V, one tile load
- *                serves both products and all 32 heads.
+ *                block keeps Q of its heads and one key tile in shared
+ *                memory, computes the heads x 16 logits (split-K over lanes,
+ *                then a butterfly), runs the online softmax, and accumulates
+ *                O (its heads x d) in registers.  MQA: K = V, one tile load
+ *                serves both products and all the block's heads.  S follows
+ *                the 32-head groups either way, so both shapes give the
+ *                same bits.
  *   at_merge     one block per (row, head): log-sum-exp merge of the splits
  *                in split order, with the sink in the denominator, then the
  *                inverse RoPE on the last rope_dim channels.
@@ -60,9 +63,9 @@
 #define SEL_CAP_B 8192
 
 /* attention */
-#define AT_HB 32 /* heads per block */
+#define AT_NW 8  /* warps of at_split_kernel, a quad of heads each: 32 heads a block (decode rows: AT_NW_FEW) */
+#define AT_NW_FEW 2
 #define AT_KT 16 /* keys per tile */
-#define AT_NT 256
 #define AT_MIN_SLOTS 512
 
 #define FULL 0xffffffffu
@@ -835,20 +838,20 @@ __device__ __forceinline__ bool split_job(const AtArgs &a, SplitJob &j)
     return true;
 }
 
-template <int NG>
-__global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
+template <int NG, int NW>
+__global__ void __launch_bounds__(32 * NW, 16 / NW) at_split_kernel(AtArgs a)
 {
     pdl_enter();
-    constexpr int D = 128 * NG;
-    static_assert((AT_HB * D / 4) % AT_NT == 0 && (AT_KT * D / 4) % AT_NT == 0, "whole rounds of loads");
+    constexpr int D = 128 * NG, NT = 32 * NW, HB = 4 * NW; /* a warp is a quad of heads */
+    static_assert((HB * D / 4) % NT == 0 && (AT_KT * D / 4) % NT == 0, "whole rounds of loads");
     extern __shared__ float4 at_sm4[];
-    float *Qs = (float *)at_sm4;       /* [AT_HB][D] */
-    float *Ks = Qs + AT_HB * D;        /* [AT_KT][D] */
-    float *Ss = Ks + AT_KT * D;        /* [AT_HB][AT_KT] logits */
-    float *Pt = Ss + AT_HB * AT_KT;    /* [AT_KT][AT_HB] probabilities */
-    float *alpha = Pt + AT_KT * AT_HB; /* [AT_HB] rescale of O for this tile */
-    float *mrun = alpha + AT_HB;       /* [AT_HB] running max */
-    float *lrun = mrun + AT_HB;        /* [AT_HB] running sum of exp */
+    float *Qs = (float *)at_sm4;    /* [HB][D] */
+    float *Ks = Qs + HB * D;        /* [AT_KT][D] */
+    float *Ss = Ks + AT_KT * D;     /* [HB][AT_KT] logits */
+    float *Pt = Ss + HB * AT_KT;    /* [AT_KT][HB] probabilities */
+    float *alpha = Pt + AT_KT * HB; /* [HB] rescale of O for this tile */
+    float *mrun = alpha + HB;       /* [HB] running max */
+    float *lrun = mrun + HB;        /* [HB] running sum of exp */
     __shared__ const float *kp[AT_KT];
     __shared__ RowKeys rs; /* here rather than in registers: the O accumulators take 16 * NG of them */
 
@@ -858,12 +861,12 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     const bcu_attn_seq &s = jb.s;
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
-    const int h0 = jb.hg * AT_HB;
+    const int h0 = jb.hg * HB;
     if (t_lo >= t_hi) { /* an empty split: the merge skips it (one split a row: the row's output is 0, as merged) */
         if (a.S == 1) {
-            for (int i = tid; i < AT_HB * D; i += AT_NT)
+            for (int i = tid; i < HB * D; i += NT)
                 if (h0 + i / D < a.H) a.out[((size_t)row * a.H + h0) * D + i] = 0.0f;
-        } else if (tid < AT_HB && h0 + tid < a.H) {
+        } else if (tid < HB && h0 + tid < a.H) {
             a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
         }
         return;
@@ -872,11 +875,11 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
     const float4 *q4 = (const float4 *)(a.q + ((size_t)row * a.H + h0) * D);
     /* all of a thread's loads in flight at once (compile-time trip counts: D is a multiple of 128) */
 #pragma unroll
-    for (int r = 0; r < AT_HB * D / 4 / AT_NT; r++) {
-        const int i = tid + r * AT_NT, h = i / (D / 4);
+    for (int r = 0; r < HB * D / 4 / NT; r++) {
+        const int i = tid + r * NT, h = i / (D / 4);
         ((float4 *)Qs)[i] = h0 + h < a.H ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if (tid < AT_HB) {
+    if (tid < HB) {
         mrun[tid] = -INFINITY;
         lrun[tid] = 0.0f;
     }
@@ -892,12 +895,15 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
         __syncthreads(); /* Q and the stats are in; the previous tile's Ks, Pt and kp are consumed */
         if (tid < AT_KT) kp[tid] = key_of(rs, a, t * AT_KT + tid, n, D); /* NULL: masked below */
         __syncthreads();
-#pragma unroll 4 /* (8 rounds at NG = 4 would spill beside O's registers) */
-        for (int r = 0; r < AT_KT * D / 4 / AT_NT; r++) {
-            const int i = tid + r * AT_NT, j = i / (D / 4), c4 = i % (D / 4);
+        /* the tile's keys straight into shared memory, every copy in flight at once (no registers held: with
+         * two warps a block that is 32 copies a thread); a masked key is zeros */
+#pragma unroll 8
+        for (int r = 0; r < AT_KT * D / 4 / NT; r++) {
+            const int i = tid + r * NT, j = i / (D / 4), c4 = i % (D / 4);
             const float *p = kp[j];
-            ((float4 *)Ks)[i] = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            rd_cp16z(&((float4 *)Ks)[i], p ? (const void *)((const float4 *)p + c4) : (const void *)a.q, p != NULL);
         }
+        rd_cp_wait();
         __syncthreads();
 
         /* logits: heads 4warp+ii, keys 4jt+jj, channels 32i+4cs..+3, summed over cs by a butterfly */
@@ -961,8 +967,8 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
             float ps = p0 + p1;
 #pragma unroll
             for (int off = 4; off; off >>= 1) ps += __shfl_xor_sync(FULL, ps, off);
-            Pt[j0 * AT_HB + h] = p0;
-            Pt[(j0 + 1) * AT_HB + h] = p1;
+            Pt[j0 * HB + h] = p0;
+            Pt[(j0 + 1) * HB + h] = p1;
             __syncwarp(); /* every lane has read mrun[h] */
             if ((tid & 7) == 0) {
                 alpha[h] = al;
@@ -987,7 +993,7 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
                 }
 #pragma unroll 2
             for (int j = 0; j < AT_KT; j++) {
-                const float4 p4 = *(const float4 *)&Pt[j * AT_HB + 4 * warp];
+                const float4 p4 = *(const float4 *)&Pt[j * HB + 4 * warp];
                 const float p[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
                 for (int g = 0; g < NG; g++) {
@@ -1050,7 +1056,7 @@ __global__ void __launch_bounds__(AT_NT, 2) at_split_kernel(AtArgs a)
         }
     }
     /* mrun / lrun were last written before the final PV's __syncthreads */
-    if (tid < AT_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(mrun[tid], lrun[tid]);
+    if (tid < HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(mrun[tid], lrun[tid]);
 }
 
 /* ---- the same split attention on bf16 tensor cores (bcu_attention_args.bf16; head_dim 512)
@@ -1351,15 +1357,44 @@ __global__ void at_merge_kernel(MgArgs a)
     *(float2 *)&a.out[((size_t)row * a.H + h) * a.D + 2 * i] = make_float2(o0, o1);
 }
 
-template <int NG>
+/* at_split_kernel's warps a block when the caller leaves it open: AT_NW_FEW where AT_NW's head groups times the
+ * longest row's tiles would not give every SM a block (a decode step: a SWA row's 128 window keys are 8 tiles, and
+ * 64 heads in groups of 32 made 16 blocks, each summing 32 heads x 16 keys x 512 channels twice on 8 warps);
+ * DEEPINFER_CUDA_ATTN_NW (2 or 8, read once) forces one */
+static int at_warps(int ntok, int H, int64_t tiles)
+{
+    static std::atomic<int> env(-1);
+    int v = env.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_ATTN_NW");
+        v = e && (atoi(e) == AT_NW || atoi(e) == AT_NW_FEW) ? atoi(e) : 0;
+        env.store(v, std::memory_order_relaxed);
+    }
+    if (v) return v;
+    const int64_t groups = (int64_t)ntok * ((H + 4 * AT_NW - 1) / (4 * AT_NW));
+    return groups * tiles < (int64_t)bcu_sm_count() ? AT_NW_FEW : AT_NW;
+}
+
+template <int NG, int NW>
 static cudaError_t launch_split(const AtArgs &aa, int ntok, cudaStream_t st)
 {
-    constexpr int D = 128 * NG;
-    const size_t smem = (size_t)(AT_HB * D + AT_KT * D + 2 * AT_HB * AT_KT + 3 * AT_HB) * sizeof(float);
-    cudaError_t r = opt_in_smem(at_split_kernel<NG>, NG, smem);
+    constexpr int D = 128 * NG, HB = 4 * NW;
+    const size_t smem = (size_t)(HB * D + AT_KT * D + 2 * HB * AT_KT + 3 * HB) * sizeof(float);
+    cudaError_t r = opt_in_smem(at_split_kernel<NG, NW>, NW == AT_NW ? NG : 16 + NG, smem);
     if (r != cudaSuccess) return r;
-    pdl_launch(at_split_kernel<NG>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AT_NT, smem, st, aa);
+    pdl_launch(at_split_kernel<NG, NW>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), 32 * NW, smem, st, aa);
     return cudaGetLastError();
+}
+
+template <int NW>
+static cudaError_t launch_split_nw(const AtArgs &aa, int ntok, int D, cudaStream_t st)
+{
+    switch (D / 128) {
+    case 1: return launch_split<1, NW>(aa, ntok, st);
+    case 2: return launch_split<2, NW>(aa, ntok, st);
+    case 3: return launch_split<3, NW>(aa, ntok, st);
+    default: return launch_split<4, NW>(aa, ntok, st);
+    }
 }
 
 extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_attention_args *a,
@@ -1405,7 +1440,18 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.ent_off = a->ent_off;
     aa.scale = 1.0f / sqrtf((float)D); /* as v4.c */
     const int mma = a->bf16 && D == 512;
-    aa.HG = (a->n_heads + (mma ? AM_HB : AT_HB) - 1) / (mma ? AM_HB : AT_HB);
+    if (a->warps && a->warps != AT_NW && a->warps != AT_NW_FEW)
+        return bad(err, errlen, "attention: %d warps a block (%d or %d)", a->warps, AT_NW_FEW, AT_NW);
+    /* splits: enough blocks for two per SM, never more than the longest row has tiles */
+    int64_t len = b->max_len > 0 ? b->max_len : 1;
+    int64_t maxc = (len < a->window ? len : a->window);
+    if (a->ratio) {
+        const int64_t vis = len / a->ratio;
+        maxc += (a->ratio && a->csa) ? (vis < a->topk ? vis : a->topk) : vis;
+    }
+    const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
+    const int nw = a->warps ? a->warps : at_warps(b->ntok, a->n_heads, tiles);
+    aa.HG = (a->n_heads + (mma ? AM_HB : 4 * nw) - 1) / (mma ? AM_HB : 4 * nw);
     aa.ml = (float2 *)(base + w.ml);
     aa.po = (float *)(base + w.po);
     aa.flags = (int *)(base + w.flags);
@@ -1413,15 +1459,9 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.inv_freq = a->inv_freq;
     aa.rd = a->rope_dim;
     aa.out = a->out;
-    /* splits: enough blocks for two per SM, never more than the longest row has tiles */
-    int64_t len = b->max_len > 0 ? b->max_len : 1;
-    int64_t maxc = (len < a->window ? len : a->window);
-    if (a->ratio) {
-        const int64_t vis = len / a->ratio;
-        maxc += aa.csa ? (vis < a->topk ? vis : a->topk) : vis;
-    }
-    const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
-    const int64_t per = (int64_t)b->ntok * aa.HG;
+    /* (the fp32 kernel's splits follow its 8-warp head groups whatever its shape: each head's sums then meet in the
+     * same order, the same bits with 2 warps a block) */
+    const int64_t per = (int64_t)b->ntok * (mma ? aa.HG : (a->n_heads + 4 * AT_NW - 1) / (4 * AT_NW));
     int64_t S = ((mma ? 1 : 2) * (int64_t)bcu_sm_count() + per - 1) / per;
     if (S > tiles) S = tiles;
     if (S > w.slots / b->ntok) S = w.slots / b->ntok;
@@ -1436,11 +1476,8 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
             pdl_launch(at_mma_kernel, dim3((unsigned)(aa.S * aa.HG), (unsigned)b->ntok), AM_NT, AM_SMEM, st, aa);
             r = cudaGetLastError();
         }
-    } else switch (D / 128) {
-    case 1: r = launch_split<1>(aa, b->ntok, st); break;
-    case 2: r = launch_split<2>(aa, b->ntok, st); break;
-    case 3: r = launch_split<3>(aa, b->ntok, st); break;
-    default: r = launch_split<4>(aa, b->ntok, st); break;
+    } else {
+        r = nw == AT_NW ? launch_split_nw<AT_NW>(aa, b->ntok, D, st) : launch_split_nw<AT_NW_FEW>(aa, b->ntok, D, st);
     }
     if (r != cudaSuccess) return r;
     if (aa.S == 1) return cudaSuccess; /* at_mma_kernel / at_split_kernel finished the rows */

@@ -119,6 +119,8 @@ typedef struct {
     float *out;                 /* [ntok, n_heads, head_dim] */
     int bf16;                   /* 1 (head_dim 512): q.k and p.v on the bf16 tensor cores, q, keys and p rounded to
                                    bf16, fp32 sums (~1e-2 of the output against fp32); 0 or other head_dims: fp32 */
+    int warps;                  /* the fp32 kernel's warps a block, a quad of heads each: 2 or 8; 0 = automatic (2
+                                   where 8's blocks would not fill the GPU, a decode step); the same bits either way */
 } bcu_attention_args;
 
 cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_attention_args *a,

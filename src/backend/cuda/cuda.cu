@@ -1661,7 +1661,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         }
         bcu_attention_args aa = {H, d, a->rope_dim, a->window, a->ratio, a->csa, a->ent_off, dq, dsink, dfreq,
                                  a->csa ? dsel : NULL, a->csa ? dnsel : NULL, a->csa ? a->topk : 0, dout,
-                                 c->attn_mma};
+                                 c->attn_mma, 0};
         if (bcu_attention(&c->aws, &bt, &aa, c->st, msg, sizeof msg) != cudaSuccess)
             return fail(c, "attention: %s", msg[0] ? msg : "launch failed");
         if (!devio)
