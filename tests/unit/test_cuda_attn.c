@@ -811,6 +811,63 @@ static void run_case(const tcase *c, int controls)
         if (bcu_attention(&h.ws, &b, &an, h.st, err, sizeof err) == cudaSuccess)
             fail_msg("%s: 4 warps a block was accepted", c->name);
     }
+    /* a decode batch (every sequence one row, its window W - 1 keys back): the same rows with the window keys in
+     * rings (bcu_attn_seq.kring, as the backend's device rings hold them: position p at row p % W, the rows the
+     * window does not reach NaN) and the new key apart (knew).  The same bits, and each ring then holds its new
+     * key at row p0 % W. */
+    int ringable = 1;
+    for (int s = 0; s < c->nseq; s++)
+        ringable &= c->s[s].T == 1 && h.kstart[s] >= c->s[s].p0 - c->W + 1 && c->d % 4 == 0;
+    for (int bf = c->d == 512; ringable && bf >= 0; bf--) { /* fp32 last: out keeps its rows for the controls */
+        bcu_attn_seq rs[MAX_SEQ];
+        float *dring[MAX_SEQ];
+        float *ring = malloc((size_t)c->W * c->d * sizeof(float));
+        for (int s = 0; s < c->nseq; s++) {
+            const int64_t p0 = c->s[s].p0;
+            for (size_t i = 0; i < (size_t)c->W * c->d; i++) ring[i] = NAN;
+            for (int64_t p = h.kstart[s]; p < p0; p++)
+                memcpy(ring + (size_t)(p % c->W) * c->d, h.kwin[s] + (size_t)(p - h.kstart[s]) * c->d,
+                       (size_t)c->d * sizeof(float));
+            dring[s] = upload(ring, (size_t)c->W * c->d * sizeof(float));
+            CK(cudaMemcpy(&rs[s], h.d_seqs + s, sizeof rs[s], cudaMemcpyDeviceToHost));
+            rs[s].kwin = NULL;
+            rs[s].kring = dring[s];
+            rs[s].knew = h.d_kwin[s] + (size_t)(p0 - h.kstart[s]) * c->d;
+        }
+        bcu_attn_seq *drs = upload(rs, (size_t)c->nseq * sizeof *rs);
+        bcu_attn_batch br = b;
+        br.seqs = drs;
+        bcu_attention_args ar = aa;
+        ar.bf16 = bf;
+        CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
+        cudaError_t r = bcu_attention(&h.ws, &b, &ar, h.st, err, sizeof err); /* the window from kwin */
+        if (r != cudaSuccess) fail_msg("%s: bcu_attention: %s %s", c->name, cudaGetErrorString(r), err);
+        CK(cudaStreamSynchronize(h.st));
+        CK(cudaMemcpy(out, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
+        r = bcu_attention(&h.ws, &br, &ar, h.st, err, sizeof err);
+        if (r != cudaSuccess) fail_msg("%s: bcu_attention (rings): %s %s", c->name, cudaGetErrorString(r), err);
+        CK(cudaStreamSynchronize(h.st));
+        CK(cudaMemcpy(out2, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t nd = 0;
+        for (size_t i = 0; i < nout; i++) nd += memcmp(&out[i], &out2[i], sizeof(float)) != 0;
+        int rbad = 0;
+        for (int s = 0; s < c->nseq; s++) {
+            CK(cudaMemcpy(ring, dring[s], (size_t)c->W * c->d * sizeof(float), cudaMemcpyDeviceToHost));
+            const int64_t p0 = c->s[s].p0;
+            rbad += memcmp(ring + (size_t)(p0 % c->W) * c->d, h.kwin[s] + (size_t)(p0 - h.kstart[s]) * c->d,
+                           (size_t)c->d * sizeof(float)) != 0;
+            CK(cudaFree(dring[s]));
+        }
+        CK(cudaFree(drs));
+        free(ring);
+        printf("  %-26s rings%s: %zu of %zu outputs differ from the window's, %d of %d rings lack the new key\n",
+               c->name, bf ? " (bf16 tensor cores)" : "", nd, nout, rbad, c->nseq);
+        if (nd || rbad) {
+            printf("  FAIL %s: the rings' attention\n", c->name);
+            bad++;
+        }
+    }
     if (controls && !abad) {
         /* a 1e-4 relative error in one channel must be caught */
         size_t at = nout / 2;

@@ -783,17 +783,23 @@ __device__ __forceinline__ Cands cands_of(const AtArgs &a, const bcu_attn_seq &s
 
 /* where a row's candidates come from, kept in shared memory by the attention kernels (rather than registers) */
 struct RowKeys {
-    const float *kw;            /* window key of candidate 0 */
+    const float *kw;            /* window key of candidate 0 (no ring) */
+    const float *ring, *knew;   /* the sequence's ring and its new key (bcu_attn_seq.kring) */
     const float *const *blks;
     const int32_t *selr;        /* CSA: this row's selection */
-    int64_t nvis;
-    int nw;
+    int64_t nvis, w0, p0;
+    int nw, W;
 };
 
 __device__ __forceinline__ void row_keys(RowKeys &rk, const AtArgs &a, const bcu_attn_seq &s, const Cands &cd, int row,
                                          int D)
 {
-    rk.kw = s.kwin + (size_t)(cd.w0 - s.kstart) * D;
+    rk.ring = s.kring;
+    rk.knew = s.knew;
+    rk.kw = s.kring ? NULL : s.kwin + (size_t)(cd.w0 - s.kstart) * D;
+    rk.w0 = cd.w0;
+    rk.p0 = s.p0;
+    rk.W = a.W;
     rk.blks = s.blocks;
     rk.selr = a.csa ? a.sel + (size_t)row * a.topk : NULL;
     rk.nvis = cd.nvis;
@@ -803,7 +809,11 @@ __device__ __forceinline__ void row_keys(RowKeys &rk, const AtArgs &a, const bcu
 /* candidate c of n's key (= value) row; NULL past n and for a selected index out of range (flagged) */
 __device__ __forceinline__ const float *key_of(const RowKeys &rk, const AtArgs &a, int c, int n, int D)
 {
-    if (c < rk.nw) return rk.kw + (size_t)c * D;
+    if (c < rk.nw) {
+        if (!rk.ring) return rk.kw + (size_t)c * D;
+        const int64_t p = rk.w0 + c;
+        return p >= rk.p0 ? rk.knew + (size_t)(p - rk.p0) * D : rk.ring + (size_t)(p % rk.W) * D;
+    }
     if (c >= n) return NULL;
     const int64_t e = rk.selr ? (int64_t)rk.selr[c - rk.nw] : (int64_t)(c - rk.nw);
     if (e < 0 || e >= rk.nvis) {
@@ -838,6 +848,15 @@ __device__ __forceinline__ bool split_job(const AtArgs &a, SplitJob &j)
     return true;
 }
 
+/* a ring sequence's new key into its ring (bcu_attn_seq.kring), by one block of its row: blockIdx.x == 0 */
+__device__ __forceinline__ void ring_put(const bcu_attn_seq &s, int row, int W, int D, int nt)
+{
+    if (!s.kring || blockIdx.x != 0 || row != s.row0) return;
+    float4 *dst = (float4 *)(s.kring + (size_t)(s.p0 % W) * D);
+    const float4 *src = (const float4 *)s.knew;
+    for (int i = threadIdx.x; i < D / 4; i += nt) dst[i] = src[i];
+}
+
 template <int NG, int NW>
 __global__ void __launch_bounds__(32 * NW, 16 / NW) at_split_kernel(AtArgs a)
 {
@@ -862,6 +881,7 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) at_split_kernel(AtArgs a)
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
     const int h0 = jb.hg * HB;
+    ring_put(s, row, a.W, D, NT);
     if (t_lo >= t_hi) { /* an empty split: the merge skips it (one split a row: the row's output is 0, as merged) */
         if (a.S == 1) {
             for (int i = tid; i < HB * D; i += NT)
@@ -1101,6 +1121,7 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
     const int h0 = jb.hg * AM_HB;
+    ring_put(s, row, a.W, D, AM_NT);
     if (t_lo >= t_hi && a.S > 1) { /* an empty split: the merge skips it (with S = 1 the row is finished below) */
         if (tid < AM_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
         return;

@@ -47,6 +47,11 @@ typedef struct {
     const float *const *blocks; /* device array: the sequence's KV blocks, block i = tokens 128i .. 128i+127 */
     int32_t row0;               /* first query row */
     int32_t T;                  /* query rows */
+    /* kring non-NULL (T = 1: a decode step, kstart >= p0 - window + 1, 16-byte aligned rows): kwin is not read; the
+     * window keys of positions p < p0 are rows p % window of kring, p0's is knew, and the kernel writes knew into
+     * row p0 % window (which held p0 - window, outside the window): the ring is then at p0 + 1 */
+    float *kring;
+    const float *knew;
 } bcu_attn_seq;
 
 typedef struct {

@@ -158,6 +158,7 @@ typedef struct {
     cudaEvent_t stage_ev[2];
     int stage_rec[2], stage_k, have_stage_ev;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
+    int win_ring;  /* a decode step's attention reads the window ring itself (DEEPINFER_CUDA_WIN_RING, 1) */
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 17) */
     size_t hc_gemm_R; /* device graph: mHC pre over at least this many rows does its dot products as one GEMM
                        * (DEEPINFER_CUDA_HC_GEMM_R, 128) */
@@ -1555,8 +1556,19 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     attn_launch *lz = c->lz;
     bcu_attn_seq *hs = (bcu_attn_seq *)(hst + o_seq);
     int nl = 0, nls = 0;
+    /* the ring sequences' window descriptors: every one a key whose window starts W - 1 before it (a decode step)
+     * takes one kernel for both halves of the window's update (one); and then, where the rows are 16-byte
+     * aligned (v4), the attention kernels read the ring itself and put the new key in (ring: no window copy,
+     * DEEPINFER_CUDA_WIN_RING, 1) */
+    const win_desc *hwd = (const win_desc *)(hst + o_wd);
+    int v4 = d % 4 == 0 && (uintptr_t)(dev + o_win) % 16 == 0 && (uintptr_t)c->win_dev % 16 == 0;
+    for (size_t i = 0; v4 && i < nwd; i++) v4 = (uintptr_t)hwd[i].rows % 16 == 0;
+    int one = 1;
+    for (size_t i = 0; one && i < nwd; i++) one = hwd[i].T == 1 && hwd[i].kstart >= hwd[i].p0 - a->window + 1;
+    const int ring = nwd && one && v4 && c->win_ring;
     {
         int s = 0, done_in_s = 0, row = 0;
+        size_t wi = 0; /* the ring sequences passed */
         size_t blk0 = 0, win0 = 0;
         while (row < ntok) {
             int n = 0, rows = 0;
@@ -1576,10 +1588,13 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                 o->blocks = (const float *const *)(dev + o_ptr) + blk0;
                 o->row0 = rows;
                 o->T = take;
+                o->kring = ring && !q->kwin ? hwd[wi].ring : NULL;
+                o->knew = ring && !q->kwin ? hwd[wi].rows : NULL;
                 if (p0 + take > max_len) max_len = p0 + take;
                 rows += take;
                 done_in_s += take;
                 if (done_in_s == q->T) {
+                    if (!q->kwin) wi++;
                     blk0 += a->ratio ? q->nblk : 0;
                     win0 += (size_t)(q->p0 + q->T - q->kstart) * d;
                     s++;
@@ -1604,20 +1619,15 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         pdl_launch(ent_patch_kernel, (unsigned)np, 128, 0, c->st, (const ent_patch *)(dev + o_patch));
         CU(cudaGetLastError());
     }
-    if (nwd) {
+    if (nwd && !ring) {
         /* the windows of the ring sequences, then their rings advanced past this call's keys */
         /* a window is W x d floats (V4-Flash: 256 KB): enough blocks that each thread moves one or two vectors,
          * fewer when many sequences fill the GPU anyway */
-        int v4 = d % 4 == 0 && (uintptr_t)(dev + o_win) % 16 == 0 && (uintptr_t)c->win_dev % 16 == 0;
-        const win_desc *hwd = (const win_desc *)(hst + o_wd);
-        for (size_t i = 0; v4 && i < nwd; i++) v4 = (uintptr_t)hwd[i].rows % 16 == 0;
         const int64_t per = (int64_t)a->window * d / (v4 ? 4 : 1);
         unsigned gx = (unsigned)((per + 511) / 512);
         if (gx > 64) gx = 64;
         if (nwd >= 64 && gx > 4) gx = 4;
         const dim3 grid(gx ? gx : 1, (unsigned)nwd);
-        int one = 1; /* every descriptor one key whose window starts W - 1 before it: one kernel for both */
-        for (size_t i = 0; one && i < nwd; i++) one = hwd[i].T == 1 && hwd[i].kstart >= hwd[i].p0 - a->window + 1;
         const win_desc *wd = (const win_desc *)(dev + o_wd);
         if (one && v4) pdl_launch(win_step_kernel<4>, grid, 256, 0, c->st, wd, a->window, d);
         else if (one) pdl_launch(win_step_kernel<1>, grid, 256, 0, c->st, wd, a->window, d);
@@ -1629,9 +1639,10 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             else pdl_launch(win_put_kernel<1>, grid, 256, 0, c->st, wd, a->window, d);
             CU(cudaGetLastError());
         }
-        for (int s = 0; s < nseq; s++) /* the slots are at p0 + T now */
-            if (!sq[s].kwin) win_mark(c, sq[s].win_key, a->layer, sq[s].p0 + sq[s].T);
     }
+    if (nwd) /* the slots are at p0 + T now (ring: once the attention kernels below have put the keys in) */
+        for (int s = 0; s < nseq; s++)
+            if (!sq[s].kwin) win_mark(c, sq[s].win_key, a->layer, sq[s].p0 + sq[s].T);
     for (int li = 0; li < nl; li++) {
         const int n = lz[li].n, rows = lz[li].rows, row = lz[li].row;
         const int64_t max_len = lz[li].max_len;
@@ -2769,6 +2780,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
+    c->win_ring = env_size("DEEPINFER_CUDA_WIN_RING", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
     const char *what = "";
     cudaDeviceProp prop;
