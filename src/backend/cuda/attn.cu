@@ -875,14 +875,29 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) at_split_kernel(AtArgs a)
     __shared__ RowKeys rs; /* here rather than in registers: the O accumulators take 16 * NG of them */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    {
+        /* Q of the block's heads into shared memory first (its address is the grid's alone), its copies in flight
+         * while the row's sequence and candidates are looked up; the first tile's wait covers them */
+        const int hq = (int)(blockIdx.x % (unsigned)a.HG) * HB;
+        const float4 *q4 = (const float4 *)(a.q + ((size_t)blockIdx.y * a.H + hq) * D);
+#pragma unroll
+        for (int r = 0; r < HB * D / 4 / NT; r++) {
+            const int i = tid + r * NT, h = i / (D / 4);
+            rd_cp16z(&((float4 *)Qs)[i], hq + h < a.H ? (const void *)(q4 + i) : (const void *)a.q, hq + h < a.H);
+        }
+    }
     SplitJob jb;
-    if (!split_job(a, jb)) return;
+    if (!split_job(a, jb)) {
+        rd_cp_wait();
+        return;
+    }
     const bcu_attn_seq &s = jb.s;
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
     const int h0 = jb.hg * HB;
     ring_put(s, row, a.W, D, NT);
     if (t_lo >= t_hi) { /* an empty split: the merge skips it (one split a row: the row's output is 0, as merged) */
+        rd_cp_wait();
         if (a.S == 1) {
             for (int i = tid; i < HB * D; i += NT)
                 if (h0 + i / D < a.H) a.out[((size_t)row * a.H + h0) * D + i] = 0.0f;
@@ -892,13 +907,6 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) at_split_kernel(AtArgs a)
         return;
     }
 
-    const float4 *q4 = (const float4 *)(a.q + ((size_t)row * a.H + h0) * D);
-    /* all of a thread's loads in flight at once (compile-time trip counts: D is a multiple of 128) */
-#pragma unroll
-    for (int r = 0; r < HB * D / 4 / NT; r++) {
-        const int i = tid + r * NT, h = i / (D / 4);
-        ((float4 *)Qs)[i] = h0 + h < a.H ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
     if (tid < HB) {
         mrun[tid] = -INFINITY;
         lrun[tid] = 0.0f;
@@ -1333,11 +1341,17 @@ __global__ void at_merge_kernel(MgArgs a)
     const float sink = a.sink[h], fr = 2 * i >= t0 ? a.inv_freq[(2 * i - t0) / 2] : 0.0f;
     pdl_enter();
     extern __shared__ float2 mg_ml[]; /* [S + MG_U]: the pairs, then MG_U of (-inf, 0) */
+    const size_t base = (size_t)row * a.S;
+    /* the first MG_U splits' partial outputs, asked for with the pairs and the row's sequence: one round trip (an
+     * empty split's slot is read but not used) */
+    float2 p0[MG_U];
+#pragma unroll
+    for (int u = 0; u < MG_U; u++)
+        p0[u] = u < a.S ? *(const float2 *)&a.po[((base + u) * a.H + h) * a.D + 2 * i] : make_float2(0.0f, 0.0f);
+    for (int sp = i; sp < a.S; sp += (int)blockDim.x) mg_ml[sp] = a.ml[(base + sp) * a.H + h];
     bcu_attn_seq s;
     if (!load_row(a.seqs, a.nseq, row, &s, NULL)) return;
     const int64_t pos = s.p0 + (row - s.row0);
-    const size_t base = (size_t)row * a.S;
-    for (int sp = i; sp < a.S; sp += (int)blockDim.x) mg_ml[sp] = a.ml[(base + sp) * a.H + h];
     /* the pad: nvcc merges the unrolled loops' guarded reads of neighbouring pairs into wider shared loads that
      * may reach past pair S - 1 (compute-sanitizer memcheck: invalid 12-byte __shared__ reads); they land here */
     for (int sp = i; sp < MG_U; sp += (int)blockDim.x) mg_ml[a.S + sp] = make_float2(-INFINITY, 0.0f);
@@ -1350,7 +1364,8 @@ __global__ void at_merge_kernel(MgArgs a)
 #pragma unroll
         for (int u = 0; u < MG_U; u++) {
             const int sp = c + u;
-            p[u] = sp < a.S && mg_ml[sp].x != -INFINITY
+            p[u] = c == 0 ? p0[u]
+                   : sp < a.S && mg_ml[sp].x != -INFINITY
                        ? *(const float2 *)&a.po[((base + sp) * a.H + h) * a.D + 2 * i]
                        : make_float2(0.0f, 0.0f);
         }
