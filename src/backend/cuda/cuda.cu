@@ -159,6 +159,14 @@ typedef struct {
     int stage_rec[2], stage_k, have_stage_ev;
     int attn_rows; /* query rows per kernel launch (DEEPINFER_CUDA_ATTN_ROWS, default 1024) */
     int win_ring;  /* a decode step's attention reads the window ring itself (DEEPINFER_CUDA_WIN_RING, 1) */
+    /* the device graph's attention: its staged descriptors go up on cp_st into astg[k] (staging buffer k's device
+     * twin) as soon as the host has made them, and lane 0 waits for that copy alone (DEEPINFER_CUDA_ATTN_SIDE, 1),
+     * instead of a copy queued behind the projections, which the kernels after it could not overlap */
+    int attn_side, have_cp;
+    cudaStream_t cp_st;
+    cudaEvent_t cp_ev;
+    char *astg[2];
+    size_t astg_cap[2];
     size_t deq_T;  /* FP8 / FP4 GEMMs with at least this many rows dequantise to bf16 (DEEPINFER_CUDA_DEQUANT_T, 17) */
     size_t hc_gemm_R; /* device graph: mHC pre over at least this many rows does its dot products as one GEMM
                        * (DEEPINFER_CUDA_HC_GEMM_R, 128) */
@@ -1378,6 +1386,20 @@ __global__ void ent_patch_kernel(const ent_patch *p)
     for (int64_t j = threadIdx.x; j < q.n; j += blockDim.x) q.dst[j] = q.src[j];
 }
 
+/* the attention's copy stream and its event, made at first use */
+static int cp_make(cuda_be *c)
+{
+    if (c->have_cp) return 0;
+    g_touch(c, "making the attention's copy stream");
+    CU(cudaStreamCreateWithFlags(&c->cp_st, cudaStreamNonBlocking));
+    if (cudaEventCreateWithFlags(&c->cp_ev, cudaEventDisableTiming) != cudaSuccess) {
+        cudaStreamDestroy(c->cp_st);
+        return fail(c, "cudaEventCreate for the attention's copy stream failed");
+    }
+    c->have_cp = 1;
+    return 0;
+}
+
 static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, const be_attn_args *a, int devio)
 {
     if (c->failed) return -1;
@@ -1442,14 +1464,17 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                  iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
                  iwb = a->csa && !devio ? up256((size_t)rows_max * IH * 4) : 0,
                  selb = a->csa ? up256((size_t)rows_max * a->topk * 4) : 0, nselb = a->csa ? up256((size_t)rows_max * 4) : 0;
-    if (scratch(c, staged + 2 * qb + iqb + iwb + selb + nselb + 256)) return -1;
+    const int side = devio && c->attn_side && !cp_make(c);
+    if (scratch(c, (side ? 0 : staged) + 2 * qb + iqb + iwb + selb + nselb + 256)) return -1;
     int sk;
-    char *dev = c->scratch, *hst = stage_take(c, staged, &sk);
-    if (!hst) {
+    char *hst = stage_take(c, staged, &sk); /* (its wait also frees astg[sk]: the kernels that read it have run) */
+    if (!hst || (side && grow(c, &c->astg[sk], &c->astg_cap[sk], staged, 0))) {
         free(pend);
         return -1;
     }
-    float *dq = (float *)(dev + staged), *dout = (float *)((char *)dq + qb), *diq = (float *)((char *)dout + qb);
+    char *dev = side ? c->astg[sk] : c->scratch;
+    cudaStream_t ust = side ? c->cp_st : c->st; /* the staged copies' stream */
+    float *dq = (float *)(side ? c->scratch : dev + staged), *dout = (float *)((char *)dq + qb), *diq = (float *)((char *)dout + qb);
     float *diw = (float *)((char *)diq + iqb);
     int32_t *dsel = (int32_t *)((char *)diw + iwb), *dnsel = (int32_t *)((char *)dsel + selb);
     const float *dsink = norm_weight(c, a->sink, (size_t)H);
@@ -1610,11 +1635,15 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     /* up: the staged rows and the window keys only if some came from the host (win_build_kernel writes the ring
      * sequences' windows there on the device: V4-Flash, 256 KB a sequence a layer); then the block pointers, the
      * launches' lists, the window descriptors and the patches in one copy, from the pointers to the last of them */
-    if (kpf) CU(cudaMemcpyAsync(dev + o_part, hst + o_part, kpf * 4, cudaMemcpyHostToDevice, c->st));
-    if (host_win) CU(cudaMemcpyAsync(dev + o_win, hst + o_win, kw * 4, cudaMemcpyHostToDevice, c->st));
+    if (kpf) CU(cudaMemcpyAsync(dev + o_part, hst + o_part, kpf * 4, cudaMemcpyHostToDevice, ust));
+    if (host_win) CU(cudaMemcpyAsync(dev + o_win, hst + o_win, kw * 4, cudaMemcpyHostToDevice, ust));
     const size_t up_end = np ? o_patch + np * sizeof(ent_patch) : nwd ? o_wd + nwd * sizeof(win_desc)
                                                                       : o_seq + (size_t)nls * sizeof(bcu_attn_seq);
-    CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, up_end - o_ptr, cudaMemcpyHostToDevice, c->st));
+    CU(cudaMemcpyAsync(dev + o_ptr, hst + o_ptr, up_end - o_ptr, cudaMemcpyHostToDevice, ust));
+    if (side) {
+        CU(cudaEventRecord(c->cp_ev, ust));
+        CU(cudaStreamWaitEvent(c->st, c->cp_ev, 0));
+    }
     if (np) { /* the rows the slots lacked, and the rows the device made, into their blocks */
         pdl_launch(ent_patch_kernel, (unsigned)np, 128, 0, c->st, (const ent_patch *)(dev + o_patch));
         CU(cudaGetLastError());
@@ -2704,6 +2733,13 @@ static void teardown(cuda_be *c)
     }
     free(c->tab);
     if (c->scratch) cudaFree(c->scratch);
+    if (c->have_cp) {
+        cudaStreamSynchronize(c->cp_st);
+        cudaStreamDestroy(c->cp_st);
+        cudaEventDestroy(c->cp_ev);
+    }
+    for (int k = 0; k < 2; k++)
+        if (c->astg[k]) cudaFree(c->astg[k]);
     if (c->have_blas) cublasDestroy(c->blas);
     if (c->blas_ws) cudaFree(c->blas_ws);
     bcu_fp8lt_destroy(c->f8);
@@ -2781,6 +2817,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
     c->win_ring = env_size("DEEPINFER_CUDA_WIN_RING", 1) != 0;
+    c->attn_side = env_size("DEEPINFER_CUDA_ATTN_SIDE", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
     const char *what = "";
     cudaDeviceProp prop;
