@@ -1483,7 +1483,7 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     int64_t maxc = (len < a->window ? len : a->window);
     if (a->ratio) {
         const int64_t vis = len / a->ratio;
-        maxc += (a->ratio && a->csa) ? (vis < a->topk ? vis : a->topk) : vis;
+        maxc += a->csa ? (vis < a->topk ? vis : a->topk) : vis;
     }
     const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
     const int nw = a->warps ? a->warps : at_warps(b->ntok, a->n_heads, tiles);

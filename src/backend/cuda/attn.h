@@ -3,7 +3,8 @@
  *
  * The math is v4.c's indexer_task / attn_task (docs/CUDA.md, "Attention and
  * indexer kernels"): for the query at position pos,
- *   window      positions max(pos - W + 1, kstart) .. pos, from kwin;
+ *   window      positions max(pos - W + 1, kstart) .. pos, from kwin (or, at
+ *               a decode step, from the sequence's ring: bcu_attn_seq.kring);
  *   compressed  entry b is visible iff b < (pos + 1) / ratio; a CSA layer
  *               attends the indexer's top-k of them, an HCA layer all;
  *   softmax     over the candidates' q.k / sqrt(d) plus the head's sink
