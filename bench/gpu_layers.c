@@ -482,13 +482,37 @@ static void run_prefill(result *r)
 
 /* ------------------------------------------------------------ transformers' numbers */
 
-static void load_hf(const char *path, result *res, int nres, char *hf_info, size_t cap)
+/* the JSON's model shape against ours: a reference of another model (a checked-in one passed to the wrong slice)
+ * would give ratios that mean nothing; NULL when they match */
+static const char *hf_mismatch(json_t *root, const md_config *mc)
+{
+    static const char *const keys[] = {"hidden_size",   "num_attention_heads",   "head_dim",       "n_routed_experts",
+                                       "moe_intermediate_size", "num_experts_per_tok", "sliding_window", "index_topk"};
+    const int ours[] = {mc->hidden_size, mc->n_heads,  mc->head_dim, mc->n_experts,
+                        mc->moe_inter,   mc->top_k,    mc->window,   mc->index_topk};
+    json_t *cfg = json_object_get(root, "config");
+    if (!json_is_object(cfg)) return "config";
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        json_t *v = json_object_get(cfg, keys[k]);
+        if (!json_is_integer(v) || json_integer_value(v) != ours[k]) return keys[k];
+    }
+    return NULL;
+}
+
+static void load_hf(const char *path, const md_config *mc, result *res, int nres, char *hf_info, size_t cap)
 {
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root) {
         fprintf(stderr, BENCH_NAME ": %s: %s (line %d); no transformers column\n", path, je.text, je.line);
         snprintf(hf_info, cap, "transformers: %s could not be read", path);
+        return;
+    }
+    const char *bad = hf_mismatch(root, mc);
+    if (bad) {
+        fprintf(stderr, BENCH_NAME ": %s: its model's %s is not this model's; no transformers column\n", path, bad);
+        snprintf(hf_info, cap, "transformers: %s is for another model (%s differs)", path, bad);
+        json_decref(root);
         return;
     }
     snprintf(hf_info, cap, "transformers %s, torch %s, eager, bf16, %s",
@@ -706,7 +730,7 @@ int main(int argc, char **argv)
     char hf_info[256] = "transformers: not run (--hf)";
     for (int k = 0; k < nres; k++)
         for (int q = 0; q < NKIND; q++) res[k].hf_ms[q] = NAN;
-    if (hf) load_hf(hf, res, nres, hf_info, sizeof hf_info);
+    if (hf) load_hf(hf, &M->cfg, res, nres, hf_info, sizeof hf_info);
 
     FILE *fo = out ? fopen(out, "w") : NULL;
     if (out && !fo) fprintf(stderr, BENCH_NAME ": %s: %s\n", out, strerror(errno));

@@ -391,9 +391,10 @@ if want layers; then
             tail -5 "$OUTDIR/gpu_layers_hf.err" | tee -a "$SUM"
             [ -s "$OUTDIR/gpu_layers_hf.json" ] && hfargs=(--hf "$OUTDIR/gpu_layers_hf.json")
         elif [ -s bench/ref/gpu_layers_hf_h200.json ]; then
-            # GPU_LAYERS_NO_HF: the checked-in reference of the same slice on an H200 (bench/gpu_layers_hf.py's output)
+            # transformers not run here: the checked-in reference of the default slice on an H200
+            # (bench/gpu_layers_hf.py's output; bench_gpu_layers refuses it for a model of another shape)
             hfargs=(--hf bench/ref/gpu_layers_hf_h200.json)
-            say "transformers' times from bench/ref/gpu_layers_hf_h200.json (GPU_LAYERS_NO_HF set)"
+            say "transformers' times from bench/ref/gpu_layers_hf_h200.json (not run here)"
         fi
         t=$(date +%s)
         timeout "${GPU_LAYERS_TIMEOUT:-500}" "$BIN/bench_gpu_layers" "$SLICE" "${hfargs[@]}" --out "$OUTDIR/gpu_layers.md" \
