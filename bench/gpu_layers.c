@@ -5,7 +5,7 @@
  *   deepinfer make-tiny-model DIR --preset v4-flash [--layers N]
  *   bench_gpu_layers DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]
  *                    [--contexts 4096,32768,131072] [--prefill 4096,16384]
- *                    [--reps 3] [--budget-s 420] [--semantics official]
+ *                    [--reps 8] [--budget-s 420] [--semantics official]
  *
  * What is timed: md_forward, the graph the server runs, with the CUDA
  * backend (DEEPINFER_CUDA_MATH, default bf16x3).  The model's layer hook
@@ -20,7 +20,15 @@
  * and indexer keys are attached to a state (md_seq_attach, bounded replay),
  * the last 128 tokens are fed to fill the window, and B clones of that state
  * (sharing its blocks, as the prefix cache shares them) each decode one
- * random token per step: one warm-up step, then --reps timed steps.
+ * random token per step: warm-up steps (on the GPU three, so that the CUDA
+ * graphs are recorded before the clock starts), then --reps timed steps, in
+ * each of two modes: with the layer hook (the per-layer table: medians) and
+ * without it (the whole-step line: median and mean).  A CSA layer completes
+ * a compressed entry every 4th token, and that step does more (the entries
+ * made, normed, roped and patched into the attention's blocks): the medians
+ * are the steps between, the mean (default --reps 8, two periods) includes
+ * them at their share.  An HCA layer's entry (every 128th token) is in the
+ * mean only when a timed step completes one.
  * Prefill: T random tokens through one md_forward from an empty state.
  * Before the first case a 512-token forward uploads the weights (the backend
  * uploads at first use) and its time is printed.
@@ -71,6 +79,8 @@
 
 #define MAXL 64
 #define MAXREP 16
+/* untimed decode steps on the GPU before each timed loop: a region runs eagerly twice, then is recorded */
+#define DECODE_WARM 3
 #define NKIND 3
 static const char *const kind_name[NKIND] = {"SWA", "CSA", "HCA"};
 
@@ -195,6 +205,7 @@ typedef struct {
     double step_ms, head_ms, reps;
     double arena_mb; /* prefill: the device activation arena after it (MB; NAN on the CPU) */
     double free_ms;   /* decode: median step with no layer hook (no per-layer synchronise) */
+    double free_mean_ms; /* and the mean of those steps (a whole number of CSA compression periods: see run_decode) */
     double waits;     /* decode: layers per free step whose state update waited for the device (md_model_state_stats) */
     double prof_reps; /* steps the profile covers */
     double hf_ms[NKIND];
@@ -213,10 +224,18 @@ static void reduce(const md_model *m, const stamps *st, int nrep, const double *
     memset(r->attn_ms, 0, sizeof r->attn_ms);
     memset(r->ffn_ms, 0, sizeof r->ffn_ms);
     memset(r->nkind, 0, sizeof r->nkind);
+    const char *dump = getenv("BENCH_LAYERS_DUMP"); /* 1: every repetition's per-layer times on stderr */
     for (int l = 0; l < L; l++) {
         for (int i = 0; i < nrep; i++) {
             a[i] = 1e3 * (st[i].attn[l] - st[i].start[l]);
             f[i] = 1e3 * (st[i].ffn[l] - st[i].attn[l]);
+        }
+        if (dump && *dump == '1') {
+            fprintf(stderr, BENCH_NAME ": B=%d P=%ld layer %d attn ms:", r->B, r->P, l);
+            for (int i = 0; i < nrep; i++) fprintf(stderr, " %.3f", a[i]);
+            fprintf(stderr, " | ffn ms:");
+            for (int i = 0; i < nrep; i++) fprintf(stderr, " %.3f", f[i]);
+            fprintf(stderr, "\n");
         }
         int k = kind_of(m, l);
         double am = med_of(a, nrep), fm = med_of(f, nrep);
@@ -369,7 +388,11 @@ static void run_decode(md_seq *base, result *r, int reps)
     }
     double t0[MAXREP], t1[MAXREP];
     int n = 0;
-    for (int i = -1; i < reps && n < MAXREP; i++) {
+    /* Untimed steps first, in each of the two modes below (with and without the layer hook, whose regions
+     * differ): a region's first runs are eager and the next is recorded as a CUDA graph (docs/CUDA.md), and
+     * those steps are several times a replayed one.  With one warm-up the recording step was a timed one. */
+    const int warm = on_gpu ? DECODE_WARM : 1;
+    for (int i = -warm; i < reps && n < MAXREP; i++) {
         random_ids(ids, (size_t)B);
         stamps st;
         double a, z;
@@ -378,7 +401,10 @@ static void run_decode(md_seq *base, result *r, int reps)
             goto out;
         }
         if (i < 0) {
-            if (z - a > 3.0) reps = 1; /* slow steps: one timed repetition */
+            if (z - a > 3.0) { /* slow steps (the CPU backend): no more warm-up, one timed repetition */
+                reps = 1;
+                i = -1;
+            }
             continue;
         }
         ST[n] = st;
@@ -397,22 +423,38 @@ static void run_decode(md_seq *base, result *r, int reps)
         const char *nb = getenv("BENCH_NCU_B");
         static int ncu_done;
         const int ncu = on_gpu && nb && atoi(nb) == B && !ncu_done;
+        /* BENCH_NCU_REP=i: that repetition (0-based) instead of the last, e.g. a step that completes an entry */
+        const char *nr = getenv("BENCH_NCU_REP");
+        const int ncu_rep = nr && *nr && atoi(nr) >= 0 && atoi(nr) < reps ? atoi(nr) : reps - 1;
         uint64_t w0, w1;
         md_model_state_stats(M, &w0, NULL);
-        for (int i = 0; i < reps && nf < MAXREP; i++) {
+        for (int i = on_gpu ? -DECODE_WARM : 0; i < reps && nf < MAXREP; i++) {
             random_ids(ids, (size_t)B);
             rc_err err = {0};
+            if (i < 0) {
+                if (md_forward(M, sg, (size_t)B, &err)) break;
+                continue;
+            }
             sync_dev();
-            if (ncu && i == reps - 1) CK(cudaProfilerStart());
+            if (ncu && i == ncu_rep) CK(cudaProfilerStart());
             double a = bench_now();
             if (md_forward(M, sg, (size_t)B, &err)) break;
             sync_dev();
             fr[nf++] = 1e3 * (bench_now() - a);
-            if (ncu && i == reps - 1) {
+            if (ncu && i == ncu_rep) {
                 CK(cudaProfilerStop());
                 ncu_done = 1;
             }
         }
+        const char *dump = getenv("BENCH_LAYERS_DUMP");
+        if (dump && *dump == '1') {
+            fprintf(stderr, BENCH_NAME ": B=%d P=%ld steps without the hook, ms:", B, r->P);
+            for (int i = 0; i < nf; i++) fprintf(stderr, " %.3f", fr[i]);
+            fprintf(stderr, "\n");
+        }
+        double sum = 0;
+        for (int i = 0; i < nf; i++) sum += fr[i];
+        r->free_mean_ms = nf ? sum / nf : NAN;
         r->free_ms = med_of(fr, nf);
         md_model_state_stats(M, &w1, NULL);
         r->waits = nf ? (double)(w1 - w0) / nf : 0;
@@ -471,7 +513,7 @@ static void run_prefill(result *r)
         if (w) md_seq_free(w);
     }
     r->prof_reps = 1;
-    r->free_ms = NAN;
+    r->free_ms = r->free_mean_ms = NAN;
     r->arena_mb = on_gpu ? (double)bcu_arena_bytes(M->be) / (1 << 20) : NAN;
     if (rc) snprintf(r->skipped, sizeof r->skipped, "forward failed");
     else reduce(M, ST, 1, &t0, &t1, r);
@@ -565,7 +607,7 @@ static int parse_list(const char *s, long *out, int cap)
 
 static const char usage[] =
     "usage: bench_gpu_layers MODEL_DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]\n"
-    "                        [--contexts 4096,32768,131072] [--prefill 4096,16384] [--reps 3]\n"
+    "                        [--contexts 4096,32768,131072] [--prefill 4096,16384] [--reps 8]\n"
     "                        [--budget-s 420] [--semantics official|transformers] [--threads N]\n"
     "                        [--backend cuda|cpu] [--top1 0|1]\n\n"
     "Per-layer decode and prefill times of the V4 forward on the CUDA backend (GPU 0), beside the\n"
@@ -581,7 +623,7 @@ int main(int argc, char **argv)
     const char *dir = NULL, *hf = NULL, *out = NULL;
     long batches[LIST_MAX] = {1, 8, 64, 256}, contexts[LIST_MAX] = {4096, 32768, 131072};
     long prefill[LIST_MAX] = {4096, 16384};
-    int nb = 4, nc = 3, np = 2, reps = 3, threads = 0;
+    int nb = 4, nc = 3, np = 2, reps = 8, threads = 0;
     double budget = 420;
     md_semantics sem = MD_SEM_OFFICIAL;
     for (int i = 1; i < argc; i++) {
@@ -609,7 +651,7 @@ int main(int argc, char **argv)
         }
     }
     if (!dir) { fputs(usage, stderr); return 2; }
-    if (reps < 1 || reps > MAXREP - 1) reps = 3;
+    if (reps < 1 || reps > MAXREP - 1) reps = 8;
     for (int i = 0; i < nc; i++)
         if (contexts[i] % MD_BLOCK_TOKENS || contexts[i] < MD_BLOCK_TOKENS) {
             fprintf(stderr, BENCH_NAME ": contexts must be multiples of %d\n", MD_BLOCK_TOKENS);
@@ -694,12 +736,16 @@ int main(int argc, char **argv)
                     fprintf(stderr, BENCH_NAME ": decode B=%d P=%ld ...", r->B, r->P);
                     run_decode(base, r, reps);
                     floors(M, bw, pk, r);
-                    fprintf(stderr, " %.3f ms/step (%.3f without the layer hook", r->step_ms, r->free_ms);
+                    fprintf(stderr, " %.3f ms/step (%.3f without the layer hook, mean %.3f", r->step_ms, r->free_ms,
+                            r->free_mean_ms);
                     if (on_gpu) {
                         size_t gc, gr, ge;
                         bcu_graph_stats(M->be, &gc, &gr, &ge);
+                        size_t ucap, ugrow, uwait;
+                        bcu_upload_stats(M->be, &ucap, &ugrow, &uwait);
                         fprintf(stderr, "; %.2f of %d layers a step waited for the state; regions so far: %zu recorded, "
-                                "%zu replayed, %zu eager", r->waits, c->n_layers, gc, gr, ge);
+                                "%zu replayed, %zu eager; upload ring %.0f MB, grown %zu times, %zu waits", r->waits,
+                                c->n_layers, gc, gr, ge, ucap / 1048576.0, ugrow, uwait);
                     }
                     fprintf(stderr, ")\n");
                 }
@@ -837,8 +883,9 @@ int main(int argc, char **argv)
                         r->P, r->step_ms, r->P / (r->step_ms * 1e-3), c->n_layers, r->head_ms, r->arena_mb);
             else
                 fprintf(f, "  decode B=%d ctx %ld: %.2f ms per step, %.2f ms without the per-layer synchronise "
-                           "(%.0f tokens/s; head %.1f ms; median of %.0f)\n",
-                        r->B, r->P, r->step_ms, r->free_ms, r->B / (r->free_ms * 1e-3), r->head_ms, r->reps);
+                           "(%.0f tokens/s; head %.1f ms; median of %.0f; mean %.2f ms, %.0f tokens/s)\n",
+                        r->B, r->P, r->step_ms, r->free_ms, r->B / (r->free_ms * 1e-3), r->head_ms, r->reps,
+                        r->free_mean_ms, r->B / (r->free_mean_ms * 1e-3));
         }
     }
     if (fo) fclose(fo);

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-enum { RC_SCRATCH_BACKEND = 0, RC_SCRATCH_ATTN = 1, RC_SCRATCH_HC = 2, RC_SCRATCH_SLOTS = 4 };
+enum { RC_SCRATCH_BACKEND = 0, RC_SCRATCH_ATTN = 1, RC_SCRATCH_HC = 2, RC_SCRATCH_COMP = 3, RC_SCRATCH_SLOTS = 4 };
 
 /* At least `bytes` bytes, valid until the next call with the same slot on
  * this thread; NULL when out of memory. */

@@ -1167,18 +1167,21 @@ static int build_kbufs(md_model *m, int l, md_segment *segs, size_t nseg, const 
 }
 
 /* After attention: the ring keeps the last W positions of every segment. */
-static void ring_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv)
+static void ring_step_seg(md_model *m, int l, const md_segment *sg, size_t r0, size_t n, const float *kv)
 {
     const md_config *c = &m->cfg;
     const int d = c->head_dim, W = c->window;
-    for (size_t sgi = 0; sgi < nseg; sgi++) {
-        seq_layer *sl = &segs[sgi].seq->L[l];
-        const size_t r0 = rw->seg_start[sgi], n = rw->seg_start[sgi + 1] - r0;
-        const int64_t p0 = segs[sgi].seq->len;
-        size_t keep = n < (size_t)W ? n : (size_t)W;
-        for (size_t k = n - keep; k < n; k++)
-            memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
-    }
+    seq_layer *sl = &sg->seq->L[l];
+    const int64_t p0 = sg->seq->len;
+    size_t keep = n < (size_t)W ? n : (size_t)W;
+    for (size_t k = n - keep; k < n; k++)
+        memcpy(sl->win + (size_t)((p0 + (int64_t)k) % W) * d, kv + (r0 + k) * d, (size_t)d * sizeof(float));
+}
+
+static void ring_step(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *kv)
+{
+    for (size_t sgi = 0; sgi < nseg; sgi++)
+        ring_step_seg(m, l, &segs[sgi], rw->seg_start[sgi], rw->seg_start[sgi + 1] - rw->seg_start[sgi], kv);
 }
 
 /* Where each segment's window starts (kst[s]: the first position its attention reads, for every layer). */
@@ -1679,18 +1682,15 @@ static size_t state_width(const md_model *m, int l, size_t *cd, size_t *icd)
 
 /* After a forward whose entries are written (or that completes none): each compressor's partial block and half A
  * as pushing the rows leaves them (comp_finish).  rows: ckv, cg, ikv, ig, host [R, width]. */
-static void comp_push(md_model *m, int l, md_segment *segs, size_t nseg, const rows_t *rw, const float *const rows[4])
+static void comp_push_seg(md_model *m, int l, const md_segment *sg, size_t r0, size_t n, const float *const rows[4])
 {
     const md_layer *ly = &m->layers[l];
     const size_t d = (size_t)m->cfg.head_dim, ID = (size_t)m->cfg.index_head_dim;
     const size_t cd = (ly->overlap ? 2 : 1) * d, icd = 2 * ID;
-    for (size_t s = 0; s < nseg; s++) {
-        const size_t r0 = rw->seg_start[s], n = rw->seg_start[s + 1] - r0;
-        for (int k = 0; k < (ly->overlap ? 2 : 1); k++) {
-            comp_seg cs = comp_seg_of(m, l, segs[s].seq, k, rows[2 * k] + r0 * (k ? icd : cd),
-                                      rows[2 * k + 1] + r0 * (k ? icd : cd), n);
-            comp_finish(&cs);
-        }
+    for (int k = 0; k < (ly->overlap ? 2 : 1); k++) {
+        comp_seg cs = comp_seg_of(m, l, sg->seq, k, rows[2 * k] + r0 * (k ? icd : cd),
+                                  rows[2 * k + 1] + r0 * (k ? icd : cd), n);
+        comp_finish(&cs);
     }
 }
 
@@ -1698,32 +1698,112 @@ static void comp_push(md_model *m, int l, md_segment *segs, size_t nseg, const r
 static int dn_rows(size_t i) { return (int)(3 * i); }
 static int dn_ents(size_t i, int k) { return (int)(3 * i + 1 + (size_t)k); }
 
-/* The entries of de (made on the device) into the sequences' blocks; dn: late_start started them down as late
- * layer i's (late_dn[i]), else 0 */
-static int ents_write(dev_ctx *x, int l, md_segment *segs, size_t nseg, const dev_ents *de, size_t i, int dn)
+/* The entries of de (made on the device) on the host: he[k] (own[k]: ours to free); dn: late_start started them
+ * down as late layer i's (late_dn[i]), else 0 */
+static int ents_fetch(dev_ctx *x, const dev_ents *de, size_t i, int dn, const float *he[2], float *own[2])
 {
     const md_config *c = &x->m->cfg;
-    int rc = 0;
-    for (int k = 0; k < 2 && !rc; k++) {
+    he[0] = he[1] = NULL;
+    own[0] = own[1] = NULL;
+    for (int k = 0; k < 2; k++) {
         if (!de->n[k]) continue;
         const size_t hd = (size_t)(k ? c->index_head_dim : c->head_dim);
-        float *own = NULL;
-        const float *he;
         if (dn & (2 << k)) {
-            he = x->dv->down_take(x->be, dn_ents(i, k));
-            if (!he) return RC_EIO;
+            he[k] = x->dv->down_take(x->be, dn_ents(i, k));
+            if (!he[k]) return RC_EIO;
         } else {
-            he = own = malloc(de->n[k] * hd * sizeof(float));
-            if (!own) return RC_ENOMEM;
-            if (x->dv->download(x->be, own, de->e[k], de->n[k] * hd * sizeof(float))) rc = RC_EIO;
+            he[k] = own[k] = malloc(de->n[k] * hd * sizeof(float));
+            if (!own[k]) return RC_ENOMEM;
+            if (x->dv->download(x->be, own[k], de->e[k], de->n[k] * hd * sizeof(float))) return RC_EIO;
         }
-        for (size_t s = 0; s < nseg && !rc; s++)
-            for (int64_t j = 0; j < de->cnt[k][s]; j++)
-                memcpy(ent_row(segs[s].seq, l, k, (size_t)(de->b0[k][s] + j)), he + (de->at[k][s] + (size_t)j) * hd,
-                       hd * sizeof(float));
-        free(own);
     }
+    return 0;
+}
+
+/* segment s's entries (he: ents_fetch's) into its blocks */
+static void ents_put_seg(const md_model *m, int l, const md_segment *sg, size_t s, const dev_ents *de,
+                         const float *const he[2])
+{
+    for (int k = 0; k < 2; k++) {
+        if (!he[k]) continue;
+        const size_t hd = (size_t)(k ? m->cfg.index_head_dim : m->cfg.head_dim);
+        for (int64_t j = 0; j < de->cnt[k][s]; j++)
+            memcpy(ent_row(sg->seq, l, k, (size_t)(de->b0[k][s] + j)), he[k] + (de->at[k][s] + (size_t)j) * hd,
+                   hd * sizeof(float));
+    }
+}
+
+/* The entries of de into the sequences' blocks (ents_fetch, then each segment's) */
+static int ents_write(dev_ctx *x, int l, md_segment *segs, size_t nseg, const dev_ents *de, size_t i, int dn)
+{
+    const float *he[2];
+    float *own[2];
+    int rc = ents_fetch(x, de, i, dn, he, own);
+    for (size_t s = 0; s < nseg && !rc; s++) ents_put_seg(x->m, l, &segs[s], s, de, he);
+    free(own[0]);
+    free(own[1]);
     return rc;
+}
+
+/* comp_dev's host side for one segment: its state arrays into the staging (hp, at its offset; device twin dp) and
+ * its entries' slots into hs and hpos */
+typedef struct {
+    md_segment *segs;
+    const size_t *st; /* rows' segment starts */
+    const float *rkv0, *rg0; /* this forward's rows of the region (device) */
+    const int64_t *b0, *cnt;
+    const size_t *at, *po;
+    float *hp;
+    const float *dp;
+    be_comp_slot *hs;
+    int64_t *hpos;
+    int l, k, r, ov, ns, hd, c0;
+    size_t cd;
+} comp_stage_job;
+
+static void comp_stage_task(void *arg, size_t s)
+{
+    const comp_stage_job *j = arg;
+    if (!j->cnt[s]) return;
+    const int r = j->r, ov = j->ov, hd = j->hd, k = j->k;
+    const size_t cd = j->cd, rcd = (size_t)r * cd, rh = (size_t)r * (size_t)hd;
+    md_seq *sq = j->segs[s].seq;
+    const seq_layer *sl = &sq->L[j->l];
+    const int64_t p0 = sq->len;
+    const float *rkv = j->rkv0 + j->st[s] * cd, *rg = j->rg0 + j->st[s] * cd;
+    /* the state's arrays: host copies into hp, their device addresses in dp */
+    size_t po = j->po[s];
+    memcpy(j->hp + po, k ? sl->i_kv : sl->c_kv, rcd * sizeof(float));
+    memcpy(j->hp + po + rcd, k ? sl->i_gate : sl->c_gate, rcd * sizeof(float));
+    const float *pkv = j->dp + po, *pg = j->dp + po + rcd, *okv = NULL, *og = NULL;
+    po += 2 * rcd;
+    if (ov) {
+        memcpy(j->hp + po, k ? sl->i_ovkv : sl->c_ovkv, rh * sizeof(float));
+        memcpy(j->hp + po + rh, k ? sl->i_ovg : sl->c_ovg, rh * sizeof(float));
+        okv = j->dp + po;
+        og = j->dp + po + rh;
+    }
+    for (int64_t e = 0; e < j->cnt[s]; e++) {
+        const int64_t b = j->b0[s] + e;
+        be_comp_slot *o = j->hs + (j->at[s] + (size_t)e) * (size_t)j->ns;
+        j->hpos[j->at[s] + (size_t)e] = b * r;
+        /* comp_task's slots: the previous block's half A (own: gathered at c0 0; else the state's), then block b at
+         * c0; a position before p0 from the partial block, later ones from the rows + ape */
+        for (int q = 0; q < 2; q++) {
+            if (q == 0 && !ov) continue;
+            const int64_t blk = q ? b : b - 1;
+            const size_t off = q ? (size_t)j->c0 : 0;
+            be_comp_slot *os = o + (q && ov ? r : 0);
+            for (int i = 0; i < r; i++) {
+                const int64_t pos = blk * r + i;
+                if (!q && b == 0) os[i] = (be_comp_slot){NULL, NULL, -1};
+                else if (!q && b * r <= p0) os[i] = (be_comp_slot){okv + (size_t)i * hd, og + (size_t)i * hd, -1};
+                else if (pos < p0) os[i] = (be_comp_slot){pkv + (size_t)i * cd + off, pg + (size_t)i * cd + off, -1};
+                else os[i] = (be_comp_slot){rkv + (size_t)(pos - p0) * cd + off, rg + (size_t)(pos - p0) * cd + off,
+                                            (int64_t)((size_t)i * cd + off)};
+            }
+        }
+    }
 }
 
 /* Layer l's compressors on the device (be_dev_ops.comp_pool), for the entries this forward's segments complete:
@@ -1742,13 +1822,18 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
     const int r = ly->ratio, ov = ly->overlap, ns = ov ? 2 * r : r, rd = c->rope_dim;
     int rc = 0;
     memset(de, 0, sizeof *de);
+    size_t *po = malloc((nseg ? nseg : 1) * sizeof *po);
+    if (!po) return RC_ENOMEM;
     for (int k = 0; k < (ov ? 2 : 1) && !rc; k++) {
         const int hd = k ? c->index_head_dim : c->head_dim, c0 = ov ? hd : 0;
         const size_t cd = (size_t)(ov ? 2 : 1) * (size_t)hd;
         int64_t *b0 = de->b0[k] = malloc((nseg ? nseg : 1) * sizeof(int64_t));
         int64_t *cnt = de->cnt[k] = malloc((nseg ? nseg : 1) * sizeof(int64_t));
         size_t *at = de->at[k] = malloc((nseg ? nseg : 1) * sizeof(size_t));
-        if (!b0 || !cnt || !at) return RC_ENOMEM;
+        if (!b0 || !cnt || !at) {
+            rc = RC_ENOMEM;
+            break;
+        }
         /* per segment its entries; the state arrays it reads travel: partial block kv, gate [r, cd], half A [r, hd] */
         size_t n = 0, pri = 0;
         for (size_t s = 0; s < nseg && !rc; s++) {
@@ -1758,63 +1843,31 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
             b0[s] = b;
             cnt[s] = end - b;
             at[s] = n;
+            po[s] = pri;
             n += (size_t)cnt[s];
             for (int64_t e = b; e < end && !rc; e++) rc = ent_slot(segs[s].seq, l, (size_t)e);
             if (cnt[s]) pri += 2 * (size_t)r * (cd + (ov ? (size_t)hd : 0));
         }
         de->n[k] = n;
         if (rc || !n) continue;
-        float *hp = malloc((pri ? pri : 1) * sizeof(float));
-        be_comp_slot *hs = malloc(n * (size_t)ns * sizeof *hs);
-        int64_t *hpos = malloc(n * sizeof *hpos);
+        /* the host side in a scratch of this thread (kept between calls: at batch 256 a fresh 12 MB malloc a
+         * call faulted its pages in at ~2 GB/s) and over the host threads, a segment each */
+        const size_t hpb = (pri ? pri : 1) * sizeof(float), hsb = n * (size_t)ns * sizeof(be_comp_slot);
+        const size_t hsa = (hpb + 63) & ~(size_t)63, hoa = (hsa + hsb + 63) & ~(size_t)63;
+        char *hb = rc_scratch(RC_SCRATCH_COMP, hoa + n * sizeof(int64_t));
+        float *hp = (float *)hb;
+        be_comp_slot *hs = hb ? (be_comp_slot *)(hb + hsa) : NULL;
+        int64_t *hpos = hb ? (int64_t *)(hb + hoa) : NULL;
         float *dp = dalloc(x, (pri ? pri : 1) * sizeof(float));
         be_comp_slot *ds = dalloc(x, n * (size_t)ns * sizeof *ds);
         int64_t *dpos = dalloc(x, n * sizeof *dpos);
         float *E = de->e[k] = dalloc_keep(x, n * (size_t)hd * sizeof(float)); /* late_state reads it */
-        if (!hp || !hs || !hpos || x->oom) rc = RC_ENOMEM;
-        size_t po = 0;
-        for (size_t s = 0; s < nseg && !rc; s++) {
-            if (!cnt[s]) continue;
-            md_seq *sq = segs[s].seq;
-            seq_layer *sl = &sq->L[l];
-            const int64_t p0 = sq->len;
-            const float *rkv = rows[2 * k] + st[s] * cd, *rg = rows[2 * k + 1] + st[s] * cd;
-            /* the state's arrays: host copies into hp, their device addresses in dp */
-            const size_t rcd = (size_t)r * cd, rh = (size_t)r * (size_t)hd;
-            memcpy(hp + po, k ? sl->i_kv : sl->c_kv, rcd * sizeof(float));
-            memcpy(hp + po + rcd, k ? sl->i_gate : sl->c_gate, rcd * sizeof(float));
-            const float *pkv = dp + po, *pg = dp + po + rcd, *okv = NULL, *og = NULL;
-            po += 2 * rcd;
-            if (ov) {
-                memcpy(hp + po, k ? sl->i_ovkv : sl->c_ovkv, rh * sizeof(float));
-                memcpy(hp + po + rh, k ? sl->i_ovg : sl->c_ovg, rh * sizeof(float));
-                okv = dp + po;
-                og = dp + po + rh;
-                po += 2 * rh;
-            }
-            for (int64_t j = 0; j < cnt[s]; j++) {
-                const int64_t b = b0[s] + j;
-                be_comp_slot *o = hs + (at[s] + (size_t)j) * (size_t)ns;
-                hpos[at[s] + (size_t)j] = b * r;
-                /* comp_task's slots: the previous block's half A (own: gathered at c0 0; else the state's), then
-                 * block b at c0; a position before p0 from the partial block, later ones from the rows + ape */
-                for (int q = 0; q < 2; q++) {
-                    if (q == 0 && !ov) continue;
-                    const int64_t blk = q ? b : b - 1;
-                    const size_t off = q ? (size_t)c0 : 0;
-                    be_comp_slot *os = o + (q && ov ? r : 0);
-                    for (int i = 0; i < r; i++) {
-                        const int64_t pos = blk * r + i;
-                        if (!q && b == 0) os[i] = (be_comp_slot){NULL, NULL, -1};
-                        else if (!q && b * r <= p0) os[i] = (be_comp_slot){okv + (size_t)i * hd, og + (size_t)i * hd, -1};
-                        else if (pos < p0) os[i] = (be_comp_slot){pkv + (size_t)i * cd + off, pg + (size_t)i * cd + off, -1};
-                        else os[i] = (be_comp_slot){rkv + (size_t)(pos - p0) * cd + off, rg + (size_t)(pos - p0) * cd + off,
-                                                    (int64_t)((size_t)i * cd + off)};
-                    }
-                }
-            }
-        }
+        if (!hb || x->oom) rc = RC_ENOMEM;
         if (!rc) {
+            comp_stage_job job = {.segs = segs, .st = st, .rkv0 = rows[2 * k], .rg0 = rows[2 * k + 1], .b0 = b0,
+                                  .cnt = cnt, .at = at, .po = po, .hp = hp, .dp = dp, .hs = hs, .hpos = hpos, .l = l,
+                                  .k = k, .r = r, .ov = ov, .ns = ns, .hd = hd, .c0 = c0, .cd = cd};
+            be_cpu_parallel(be, nseg, comp_stage_task, &job);
             if (pri) dv->upload(be, dp, hp, pri * sizeof(float));
             dv->upload(be, ds, hs, n * (size_t)ns * sizeof *ds);
             dv->upload(be, dpos, hpos, n * sizeof *dpos);
@@ -1830,10 +1883,8 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
                 }
             }
         }
-        free(hp);
-        free(hs);
-        free(hpos);
     }
+    free(po);
     return rc;
 }
 
@@ -1856,8 +1907,8 @@ static int late_whole(const dev_ctx *x, int l, size_t nseg)
 
 /* Layer l's state rows (xs, device [R, xw] as state_width lays them out) on the host, at the same places (*out):
  * where late_start started them down as late layer i's rows (dn & 1), the backend's copy itself; else in hx, all
- * of them, or, where that is much less (a prefill), only what comp_push and ring_step read of each segment (its
- * late_tail) */
+ * of them, or, where that is much less (a prefill), only what comp_push_seg and ring_step_seg read of each
+ * segment (its late_tail) */
 static int late_rows(dev_ctx *x, int l, const float *xs, float *hx, size_t nseg, size_t i, int dn, const float **out)
 {
     const md_model *m = x->m;
@@ -1909,6 +1960,27 @@ static void late_start(dev_ctx *x, size_t nseg)
 /* The late state updates (attn_core_dev), in layer order: each such layer's rows down (the first download waits
  * for the device), the entries its compressors made on the device into the blocks, the pushes into the partial
  * blocks and half A, and the ring. */
+/* late_state's host work on one layer for segment s: the entries the device made into its blocks, its
+ * compressors' partial state, its window ring -- in that order, as the serial loops did them */
+typedef struct {
+    md_model *m;
+    md_segment *segs;
+    const rows_t *rw;
+    int l, comp;
+    const dev_ents *de;
+    const float *he[2]; /* the entries on the host (ents_fetch), or NULL */
+    const float *rows[4], *hr;
+} late_job;
+
+static void late_task(void *arg, size_t s)
+{
+    const late_job *j = arg;
+    const size_t r0 = j->rw->seg_start[s], n = j->rw->seg_start[s + 1] - r0;
+    ents_put_seg(j->m, j->l, &j->segs[s], s, j->de, j->he);
+    if (j->comp) comp_push_seg(j->m, j->l, &j->segs[s], r0, n, j->rows);
+    ring_step_seg(j->m, j->l, &j->segs[s], r0, n, j->hr);
+}
+
 static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
 {
     const size_t R = x->rw->R, d = (size_t)x->m->cfg.head_dim;
@@ -1927,13 +1999,18 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
         const float *hr;
         state_width(x->m, l, &cd, &icd);
         if ((rc = late_rows(x, l, x->late_xs[i], hx, nseg, i, x->late_dn[i], &hr))) break;
-        if (x->late_de[i].n[0] + x->late_de[i].n[1])
-            rc = ents_write(x, l, segs, nseg, &x->late_de[i], i, x->late_dn[i]);
-        if (!rc && cd) {
+        late_job j = {.m = x->m, .segs = segs, .rw = x->rw, .l = l, .de = &x->late_de[i], .comp = cd != 0,
+                      .hr = hr};
+        float *own[2] = {NULL, NULL};
+        if (x->late_de[i].n[0] + x->late_de[i].n[1]) rc = ents_fetch(x, &x->late_de[i], i, x->late_dn[i], j.he, own);
+        if (!rc) {
             const float *rows[4] = {hr + R * d, hr + R * (d + cd), hr + R * (d + 2 * cd), hr + R * (d + 2 * cd + icd)};
-            comp_push(x->m, l, segs, nseg, x->rw, rows);
+            memcpy(j.rows, rows, sizeof rows);
+            /* each segment's own state; at batch 256 one thread took ~2 ms a step where a CSA entry completes */
+            be_cpu_parallel(x->be, nseg, late_task, &j);
         }
-        if (!rc) ring_step(x->m, l, segs, nseg, x->rw, hr);
+        free(own[0]);
+        free(own[1]);
     }
     for (size_t i = 0; i < x->nlate; i++) dev_ents_free(&x->late_de[i]);
     free(hx);

@@ -1692,6 +1692,42 @@ static void test_attn_flags_fail_forward(void **st)
     be_cuda_destroy(be);
 }
 
+/* The device graph's pinned upload ring: uploads that outgrow it within a forward move to a larger ring without
+ * waiting for the stream (the old ring is freed at the next reset), and every byte lands where it was sent */
+static void test_upload_ring(void **st)
+{
+    (void)st;
+    be_backend *be = cuda(BCU_MATH_BF16X3);
+    const be_dev_ops *dv = be->ops->dev;
+    enum { N = 9, M = 150000 }; /* 9 uploads of 600 KB: the ring (1 MB at first) is outgrown twice */
+    float *h = malloc((size_t)N * M * sizeof *h), *back = malloc((size_t)M * sizeof *back);
+    float *d[N];
+    for (size_t i = 0; i < (size_t)N * M; i++) h[i] = (float)(i % 1000003) * 0.5f;
+    for (int round = 0; round < 2; round++) {
+        size_t cap0, g0, w0, cap, g, w;
+        bcu_upload_stats(be, &cap0, &g0, &w0);
+        dv->reset(be);
+        for (int k = 0; k < N; k++) {
+            d[k] = dv->alloc(be, (size_t)M * sizeof(float));
+            if (!d[k]) fail_msg("alloc");
+            dv->upload(be, d[k], h + (size_t)k * M, (size_t)M * sizeof(float));
+        }
+        for (int k = 0; k < N; k++) {
+            if (dv->download(be, back, d[k], (size_t)M * sizeof(float))) fail_msg("download: %s", be_cuda_error(be));
+            if (memcmp(back, h + (size_t)k * M, (size_t)M * sizeof(float))) fail_msg("round %d: upload %d came back different", round, k);
+        }
+        bcu_upload_stats(be, &cap, &g, &w);
+        printf("  round %d: %d uploads of %zu KB, ring %zu -> %zu KB, grown %zu times, %zu waits, all bytes back\n", round, N,
+               (size_t)M * 4 / 1024, cap0 / 1024, cap / 1024, g - g0, w - w0);
+        if (w != 0) fail_msg("an upload waited for the stream (%zu)", w);
+        if (round == 0 && (g < 1 || cap < (size_t)N * M * sizeof(float))) fail_msg("the ring did not grow (cap %zu, %zu grows)", cap, g);
+        if (round == 1 && g != g0) fail_msg("the ring grew again in a forward of the same size");
+    }
+    free(h);
+    free(back);
+    be_cuda_destroy(be);
+}
+
 static void test_decode_graphs(void **st)
 {
     (void)st;
@@ -1792,6 +1828,7 @@ int main(void)
         cmocka_unit_test(test_model_bf16x3_host_graph),
         cmocka_unit_test(test_device_graph_vs_host_graph),
         cmocka_unit_test(test_device_ring_copies_follow_the_state),
+        cmocka_unit_test(test_upload_ring),
         cmocka_unit_test(test_decode_graphs),
         cmocka_unit_test(test_attn_flags_fail_forward),
         cmocka_unit_test(test_attn_launches),

@@ -222,6 +222,9 @@ typedef struct {
                       * (alloc_keep) */
     char *up;
     size_t up_cap, up_used;
+    char *up_old[4]; /* rings a forward outgrew: their copies may still be reading them; freed at the next reset */
+    int up_nold;
+    size_t up_grows, up_waits; /* the ring replaced by a larger one; an upload that waited for the stream */
     char *down; /* pinned bounce buffer of large downloads */
     size_t down_cap;
     /* decode regions as CUDA graphs (DEEPINFER_CUDA_GRAPHS, default 1): a region runs eagerly until it has run
@@ -1820,6 +1823,13 @@ static void *ar_alloc(cuda_be *c, arena_t *a, size_t bytes)
 
 static void lane_join(cuda_be *c);
 
+/* the rings dv_upload retired, once nothing reads them (the stream idle) */
+static void up_free_old(cuda_be *c)
+{
+    for (int k = 0; k < c->up_nold; k++) cudaFreeHost(c->up_old[k]);
+    c->up_nold = 0;
+}
+
 static void dv_reset(be_backend *be)
 {
     cuda_be *c = get(be);
@@ -1832,6 +1842,7 @@ static void dv_reset(be_backend *be)
         if (c->have_dn) DV_CU(cudaStreamSynchronize(c->dn_st)); /* no copy left reading the arena */
         for (int k = 0; k < BE_DOWN_SLOTS; k++) c->dslot[k].pending = 0;
         c->up_used = 0;
+        up_free_old(c);
         ar_clear(&c->ar);
         ar_clear(&c->ark);
     }
@@ -1887,12 +1898,32 @@ static void dv_upload(be_backend *be, void *dst, const void *src, size_t bytes)
     g_touch(c, "an upload");
     const size_t need = up256(bytes);
     if (c->up_used + need > c->up_cap) {
-        if (need > c->up_cap) {
-            size_t nc = c->up_cap ? c->up_cap : (size_t)1 << 20;
-            while (nc < need) nc *= 2;
-            grow(c, &c->up, &c->up_cap, nc, 1); /* waits for the stream */
+        /* The forward's uploads outgrew the ring (at batch 256 a CSA layer's compressor state is ~15 MB, every
+         * 4th step).  Reusing it means waiting for the stream, which stalls the host (whose launches run ahead of
+         * the GPU) behind everything queued; and grow() also voided every recorded region (it bumps g_gen, which
+         * the ring does not need: an upload keeps its region from being recorded), so they were recorded again.
+         * So a ring twice the size of what this forward has uploaded so far, the old one retired (its copies may
+         * still read it) and freed at the next reset, after its wait; a steady workload stops growing after a
+         * step or two.  Only where that fails, the wait. */
+        size_t nc = c->up_cap ? 2 * c->up_cap : (size_t)1 << 20;
+        while (nc < 2 * (c->up_used + need)) nc *= 2;
+        char *nb = NULL;
+        if (c->up_nold < (int)(sizeof c->up_old / sizeof c->up_old[0]) &&
+            cudaMallocHost((void **)&nb, nc) == cudaSuccess) {
+            if (c->up) c->up_old[c->up_nold++] = c->up;
+            c->up = nb;
+            c->up_cap = nc;
+            c->up_grows++;
         } else {
-            DV_CU(cudaStreamSynchronize(c->st));
+            (void)cudaGetLastError();
+            c->up_waits++;
+            if (need > c->up_cap) {
+                size_t gc = c->up_cap ? c->up_cap : (size_t)1 << 20;
+                while (gc < need) gc *= 2;
+                grow(c, &c->up, &c->up_cap, gc, 1); /* waits for the stream */
+            } else {
+                DV_CU(cudaStreamSynchronize(c->st));
+            }
         }
         c->up_used = 0;
     }
@@ -2723,6 +2754,7 @@ static void teardown(cuda_be *c)
     ar_free(&c->ar);
     ar_free(&c->ark);
     if (c->up) cudaFreeHost(c->up);
+    up_free_old(c);
     if (c->down) cudaFreeHost(c->down);
     if (c->flag_h) cudaFreeHost(c->flag_h);
     free(c->lz);
@@ -2926,6 +2958,13 @@ extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *
     *captured = c->g_captures;
     *replayed = c->g_replays;
     *eager = c->g_eager;
+}
+extern "C" void bcu_upload_stats(const be_backend *be, size_t *cap, size_t *grows, size_t *waits)
+{
+    const cuda_be *c = get(be);
+    *cap = c->up_cap;
+    *grows = c->up_grows;
+    *waits = c->up_waits;
 }
 extern "C" int bcu_attn_flags_set(be_backend *be, int fl)
 {

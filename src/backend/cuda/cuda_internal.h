@@ -193,6 +193,9 @@ cudaError_t bcu_fp8lt_gemm(bcu_fp8lt *f, float *y, const uint8_t *w, const float
 size_t bcu_fp8_gemm_calls(const be_backend *be);
 /* the device graph's regions (be_dev_ops.graph_begin) so far: recorded as CUDA graphs, replayed, run eagerly */
 void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager);
+/* the device graph's pinned upload ring: its size, how often a forward outgrew it (a larger one, no wait), and the
+ * uploads that had to wait for the stream instead (a larger ring could not be had) */
+void bcu_upload_stats(const be_backend *be, size_t *cap, size_t *grows, size_t *waits);
 /* tests: the device-graph attention's error flags word set to fl, as a kernel that found bad input leaves it (the
  * next download must fail and name it); -1 where the attention has not run yet (no workspace) */
 int bcu_attn_flags_set(be_backend *be, int fl);
