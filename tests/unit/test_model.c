@@ -326,6 +326,56 @@ static void test_host_dev_graph_is_the_host_graph(void **st)
     be_destroy(be);
 }
 
+/* A decode batch of many sequences through the device graph run on the host, on more host threads than one:
+ * comp_dev stages each segment's compressor state and late_state updates each segment's state as tasks over the
+ * threads (one segment a task).  Twenty sequences at lengths 0 .. 57, then 12 steps of one token each, every
+ * step completing CSA and HCA entries for some of them: the logits are the host graph's, bit for bit. */
+static void test_host_dev_graph_many_sequences(void **st)
+{
+    (void)st;
+    enum { NS = 20, STEPS = 12 };
+    const char *fx[] = {FIX("tiny-mixed"), FIX("tiny-mixed-fp8fp4")};
+    be_backend *be = be_cpu_create(4);
+    for (int f = 0; f < 2; f++) {
+        md_model *m = load_fixture_model(fx[f], be, MD_SEM_OFFICIAL);
+        const int V = md_model_config(m)->vocab_size;
+        int32_t *ids = make_ids(NS * 3 + 64 + STEPS * NS, V, 90 + (uint64_t)f);
+        float *out[2];
+        for (int dev = 0; dev < 2; dev++) {
+            assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
+            out[dev] = malloc((size_t)STEPS * NS * V * sizeof(float));
+            md_seq *q[NS];
+            md_segment sg[NS];
+            rc_err err = {0};
+            for (int k = 0; k < NS; k++) {
+                q[k] = md_seq_create(m);
+                const size_t pre = (size_t)k * 3;
+                if (pre) {
+                    md_segment a = {.seq = q[k], .ids = ids + k, .n = pre};
+                    if (md_forward(m, &a, 1, &err)) fail_msg("prefill: %s", err.msg);
+                }
+            }
+            for (int t = 0; t < STEPS; t++) {
+                for (int k = 0; k < NS; k++)
+                    sg[k] = (md_segment){.seq = q[k], .ids = ids + NS * 3 + 64 + t * NS + k, .n = 1,
+                                         .logits = out[dev] + ((size_t)t * NS + k) * V};
+                if (md_forward(m, sg, NS, &err)) fail_msg("step %d: %s", t, err.msg);
+            }
+            for (int k = 0; k < NS; k++) md_seq_free(q[k]);
+        }
+        for (size_t i = 0; i < (size_t)STEPS * NS * V; i++)
+            if (out[1][i] != out[0][i])
+                fail_msg("%s: step %zu sequence %zu differs (%.9g vs %.9g)", fx[f], i / V / NS, i / V % NS, out[1][i],
+                         out[0][i]);
+        assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
+        free(out[0]);
+        free(out[1]);
+        free(ids);
+        md_model_free(m);
+    }
+    be_destroy(be);
+}
+
 /* Where the device graph waits for the state.  With the compressors on the host (DEEPINFER_DEV_COMP=0) only at
  * the layers where a segment completes a compressed entry (layer l with ratio r, a segment at p0 adding k
  * tokens: floor((p0 + k) / r) > floor(p0 / r)), every other layer's update running after the forward; with the
@@ -528,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_state_transformers),
         cmocka_unit_test(test_batching_is_invisible),
         cmocka_unit_test(test_host_dev_graph_is_the_host_graph),
+        cmocka_unit_test(test_host_dev_graph_many_sequences),
         cmocka_unit_test(test_state_waits_only_for_entries),
         cmocka_unit_test(test_quantized_equals_twin),
         cmocka_unit_test(test_top1),
