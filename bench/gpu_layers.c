@@ -19,7 +19,8 @@
  * Decode at batch B and context P: P/128 blocks of random compressed entries
  * and indexer keys are attached to a state (md_seq_attach, bounded replay),
  * the last 128 tokens are fed to fill the window, and B clones of that state
- * (sharing its blocks, as the prefix cache shares them) each decode one
+ * (sharing its blocks, as the prefix cache shares them; --distinct 1: B
+ * states made the same way, each with blocks of its own) each decode one
  * random token per step: warm-up steps (on the GPU three, so that the CUDA
  * graphs are recorded before the clock starts), then --reps timed steps, in
  * each of two modes: with the layer hook (the per-layer table: medians) and
@@ -366,6 +367,7 @@ static md_seq *state_at(long P)
 
 /* decode steps ask for the greedy token only (md_segment.top1) instead of the logits: --top1 1 */
 static int TOP1;
+static int DISTINCT; /* --distinct 1: each sequence its own context (state_at), not a clone sharing the base's blocks */
 
 static void run_decode(md_seq *base, result *r, int reps)
 {
@@ -379,7 +381,7 @@ static void run_decode(md_seq *base, result *r, int reps)
         goto out;
     }
     for (int b = 0; b < B; b++) {
-        if (!(cl[b] = md_seq_clone(base))) {
+        if (!(cl[b] = DISTINCT ? state_at(r->P) : md_seq_clone(base))) {
             snprintf(r->skipped, sizeof r->skipped, "out of host memory for %d states", B);
             goto out;
         }
@@ -609,13 +611,16 @@ static const char usage[] =
     "usage: bench_gpu_layers MODEL_DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]\n"
     "                        [--contexts 4096,32768,131072] [--prefill 4096,16384] [--reps 8]\n"
     "                        [--budget-s 420] [--semantics official|transformers] [--threads N]\n"
-    "                        [--backend cuda|cpu] [--top1 0|1]\n\n"
+    "                        [--backend cuda|cpu] [--top1 0|1] [--distinct 0|1]\n\n"
     "Per-layer decode and prefill times of the V4 forward on the CUDA backend (GPU 0), beside the\n"
     "bandwidth and FLOP floors measured in the same run and transformers' eager numbers (--hf, from\n"
     "bench/gpu_layers_hf.py).  MODEL_DIR: deepinfer make-tiny-model DIR --preset v4-flash.\n"
     "Cases past --budget-s of wall time are reported as skipped.  --backend cpu is a dry run of the\n"
     "harness on the CPU backend (no GPU, no floors).  --top1 1: decode steps ask for the greedy token\n"
     "only (md_segment.top1, as the engine does for greedy requests) instead of every row's logits.\n"
+    "--distinct 1: the B sequences of a decode case each get a context of their own (their own KV\n"
+    "blocks, as distinct requests have), not clones of one context sharing its blocks (the default,\n"
+    "as requests sharing a prefix would); B times the host and device memory for the blocks.\n"
     "The header of bench/gpu_layers.c says how everything is measured.\n";
 
 int main(int argc, char **argv)
@@ -642,6 +647,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--backend")) on_gpu = strcmp(v, "cpu") != 0;
         else if (!strcmp(a, "--budget-s")) budget = atof(v);
         else if (!strcmp(a, "--top1")) TOP1 = atoi(v) != 0;
+        else if (!strcmp(a, "--distinct")) DISTINCT = atoi(v) != 0;
         else if (!strcmp(a, "--semantics")) {
             if (md_semantics_parse(v, &sem)) { fprintf(stderr, BENCH_NAME ": --semantics official|transformers\n"); return 2; }
         } else { fprintf(stderr, BENCH_NAME ": unknown option %s\n\n%s", a, usage); return 2; }
@@ -796,6 +802,8 @@ int main(int argc, char **argv)
                 c->n_experts, c->moe_inter, c->top_k, dev_gb);
         fprintf(f, "ceilings: copy %.0f GB/s (1 GiB device-to-device), bf16 GEMM %.0f TFLOP/s (cuBLAS 8192^3)\n",
                 bw / 1e9, pk / 1e12);
+        fprintf(f, "decode states: %s\n", DISTINCT ? "a context of its own for each sequence (--distinct 1)"
+                                                    : "clones of one context, sharing its blocks");
         fprintf(f, "%s\n\n", hf_info);
         fprintf(f, "| case | B | ctx / tokens | kind | ms / layer | attn ms | ffn ms | floor ms | bound | %% floor | "
                    "HF eager ms | HF / ours |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
