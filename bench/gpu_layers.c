@@ -734,7 +734,7 @@ int main(int argc, char **argv)
                         snprintf(r->skipped, sizeof r->skipped, "budget (%.0f s) spent", budget);
                         continue;
                     }
-                    if (!base) {
+                    if (!base && !DISTINCT) { /* --distinct: run_decode makes every sequence's own */
                         double tb = bench_now();
                         base = state_at(r->P);
                         fprintf(stderr, BENCH_NAME ": state at context %ld built in %.1f s\n", r->P, bench_now() - tb);

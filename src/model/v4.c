@@ -1745,6 +1745,16 @@ static int ents_write(dev_ctx *x, int l, md_segment *segs, size_t nseg, const de
     return rc;
 }
 
+/* fn(arg, s) for every segment: on the host threads from SEG_PAR_MIN segments, below that on this thread (a few
+ * segments' copies take less than waking the pool; late_state runs between steps, on the step's critical path) */
+#define SEG_PAR_MIN 16
+static void seg_tasks(be_backend *be, size_t nseg, be_task_fn fn, void *arg)
+{
+    if (nseg < SEG_PAR_MIN)
+        for (size_t s = 0; s < nseg; s++) fn(arg, s);
+    else be_cpu_parallel(be, nseg, fn, arg);
+}
+
 /* comp_dev's host side for one segment: its state arrays into the staging (hp, at its offset; device twin dp) and
  * its entries' slots into hs and hpos */
 typedef struct {
@@ -1851,7 +1861,7 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
         de->n[k] = n;
         if (rc || !n) continue;
         /* the host side in a scratch of this thread (kept between calls: at batch 256 a fresh 12 MB malloc a
-         * call faulted its pages in at ~2 GB/s) and over the host threads, a segment each */
+         * call faulted its pages in at ~2 GB/s) and, from SEG_PAR_MIN segments, over the host threads */
         const size_t hpb = (pri ? pri : 1) * sizeof(float), hsb = n * (size_t)ns * sizeof(be_comp_slot);
         const size_t hsa = (hpb + 63) & ~(size_t)63, hoa = (hsa + hsb + 63) & ~(size_t)63;
         char *hb = rc_scratch(RC_SCRATCH_COMP, hoa + n * sizeof(int64_t));
@@ -1867,7 +1877,7 @@ static int comp_dev(dev_ctx *x, int l, md_segment *segs, size_t nseg, const floa
             comp_stage_job job = {.segs = segs, .st = st, .rkv0 = rows[2 * k], .rg0 = rows[2 * k + 1], .b0 = b0,
                                   .cnt = cnt, .at = at, .po = po, .hp = hp, .dp = dp, .hs = hs, .hpos = hpos, .l = l,
                                   .k = k, .r = r, .ov = ov, .ns = ns, .hd = hd, .c0 = c0, .cd = cd};
-            be_cpu_parallel(be, nseg, comp_stage_task, &job);
+            seg_tasks(be, nseg, comp_stage_task, &job);
             if (pri) dv->upload(be, dp, hp, pri * sizeof(float));
             dv->upload(be, ds, hs, n * (size_t)ns * sizeof *ds);
             dv->upload(be, dpos, hpos, n * sizeof *dpos);
@@ -2007,7 +2017,7 @@ static int late_state(dev_ctx *x, md_segment *segs, size_t nseg)
             const float *rows[4] = {hr + R * d, hr + R * (d + cd), hr + R * (d + 2 * cd), hr + R * (d + 2 * cd + icd)};
             memcpy(j.rows, rows, sizeof rows);
             /* each segment's own state; at batch 256 one thread took ~2 ms a step where a CSA entry completes */
-            be_cpu_parallel(x->be, nseg, late_task, &j);
+            seg_tasks(x->be, nseg, late_task, &j);
         }
         free(own[0]);
         free(own[1]);
