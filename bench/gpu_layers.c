@@ -747,11 +747,13 @@ int main(int argc, char **argv)
                     if (on_gpu) {
                         size_t gc, gr, ge;
                         bcu_graph_stats(M->be, &gc, &gr, &ge);
-                        size_t ucap, ugrow, uwait;
+                        size_t ucap, ugrow, uwait, kh, ku, ph, pf;
                         bcu_upload_stats(M->be, &ucap, &ugrow, &uwait);
+                        bcu_kv_stats(M->be, &kh, &ku, &ph, &pf);
                         fprintf(stderr, "; %.2f of %d layers a step waited for the state; regions so far: %zu recorded, "
-                                "%zu replayed, %zu eager; upload ring %.0f MB, grown %zu times, %zu waits", r->waits,
-                                c->n_layers, gc, gr, ge, ucap / 1048576.0, ugrow, uwait);
+                                "%zu replayed, %zu eager; upload ring %.0f MB, grown %zu times, %zu waits; KV mirror "
+                                "%zu lookups hit, %zu blocks up; pointer cache %zu sequences served, %zu filled",
+                                r->waits, c->n_layers, gc, gr, ge, ucap / 1048576.0, ugrow, uwait, kh, ku, ph, pf);
                     }
                     fprintf(stderr, ")\n");
                 }

@@ -1728,6 +1728,69 @@ static void test_upload_ring(void **st)
     be_cuda_destroy(be);
 }
 
+/* The attention op's per-sequence cache of its full blocks' mirror pointers (DEEPINFER_CUDA_KV_PCACHE): four
+ * sequences at 12 full blocks of random entries (two of them clones sharing a context, two with contexts of their
+ * own) decode 10 steps; with the cache, without it, and with the cache and a 1 MB mirror (where the call may have
+ * to evict, the cache is not read) the logits are the same bits, and the cache served sequences. */
+static void test_kv_pointer_cache(void **st)
+{
+    (void)st;
+    enum { NB = 12, NS = 4, STEPS = 10 };
+    static const char *const cfg[3][2] = {{"0", NULL}, {"1", NULL}, {"1", "1"}};
+    float *out[3];
+    size_t served[3];
+    int vocab = 0;
+    for (int g = 0; g < 3; g++) {
+        setenv("DEEPINFER_CUDA_KV_PCACHE", cfg[g][0], 1);
+        if (cfg[g][1]) setenv("DEEPINFER_CUDA_KV_MB", cfg[g][1], 1);
+        be_backend *be = cuda(BCU_MATH_BF16X3);
+        unsetenv("DEEPINFER_CUDA_KV_PCACHE");
+        unsetenv("DEEPINFER_CUDA_KV_MB");
+        md_model *m = load(fixture("tiny-mixed"), be);
+        const int V = md_model_config(m)->vocab_size;
+        vocab = V;
+        int32_t *ids = make_ids(MD_BLOCK_TOKENS + NS * STEPS, V, 77);
+        uint64_t r = 12345;
+        md_seq *sq[NS];
+        for (int k = 0; k < 3; k++) { /* contexts 0, 1, 2; sequence 3 clones context 0 */
+            md_block *blk[NB];
+            for (int i = 0; i < NB; i++) {
+                blk[i] = md_block_new(m);
+                if (!blk[i]) fail_msg("md_block_new");
+                for (size_t j = 0; j < md_block_floats(m); j++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    blk[i]->data[j] = (float)(int32_t)(r >> 32) * (1.0f / 2147483648.0f);
+                }
+            }
+            rc_err err = {0};
+            sq[k] = md_seq_create(m);
+            if (md_seq_attach(sq[k], blk, NB, NULL, 0, MD_BLOCK_TOKENS, &err)) fail_msg("attach: %s", err.msg);
+            for (int i = 0; i < NB; i++) md_block_unref(m, blk[i]);
+            md_segment fillw = {.seq = sq[k], .ids = ids, .n = MD_BLOCK_TOKENS};
+            if (md_forward(m, &fillw, 1, &err)) fail_msg("window: %s", err.msg);
+        }
+        sq[3] = md_seq_clone(sq[0]);
+        out[g] = decode_batch(m, sq, NS, ids + MD_BLOCK_TOKENS, STEPS);
+        if (be_cuda_error(be)) fail_msg("%s", be_cuda_error(be));
+        size_t kh, ku, pf;
+        bcu_kv_stats(be, &kh, &ku, &served[g], &pf);
+        printf("  pointer cache %s%s: %zu mirror hits, %zu blocks up, %zu sequences served from the cache, %zu filled\n",
+               cfg[g][0][0] == '1' ? "on" : "off", cfg[g][1] ? ", 1 MB mirror" : "", kh, ku, served[g], pf);
+        for (int k = 0; k < NS; k++) md_seq_free(sq[k]);
+        free(ids);
+        md_model_free(m);
+        be_cuda_destroy(be);
+    }
+    for (int g = 1; g < 3; g++)
+        if (memcmp(out[0], out[g], (size_t)STEPS * NS * (size_t)vocab * sizeof(float)))
+            fail_msg("decode with the pointer cache %s differs from without it", g == 1 ? "on" : "on and a small mirror");
+    free(out[0]);
+    free(out[1]);
+    free(out[2]);
+    if (served[0] != 0) fail_msg("the cache served sequences while off");
+    if (served[1] == 0) fail_msg("the cache served no sequence");
+}
+
 static void test_decode_graphs(void **st)
 {
     (void)st;
@@ -1829,6 +1892,7 @@ int main(void)
         cmocka_unit_test(test_device_graph_vs_host_graph),
         cmocka_unit_test(test_device_ring_copies_follow_the_state),
         cmocka_unit_test(test_upload_ring),
+        cmocka_unit_test(test_kv_pointer_cache),
         cmocka_unit_test(test_decode_graphs),
         cmocka_unit_test(test_attn_flags_fail_forward),
         cmocka_unit_test(test_attn_launches),

@@ -147,6 +147,15 @@ typedef struct {
     int32_t *kv_head;
     uint64_t kv_call;
     size_t kv_hits, kv_uploads;
+    size_t kv_fresh;  /* slots [kv_fresh, kv_nslot) were never used: a miss takes one of them before evicting */
+    uint64_t kv_gen;  /* bumped whenever a block leaves the mirror (eviction, reset): the pointer caches' check */
+    /* per sequence, the mirror pointers of its full blocks, keyed by (first id, last id, count): a decode step's
+     * compressed layers all read the same blocks, and a sequence's full blocks change only by appending
+     * (DEEPINFER_CUDA_KV_PCACHE, default 1) */
+    struct kvpc_t { uint64_t id0, idl, gen, used; size_t n, cap; const float **p; } *kvpc;
+    size_t kvpc_n;
+    int kvpc_on;
+    size_t kvpc_hits, kvpc_miss;
     bcu_attn_ws aws;
     size_t aws_bytes;
     /* the attention op's pinned staging (block rows, pointers, windows, launch tables): two buffers used in
@@ -1066,6 +1075,53 @@ static void kv_reset(cuda_be *c)
     c->kv_head = NULL;
     c->kv_nslot = c->kv_nbucket = c->kv_hand = 0;
     c->kv_blk = 0;
+    c->kv_fresh = 0;
+    c->kv_gen++;
+    for (size_t i = 0; i < c->kvpc_n; i++) free(c->kvpc[i].p);
+    free(c->kvpc);
+    c->kvpc = NULL;
+    c->kvpc_n = 0;
+}
+
+/* the pointer cache's entry for (id0, idl, n): a hit (its gen current), or one to fill (*fill = 1: the caller
+ * resolves the blocks and kvpc_store()s them), or NULL (no table, or every probe in use by this call) */
+enum { KVPC_SLOTS = 4096, KVPC_PROBE = 8 };
+static decltype(((cuda_be *)0)->kvpc) kvpc_find(cuda_be *c, uint64_t id0, uint64_t idl, size_t n, int *fill)
+{
+    *fill = 0;
+    if (!c->kvpc) {
+        c->kvpc = (decltype(c->kvpc))calloc(KVPC_SLOTS, sizeof *c->kvpc);
+        if (!c->kvpc) return NULL;
+        c->kvpc_n = KVPC_SLOTS;
+    }
+    const size_t h = (size_t)bps_mix(id0 * 0x9E3779B97F4A7C15ull ^ idl ^ ((uint64_t)n << 40));
+    decltype(c->kvpc) v = NULL;
+    for (int k = 0; k < KVPC_PROBE; k++) {
+        decltype(c->kvpc) e = &c->kvpc[(h + (size_t)k) & (KVPC_SLOTS - 1)];
+        if (e->n == n && e->id0 == id0 && e->idl == idl) {
+            if (e->gen == c->kv_gen) {
+                e->used = c->kv_call;
+                return e;
+            }
+            v = e;
+            break;
+        }
+        if (e->used != c->kv_call && (!v || e->used < v->used)) v = e;
+    }
+    if (!v) return NULL;
+    if (v->cap < n) {
+        const float **np = (const float **)realloc(v->p, n * sizeof *np);
+        if (!np) return NULL;
+        v->p = np;
+        v->cap = n;
+    }
+    v->id0 = id0;
+    v->idl = idl;
+    v->n = n;
+    v->gen = 0; /* not valid until stored */
+    v->used = c->kv_call;
+    *fill = 1;
+    return v;
 }
 
 /* the mirror for blocks of blk floats: DEEPINFER_CUDA_KV_MB, or a fifth of the free device memory */
@@ -1106,18 +1162,23 @@ static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
             c->kv_hits++;
             return c->kv_dev + (size_t)i * c->kv_blk;
         }
-    /* a victim: a free slot or one this call does not use, clock order */
+    /* a slot never used; else a victim, one this call does not use, clock order */
     size_t v = c->kv_nslot;
-    for (size_t k = 0; k < c->kv_nslot; k++) {
-        size_t i = (c->kv_hand + k) % c->kv_nslot;
-        if (!c->kv[i].id || c->kv[i].call != c->kv_call) {
-            v = i;
-            break;
+    if (c->kv_fresh < c->kv_nslot) {
+        v = c->kv_fresh++;
+    } else {
+        for (size_t k = 0; k < c->kv_nslot; k++) {
+            size_t i = (c->kv_hand + k) % c->kv_nslot;
+            if (!c->kv[i].id || c->kv[i].call != c->kv_call) {
+                v = i;
+                break;
+            }
         }
+        if (v == c->kv_nslot) return NULL;
+        c->kv_hand = (v + 1) % c->kv_nslot;
     }
-    if (v == c->kv_nslot) return NULL;
-    c->kv_hand = (v + 1) % c->kv_nslot;
-    if (c->kv[v].id) { /* unlink the old block */
+    if (c->kv[v].id) { /* unlink the old block; the pointer caches holding it are void */
+        c->kv_gen++;
         int32_t *pp = &c->kv_head[bps_mix(c->kv[v].id) & (c->kv_nbucket - 1)];
         while (*pp != (int32_t)v) pp = &c->kv[*pp].next;
         *pp = c->kv[v].next;
@@ -1496,9 +1557,29 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     /* the kernels' pointer for a block whose layer rows start at rows (an address they only add ent_off or more to) */
     auto kbase = [&](const float *rows) { return (const float *)((uintptr_t)rows - a->ent_off * sizeof(float)); };
     int rc = 0;
+    /* the pointer caches are read only in a call where no miss can evict (as many never-used slots as the call
+     * has blocks): a cached block's stamp is not this call's, and an eviction could otherwise take it */
+    const int pc_ok = c->kvpc_on && a->ratio && c->kv_nslot - c->kv_fresh >= nb;
     for (int s = 0; s < nseq && !rc; s++) {
         const size_t kb0 = kb;
-        for (size_t i = 0; a->ratio && i < sq[s].nblk; i++, kb++) {
+        size_t i0 = 0;
+        decltype(c->kvpc) pe = NULL;
+        int pfill = 0;
+        if (c->kvpc_on && a->ratio && sq[s].nfull >= 8) {
+            pe = kvpc_find(c, sq[s].block_ids[0], sq[s].block_ids[sq[s].nfull - 1], sq[s].nfull, &pfill);
+            if (pe && !pfill && pc_ok) {
+                memcpy(hptr + kb, pe->p, sq[s].nfull * sizeof *hptr);
+                if (pend)
+                    for (size_t i = 0; i < sq[s].nfull; i++) pend[kb + i].p = NULL;
+                kb += sq[s].nfull;
+                i0 = sq[s].nfull;
+                c->kvpc_hits++;
+                pe = NULL;
+            } else if (pe && !pfill) {
+                pe = NULL; /* valid, but this call may evict: resolve every block (and stamp it) */
+            }
+        }
+        for (size_t i = i0; a->ratio && i < sq[s].nblk; i++, kb++) {
             if (i < sq[s].nfull) {
                 const float *p = kv_get(c, sq[s].block_ids[i], sq[s].blocks[i]);
                 if (!p) { /* the mirror is full of this call's blocks: the host does it */
@@ -1537,6 +1618,11 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             hptr[kb] = kbase(rows);
         }
         if (rc) break;
+        if (pe && pfill) { /* its full blocks resolved (and stamped): cached for the next layers and steps */
+            memcpy(pe->p, hptr + kb0, sq[s].nfull * sizeof *hptr);
+            pe->gen = c->kv_gen;
+            c->kvpc_miss++;
+        }
         for (int k = 0; k < 2 && a->ratio; k++) { /* the rows the device made, into their blocks */
             const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
             const size_t w = k ? (size_t)ID : (size_t)d, off = k ? a->key_off : a->ent_off;
@@ -2848,6 +2934,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
+    c->kvpc_on = env_size("DEEPINFER_CUDA_KV_PCACHE", 1) != 0;
     c->win_ring = env_size("DEEPINFER_CUDA_WIN_RING", 1) != 0;
     c->attn_side = env_size("DEEPINFER_CUDA_ATTN_SIDE", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
@@ -2958,6 +3045,14 @@ extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *
     *captured = c->g_captures;
     *replayed = c->g_replays;
     *eager = c->g_eager;
+}
+extern "C" void bcu_kv_stats(const be_backend *be, size_t *hits, size_t *uploads, size_t *pc_hits, size_t *pc_fills)
+{
+    const cuda_be *c = get(be);
+    *hits = c->kv_hits;
+    *uploads = c->kv_uploads;
+    *pc_hits = c->kvpc_hits;
+    *pc_fills = c->kvpc_miss;
 }
 extern "C" void bcu_upload_stats(const be_backend *be, size_t *cap, size_t *grows, size_t *waits)
 {

@@ -196,6 +196,9 @@ void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, s
 /* the device graph's pinned upload ring: its size, how often a forward outgrew it (a larger one, no wait), and the
  * uploads that had to wait for the stream instead (a larger ring could not be had) */
 void bcu_upload_stats(const be_backend *be, size_t *cap, size_t *grows, size_t *waits);
+/* the attention's KV mirror: full-block lookups that hit, blocks uploaded; the per-sequence pointer cache: sequences
+ * served from it, and caches filled */
+void bcu_kv_stats(const be_backend *be, size_t *hits, size_t *uploads, size_t *pc_hits, size_t *pc_fills);
 /* tests: the device-graph attention's error flags word set to fl, as a kernel that found bad input leaves it (the
  * next download must fail and name it); -1 where the attention has not run yet (no workspace) */
 int bcu_attn_flags_set(be_backend *be, int fl);
