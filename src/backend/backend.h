@@ -90,6 +90,8 @@ typedef struct be_attn_args {
     const float *inv_freq;      /* [rope_dim / 2] */
     float *out;                 /* [ntok, n_heads, head_dim] */
     int layer;                  /* the model layer (keys the backend's ring copies) */
+    int ix_fp4;                 /* CSA: iq and the blocks' indexer keys went through fq_fp4 (official semantics):
+                                 * each an e2m1 code times a power of two, exact in bf16 */
 } be_attn_args;
 
 struct be_dev_ops;

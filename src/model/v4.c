@@ -189,8 +189,36 @@ struct md_seq {
     int64_t win_lo;     /* the window never reaches below this position (bounded replay) */
     seq_layer *L;
     md_block **blk;     /* block table; full blocks are shared, the last may be partial */
+    /* beside it, each block's data pointer and id (seq_blk_set): the attention op's tables without a read of a
+     * block header each, which at batch 256 x 128K of distinct contexts was 262,144 cache misses a layer */
+    const float **bdata;
+    uint64_t *bid;
     size_t nblk, blk_cap;
 };
+
+/* room for n blocks in the table and its two companions */
+static int seq_blk_reserve(md_seq *s, size_t n)
+{
+    if (n <= s->blk_cap) return 0;
+    md_block **t = realloc(s->blk, n * sizeof *t);
+    if (!t) return RC_ENOMEM;
+    s->blk = t;
+    const float **d = realloc(s->bdata, n * sizeof *d);
+    if (!d) return RC_ENOMEM;
+    s->bdata = d;
+    uint64_t *id = realloc(s->bid, n * sizeof *id);
+    if (!id) return RC_ENOMEM;
+    s->bid = id;
+    s->blk_cap = n;
+    return 0;
+}
+
+static inline void seq_blk_set(md_seq *s, size_t k, md_block *b)
+{
+    s->blk[k] = b;
+    s->bdata[k] = b->data;
+    s->bid[k] = b->id;
+}
 
 /* row b of layer l's entries (which = 0) or indexer keys (which = 1) */
 static inline float *ent_row(const md_seq *s, int l, int which, size_t b)
@@ -275,16 +303,10 @@ static int ent_slot(md_seq *s, int l, size_t b)
 {
     const size_t k = b / (size_t)s->m->blk_epb[l];
     while (s->nblk <= k) {
-        if (s->nblk == s->blk_cap) {
-            size_t nc = s->blk_cap ? 2 * s->blk_cap : 16;
-            md_block **nb = realloc(s->blk, nc * sizeof *nb);
-            if (!nb) return RC_ENOMEM;
-            s->blk = nb;
-            s->blk_cap = nc;
-        }
+        if (s->nblk == s->blk_cap && seq_blk_reserve(s, s->blk_cap ? 2 * s->blk_cap : 16)) return RC_ENOMEM;
         md_block *nbk = md_block_new(s->m);
         if (!nbk) return RC_ENOMEM;
-        s->blk[s->nblk++] = nbk;
+        seq_blk_set(s, s->nblk++, nbk);
     }
     return 0;
 }
@@ -393,6 +415,8 @@ void md_seq_free(md_seq *s)
         }
     seq_drop_blocks(s);
     free(s->blk);
+    free(s->bdata);
+    free(s->bid);
     free(s->L);
     free(s);
 }
@@ -1061,13 +1085,8 @@ static int attend_backend(md_model *m, be_backend *be, int l, md_segment *segs, 
     const int H = c->n_heads, d = c->head_dim, IH = c->index_heads, ID = c->index_head_dim;
     int r = 1;
     if (op && nseg <= INT32_MAX && rw->R <= INT32_MAX) {
-        size_t nb = 0;
-        for (size_t s = 0; s < nseg; s++) nb += segs[s].seq->nblk;
         be_attn_seq *as = malloc(nseg * sizeof *as);
-        const float **bp = malloc((nb ? nb : 1) * sizeof *bp);
-        uint64_t *bid = malloc((nb ? nb : 1) * sizeof *bid);
-        if (as && bp && bid) {
-            size_t k = 0;
+        if (as) {
             for (size_t s = 0; s < nseg; s++) {
                 const md_seq *sq = segs[s].seq;
                 const size_t n = segs[s].n;
@@ -1078,7 +1097,7 @@ static int attend_backend(md_model *m, be_backend *be, int l, md_segment *segs, 
                 if (need > sq->nblk) need = sq->nblk;
                 if (full > need) full = need;
                 as[s] = (be_attn_seq){.p0 = sq->len, .kstart = kst[s], .T = (int32_t)n, .kwin = kbufs[s],
-                                      .blocks = bp + k, .block_ids = bid + k, .nblk = need, .nfull = full,
+                                      .blocks = sq->bdata, .block_ids = sq->bid, .nblk = need, .nfull = full,
                                       .win_key = krows ? sq->gen : 0, .ring = sq->L[l].win,
                                       .krows = krows ? krows + rw->seg_start[s] * (size_t)d : NULL};
                 if (de) {
@@ -1091,22 +1110,16 @@ static int attend_backend(md_model *m, be_backend *be, int l, md_segment *segs, 
                         as[s].nkey = de->cnt[1][s];
                     }
                 }
-                for (size_t i = 0; i < need; i++, k++) {
-                    bp[k] = sq->blk[i]->data;
-                    bid[k] = sq->blk[i]->id;
-                }
             }
             be_attn_args a = {.n_heads = H, .head_dim = d, .rope_dim = c->rope_dim, .window = c->window,
                               .ratio = ly->ratio, .csa = ly->overlap, .blk_floats = m->blk_floats,
                               .ent_off = m->blk_off[2 * l], .key_off = m->blk_off[2 * l + 1], .index_heads = IH,
                               .index_dim = ID, .topk = c->index_topk, .q = q, .iq = iq, .iw = iw,
                               .sink = ly->attn_sink, .inv_freq = ly->ratio ? m->inv_freq_comp : m->inv_freq_main,
-                              .out = o, .layer = l};
+                              .out = o, .layer = l, .ix_fp4 = m->sem == MD_SEM_OFFICIAL};
             r = op(be, as, (int)nseg, (int)rw->R, &a);
         }
         free(as);
-        free(bp);
-        free(bid);
     }
     return r;
 }
@@ -3389,18 +3402,16 @@ static void snap_fill(md_seq *s, const uint8_t *buf, int64_t n, int noe)
 /* a fresh table of nb blocks (new ones; shared ones come through attach) */
 static int seq_alloc_blocks(md_seq *s, size_t nb)
 {
-    md_block **t = malloc((nb ? nb : 1) * sizeof *t);
-    if (!t) return RC_ENOMEM;
-    for (size_t k = 0; k < nb; k++)
-        if (!(t[k] = md_block_new(s->m))) {
-            while (k) md_block_unref(s->m, t[--k]);
-            free(t);
+    if (seq_blk_reserve(s, nb ? nb : 1)) return RC_ENOMEM;
+    for (size_t k = 0; k < nb; k++) {
+        md_block *b = md_block_new(s->m);
+        if (!b) {
+            while (k) md_block_unref(s->m, s->blk[--k]);
             return RC_ENOMEM;
         }
-    free(s->blk);
-    s->blk = t;
-    s->nblk = s->blk_cap = nb;
-    if (!nb) s->blk_cap = 1;
+        seq_blk_set(s, k, b);
+    }
+    s->nblk = nb;
     return 0;
 }
 
@@ -3446,15 +3457,10 @@ int md_seq_attach(md_seq *s, md_block *const *blocks, size_t n, const uint8_t *b
                            (long long)replay, (long long)end, c->window);
         start = end - replay;
     }
-    if (s->blk_cap < n) {
-        md_block **t = realloc(s->blk, n * sizeof *t);
-        if (!t) return rc_errf(err, RC_ENOMEM, "out of memory");
-        s->blk = t;
-        s->blk_cap = n;
-    }
+    if (seq_blk_reserve(s, n)) return rc_errf(err, RC_ENOMEM, "out of memory");
     for (size_t k = 0; k < n; k++) {
         md_block_ref(blocks[k]);
-        s->blk[k] = blocks[k];
+        seq_blk_set(s, k, blocks[k]);
     }
     s->nblk = n;
     s->gen = seq_gen();
@@ -3481,16 +3487,16 @@ md_seq *md_seq_clone(const md_seq *src)
     if (!s) return NULL;
     /* full blocks are immutable: share them; copy the partial one */
     const size_t full = md_seq_full_blocks(src);
-    s->blk = malloc((src->nblk ? src->nblk : 1) * sizeof *s->blk);
-    if (!s->blk) goto fail;
-    s->blk_cap = src->nblk ? src->nblk : 1;
+    if (seq_blk_reserve(s, src->nblk ? src->nblk : 1)) goto fail;
     for (size_t k = 0; k < src->nblk; k++) {
         if (k < full) {
             md_block_ref(src->blk[k]);
-            s->blk[k] = src->blk[k];
+            seq_blk_set(s, k, src->blk[k]);
         } else {
-            if (!(s->blk[k] = md_block_new(s->m))) goto fail;
-            memcpy(s->blk[k]->data, src->blk[k]->data, src->m->blk_floats * sizeof(float));
+            md_block *b = md_block_new(s->m);
+            if (!b) goto fail;
+            memcpy(b->data, src->blk[k]->data, src->m->blk_floats * sizeof(float));
+            seq_blk_set(s, k, b);
         }
         s->nblk = k + 1;
     }

@@ -46,6 +46,7 @@
 
 #include "model_util.h"
 
+#include "backend/cuda/attn.h"
 #include "backend/cuda/chain.h"
 #include "backend/cuda/cuda_internal.h"
 #include "model/v4.h"
@@ -1626,6 +1627,54 @@ static float *decode_batch(md_model *m, md_seq **s, int nb, const int32_t *ids, 
  * one stream: decode steps (one sequence, then three together, through CSA / HCA / SWA layers, entries completing
  * on some steps and not others) give the same logits bit for bit with and without either, and the regions are
  * recorded and replayed where they should be (not where the experts' fallback downloads). */
+/* The indexer's scores on the bf16 tensor cores where official semantics made its inputs exact in bf16
+ * (be_attn_args.ix_fp4, DEEPINFER_CUDA_IX_EXACT; 2 takes them at any batch, as the small fixtures need): the same
+ * products summed in another order, and the scores only choose the top-k (8 of up to 50 entries on these
+ * fixtures), so the logits are the same bits unless a near-tie flips.  The counts say which kernel scored. */
+static void test_indexer_exact(void **st)
+{
+    (void)st;
+    const char *fx[] = {"tiny-mixed", "tiny-mixed-fp8fp4"};
+    for (int f = 0; f < 2; f++) {
+        float *lg[2];
+        int32_t gen[2][N_GEN];
+        size_t mma[2], fp32[2];
+        int V = 0;
+        for (int k = 0; k < 2; k++) {
+            setenv("DEEPINFER_CUDA_IX_EXACT", k ? "2" : "0", 1);
+            be_backend *be = cuda(BCU_MATH_BF16X3);
+            unsetenv("DEEPINFER_CUDA_IX_EXACT");
+            md_model *m = load(fixture(fx[f]), be);
+            md_model_set_semantics(m, MD_SEM_OFFICIAL);
+            V = md_model_config(m)->vocab_size;
+            int32_t *ids = make_ids(N_TOK, V, 31 + (uint64_t)f);
+            size_t m0, f0;
+            bcu_indexer_launches(&m0, &f0);
+            lg[k] = run_chunked(m, be, ids, N_TOK, 0);
+            greedy(m, be, ids, gen[k]);
+            bcu_indexer_launches(&mma[k], &fp32[k]);
+            mma[k] -= m0;
+            fp32[k] -= f0;
+            if (be_cuda_error(be)) fail_msg("%s", be_cuda_error(be));
+            free(ids);
+            md_model_free(m);
+            be_cuda_destroy(be);
+        }
+        int agree;
+        const double e = compare(lg[1], lg[0], N_TOK, V, &agree);
+        const int same = !memcmp(lg[0], lg[1], (size_t)N_TOK * (size_t)V * sizeof(float));
+        printf("  %-18s official, bf16x3: indexer on tensor cores (%zu launches) vs fp32 (%zu): logits %s, max rel %.2e, "
+               "greedy %s\n", fx[f], mma[1], fp32[0], same ? "bit-identical" : "differ", e,
+               memcmp(gen[0], gen[1], sizeof gen[0]) ? "DIFFERS" : "same");
+        if (mma[0] != 0 || fp32[0] == 0) fail_msg("%s: IX_EXACT=0 scored on the tensor cores", fx[f]);
+        if (mma[1] == 0 || fp32[1] != 0) fail_msg("%s: IX_EXACT=2 did not score on the tensor cores", fx[f]);
+        if (!(e <= 1e-4)) fail_msg("%s: the tensor-core indexer moves the logits by %.3g", fx[f], e);
+        if (memcmp(gen[0], gen[1], sizeof gen[0])) fail_msg("%s: the greedy continuation differs", fx[f]);
+        free(lg[0]);
+        free(lg[1]);
+    }
+}
+
 /* The attention op in launches of at most DEEPINFER_CUDA_ATTN_ROWS rows: 48 sequences of 8 tokens in one forward
  * through launches of 12 rows (sequences cut between launches; one copy takes every launch's list up) against one
  * launch of all 384 rows.  A row's attention does not depend on the launch it is in but for the order of its sums
@@ -1728,67 +1777,125 @@ static void test_upload_ring(void **st)
     be_cuda_destroy(be);
 }
 
-/* The attention op's per-sequence cache of its full blocks' mirror pointers (DEEPINFER_CUDA_KV_PCACHE): four
- * sequences at 12 full blocks of random entries (two of them clones sharing a context, two with contexts of their
- * own) decode 10 steps; with the cache, without it, and with the cache and a 1 MB mirror (where the call may have
- * to evict, the cache is not read) the logits are the same bits, and the cache served sequences. */
+/* The attention op's per-sequence cache of its full blocks' mirror pointers (DEEPINFER_CUDA_KV_PCACHE): three
+ * contexts of 12 blocks of random entries (the first 11 full; the window comes from a 128-token forward, which the
+ * first nfill of them get here), and a fourth sequence cloning the first (sharing its blocks). */
+enum { KVPC_NB = 12, KVPC_NS = 4 };
+static void kvpc_contexts(md_model *m, md_seq **sq, const int32_t *ids, int nfill)
+{
+    uint64_t r = 12345;
+    for (int k = 0; k < 3; k++) {
+        md_block *blk[KVPC_NB];
+        for (int i = 0; i < KVPC_NB; i++) {
+            blk[i] = md_block_new(m);
+            if (!blk[i]) fail_msg("md_block_new");
+            for (size_t j = 0; j < md_block_floats(m); j++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                blk[i]->data[j] = (float)(int32_t)(r >> 32) * (1.0f / 2147483648.0f);
+            }
+        }
+        rc_err err = {0};
+        sq[k] = md_seq_create(m);
+        if (md_seq_attach(sq[k], blk, KVPC_NB, NULL, 0, MD_BLOCK_TOKENS, &err)) fail_msg("attach: %s", err.msg);
+        for (int i = 0; i < KVPC_NB; i++) md_block_unref(m, blk[i]);
+        md_segment fillw = {.seq = sq[k], .ids = ids, .n = MD_BLOCK_TOKENS};
+        if (k < nfill && md_forward(m, &fillw, 1, &err)) fail_msg("window: %s", err.msg);
+    }
+    sq[3] = md_seq_clone(sq[0]);
+}
+
+/* One configuration (PCACHE on / off, a mirror of `slots` blocks or the default): the contexts, then either 10 steps
+ * of all four sequences together (sched 0) or calls of changing subsets, never more than two contexts' blocks a
+ * call (sched 1); the logits of every call, and the cache's and the mirror's counts.  Sched 1 fills only the first
+ * two contexts' windows at first: with a 24-slot mirror they take its slots in order and leave the eviction hand on
+ * the first one's, then one step of both fills the cache with the first's full blocks, and the third context's
+ * window comes in the next forward beside a token of the first: that call serves the first from the cache and
+ * evicts for the third, whose victims would be the first's blocks were they not stamped. */
+static float *kvpc_run(const char *pcache, const char *slots, int sched, size_t *nlg, size_t *served, size_t *up)
+{
+    enum { STEPS = 10 };
+    static const int calls[][3] = {{0, -1}, {1, -1}, {0, 2, -1}, {1, 3, -1}, {2, -1}, {0, 3, -1},
+                                   {1, -1}, {2, 0, -1}, {3, 1, -1}, {2, 1, -1}, {0, -1}, {3, 2, -1}};
+    const int ncalls = (int)(sizeof calls / sizeof calls[0]);
+    setenv("DEEPINFER_CUDA_KV_PCACHE", pcache, 1);
+    if (slots) setenv("DEEPINFER_CUDA_KV_SLOTS", slots, 1);
+    be_backend *be = cuda(BCU_MATH_BF16X3);
+    unsetenv("DEEPINFER_CUDA_KV_PCACHE");
+    unsetenv("DEEPINFER_CUDA_KV_SLOTS");
+    md_model *m = load(fixture("tiny-mixed"), be);
+    const int V = md_model_config(m)->vocab_size;
+    int32_t *ids = make_ids(MD_BLOCK_TOKENS + KVPC_NS * STEPS, V, 77);
+    md_seq *sq[KVPC_NS];
+    kvpc_contexts(m, sq, ids, sched ? 2 : 3);
+    float *lg;
+    if (sched == 0) {
+        lg = decode_batch(m, sq, KVPC_NS, ids + MD_BLOCK_TOKENS, STEPS);
+        *nlg = (size_t)STEPS * KVPC_NS * (size_t)V;
+    } else {
+        *nlg = 0;
+        lg = malloc(((size_t)ncalls * 2 + 3) * (size_t)V * sizeof *lg);
+        int pos[KVPC_NS] = {0};
+        for (int c = -2; c < ncalls; c++) {
+            rc_err err = {0};
+            if (c < 0) { /* the first two together; then the first with the third's window */
+                md_segment seg[2];
+                for (int k = 0; k < 2; k++) {
+                    const int q = k && c == -1 ? 2 : k;
+                    seg[k] = q == 2 ? (md_segment){.seq = sq[2], .ids = ids, .n = MD_BLOCK_TOKENS}
+                                    : (md_segment){.seq = sq[q], .n = 1, .logits = lg + *nlg,
+                                                   .ids = ids + MD_BLOCK_TOKENS + KVPC_NS * pos[q]++ + q};
+                    if (q != 2) *nlg += (size_t)V;
+                }
+                if (md_forward(m, seg, 2, &err)) fail_msg("md_forward: %s", err.msg);
+                continue;
+            }
+            md_segment seg[2];
+            int n = 0;
+            for (; calls[c][n] >= 0; n++) {
+                const int q = calls[c][n];
+                seg[n] = (md_segment){.seq = sq[q], .ids = ids + MD_BLOCK_TOKENS + KVPC_NS * pos[q]++ + q, .n = 1,
+                                      .logits = lg + *nlg};
+                *nlg += (size_t)V;
+            }
+            if (md_forward(m, seg, (size_t)n, &err)) fail_msg("md_forward: %s", err.msg);
+        }
+    }
+    if (be_cuda_error(be)) fail_msg("%s", be_cuda_error(be));
+    size_t kh, pf;
+    bcu_kv_stats(be, &kh, up, served, &pf);
+    printf("  pointer cache %s, %s mirror, %s: %zu mirror hits, %zu blocks up, %zu sequences served from the cache, "
+           "%zu filled\n", pcache[0] == '1' ? "on" : "off", slots ? slots : "default", sched ? "changing subsets" : "all four",
+           kh, *up, *served, pf);
+    for (int k = 0; k < KVPC_NS; k++) md_seq_free(sq[k]);
+    free(ids);
+    md_model_free(m);
+    be_cuda_destroy(be);
+    return lg;
+}
+
+/* With the cache, without it, and (changing subsets) with the cache and a mirror of 24 slots (two contexts'
+ * blocks), the logits are the same bits, and the cache served sequences.  The changing subsets on the small mirror make a call serve a sequence
+ * from the cache and then evict for the next one's blocks: the served blocks must be passed over (kvpc_stamp), or
+ * the eviction overwrites them and that sequence reads another context's entries. */
 static void test_kv_pointer_cache(void **st)
 {
     (void)st;
-    enum { NB = 12, NS = 4, STEPS = 10 };
-    static const char *const cfg[3][2] = {{"0", NULL}, {"1", NULL}, {"1", "1"}};
-    float *out[3];
-    size_t served[3];
-    int vocab = 0;
-    for (int g = 0; g < 3; g++) {
-        setenv("DEEPINFER_CUDA_KV_PCACHE", cfg[g][0], 1);
-        if (cfg[g][1]) setenv("DEEPINFER_CUDA_KV_MB", cfg[g][1], 1);
-        be_backend *be = cuda(BCU_MATH_BF16X3);
-        unsetenv("DEEPINFER_CUDA_KV_PCACHE");
-        unsetenv("DEEPINFER_CUDA_KV_MB");
-        md_model *m = load(fixture("tiny-mixed"), be);
-        const int V = md_model_config(m)->vocab_size;
-        vocab = V;
-        int32_t *ids = make_ids(MD_BLOCK_TOKENS + NS * STEPS, V, 77);
-        uint64_t r = 12345;
-        md_seq *sq[NS];
-        for (int k = 0; k < 3; k++) { /* contexts 0, 1, 2; sequence 3 clones context 0 */
-            md_block *blk[NB];
-            for (int i = 0; i < NB; i++) {
-                blk[i] = md_block_new(m);
-                if (!blk[i]) fail_msg("md_block_new");
-                for (size_t j = 0; j < md_block_floats(m); j++) {
-                    r = r * 6364136223846793005ull + 1442695040888963407ull;
-                    blk[i]->data[j] = (float)(int32_t)(r >> 32) * (1.0f / 2147483648.0f);
-                }
-            }
-            rc_err err = {0};
-            sq[k] = md_seq_create(m);
-            if (md_seq_attach(sq[k], blk, NB, NULL, 0, MD_BLOCK_TOKENS, &err)) fail_msg("attach: %s", err.msg);
-            for (int i = 0; i < NB; i++) md_block_unref(m, blk[i]);
-            md_segment fillw = {.seq = sq[k], .ids = ids, .n = MD_BLOCK_TOKENS};
-            if (md_forward(m, &fillw, 1, &err)) fail_msg("window: %s", err.msg);
-        }
-        sq[3] = md_seq_clone(sq[0]);
-        out[g] = decode_batch(m, sq, NS, ids + MD_BLOCK_TOKENS, STEPS);
-        if (be_cuda_error(be)) fail_msg("%s", be_cuda_error(be));
-        size_t kh, ku, pf;
-        bcu_kv_stats(be, &kh, &ku, &served[g], &pf);
-        printf("  pointer cache %s%s: %zu mirror hits, %zu blocks up, %zu sequences served from the cache, %zu filled\n",
-               cfg[g][0][0] == '1' ? "on" : "off", cfg[g][1] ? ", 1 MB mirror" : "", kh, ku, served[g], pf);
-        for (int k = 0; k < NS; k++) md_seq_free(sq[k]);
-        free(ids);
-        md_model_free(m);
-        be_cuda_destroy(be);
+    static const struct { const char *pc, *slots; } cfg[3] = {{"0", NULL}, {"1", NULL}, {"1", "24"}};
+    for (int sched = 0; sched < 2; sched++) {
+        /* all four together read 36 blocks a call: the 24-slot mirror is for the subsets alone */
+        const int ng = sched ? 3 : 2;
+        float *out[3] = {NULL, NULL, NULL};
+        size_t n[3], served[3] = {0, 1, 1}, up[3] = {0, 0, 0};
+        for (int g = 0; g < ng; g++) out[g] = kvpc_run(cfg[g].pc, cfg[g].slots, sched, &n[g], &served[g], &up[g]);
+        for (int g = 1; g < ng; g++)
+            if (n[g] != n[0] || memcmp(out[0], out[g], n[0] * sizeof(float)))
+                fail_msg("decode (%s) with the pointer cache %s differs from without it",
+                         sched ? "changing subsets" : "all four", g == 1 ? "on" : "on and a 24-slot mirror");
+        for (int g = 0; g < 3; g++) free(out[g]);
+        if (served[0] != 0) fail_msg("the cache served sequences while off");
+        if (served[1] == 0 || served[2] == 0) fail_msg("the cache served no sequence");
+        if (sched == 1 && up[2] <= up[1]) fail_msg("the 24-slot mirror evicted nothing (%zu blocks up)", up[2]);
     }
-    for (int g = 1; g < 3; g++)
-        if (memcmp(out[0], out[g], (size_t)STEPS * NS * (size_t)vocab * sizeof(float)))
-            fail_msg("decode with the pointer cache %s differs from without it", g == 1 ? "on" : "on and a small mirror");
-    free(out[0]);
-    free(out[1]);
-    free(out[2]);
-    if (served[0] != 0) fail_msg("the cache served sequences while off");
-    if (served[1] == 0) fail_msg("the cache served no sequence");
 }
 
 static void test_decode_graphs(void **st)
@@ -1893,6 +2000,7 @@ int main(void)
         cmocka_unit_test(test_device_ring_copies_follow_the_state),
         cmocka_unit_test(test_upload_ring),
         cmocka_unit_test(test_kv_pointer_cache),
+        cmocka_unit_test(test_indexer_exact),
         cmocka_unit_test(test_decode_graphs),
         cmocka_unit_test(test_attn_flags_fail_forward),
         cmocka_unit_test(test_attn_launches),

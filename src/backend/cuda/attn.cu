@@ -633,6 +633,13 @@ __global__ void __launch_bounds__(SEL_NT_B) sel_final_kernel(SelArgs a)
     if (threadIdx.x == 0) a.nsel[row] = cnt;
 }
 
+static std::atomic<size_t> ix_launch_mma, ix_launch_fp32;
+extern "C" void bcu_indexer_launches(size_t *mma, size_t *fp32)
+{
+    *mma = ix_launch_mma.load();
+    *fp32 = ix_launch_fp32.load();
+}
+
 extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_indexer_args *a,
                                         cudaStream_t st, char *err, size_t errlen)
 {
@@ -681,13 +688,15 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     if (gx > tiles) gx = tiles;
     if (gx < 1) gx = 1;
     cudaError_t r;
-    if (a->bf16 && a->index_dim % 16 == 0) {
+    const bool few = a->tile == IX_KT1 || (a->tile == 0 && tiles * b->ntok < 2 * (int64_t)sms);
+    if ((a->bf16 || a->exact == 2 || (a->exact && !few)) && a->index_dim % 16 == 0) {
         /* Q [IX_HT] and the key tile [IX_KT] rows of index_dim + 8 bf16, then red [4][IX_KT] and w [IX_HT] */
         const size_t smem = (size_t)(IX_HT + IX_KT) * (a->index_dim + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         const size_t smem_max = (size_t)(IX_HT + IX_KT) * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_mma_kernel, 9, smem_max)) != cudaSuccess) return r;
         pdl_launch(ix_mma_kernel, dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st, ia);
-    } else if (a->tile == IX_KT1 || (a->tile == 0 && tiles * b->ntok < 2 * (int64_t)sms)) {
+        ix_launch_mma++;
+    } else if (few) {
         /* few rows: the wide tiles would leave most of the GPU idle (a decode step's 4K context: 16 blocks) */
         const int64_t tiles1 = (vis + IX_KT1 - 1) / IX_KT1;
         int64_t gx1 = (4 * (int64_t)sms + b->ntok - 1) / b->ntok;
@@ -697,11 +706,13 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
         const size_t smem_max = (size_t)(IX_MAX_ID * (IX_LD + IX_KT1) + 16 * IX_KT1 + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_score1_kernel, 10, smem_max)) != cudaSuccess) return r;
         pdl_launch(ix_score1_kernel, dim3((unsigned)gx1, (unsigned)b->ntok), IX_NT, smem, st, ia);
+        ix_launch_fp32++;
     } else {
         const size_t smem = (size_t)(2 * a->index_dim * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
         const size_t smem_max = (size_t)(2 * IX_MAX_ID * IX_LD + 16 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_score_kernel, 0, smem_max)) != cudaSuccess) return r;
         pdl_launch(ix_score_kernel, dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st, ia);
+        ix_launch_fp32++;
     }
     if ((r = cudaGetLastError()) != cudaSuccess) return r;
 

@@ -102,6 +102,10 @@ typedef struct {
                                    rounded to bf16: exact for official semantics' fq_fp4 values), fp32 sums */
     int tile;                   /* fp32 scores: keys a block takes, 0 = automatic (16 when 64-key tiles would not
                                    fill the GPU, else 64); the scores are the same bits either way (for tests) */
+    int exact;                  /* q and the keys are exact in bf16 (official semantics' fq_fp4), so the tensor
+                                   cores give the same products, with fp32 sums in another order: 1 takes them as
+                                   for bf16 where the 64-key tiles fill the GPU (few rows keep the fp32 16-key
+                                   tiles), 2 always (for tests) */
 } bcu_indexer_args;
 
 cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_batch *b, const bcu_indexer_args *a,
@@ -137,6 +141,9 @@ cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch *b, const 
  * -0 stored as +0); row r's entry b at [r * *row_stride + b].  NULL if the
  * workspace has no indexer part. */
 const uint32_t *bcu_attn_ws_index_keys(const bcu_attn_ws *ws, size_t *row_stride);
+
+/* the indexer's score launches so far in this process: on the bf16 tensor cores, on fp32 CUDA cores */
+void bcu_indexer_launches(size_t *mma, size_t *fp32);
 
 #ifdef __cplusplus
 }

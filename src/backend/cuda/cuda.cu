@@ -147,6 +147,10 @@ typedef struct {
     int32_t *kv_head;
     uint64_t kv_call;
     size_t kv_hits, kv_uploads;
+    int ix_exact;     /* DEEPINFER_CUDA_IX_EXACT (default 1; 0 in the fp32 maths): the indexer's scores on the
+                       * bf16 tensor cores where its inputs are exact in bf16 (be_attn_args.ix_fp4) and its wide
+                       * tiles fill the GPU; 2: whatever the rows (bcu_indexer_args.exact) */
+    size_t kv_slots;  /* DEEPINFER_CUDA_KV_SLOTS (read at create; 0: unset): the mirror's size in blocks */
     size_t kv_fresh;  /* slots [kv_fresh, kv_nslot) were never used: a miss takes one of them before evicting */
     uint64_t kv_gen;  /* bumped whenever a block leaves the mirror (eviction, reset): the pointer caches' check */
     /* per sequence, the mirror pointers of its full blocks, keyed by (first id, last id, count): a decode step's
@@ -155,6 +159,11 @@ typedef struct {
     struct kvpc_t { uint64_t id0, idl, gen, used; size_t n, cap; const float **p; } *kvpc;
     size_t kvpc_n;
     int kvpc_on;
+    /* this call's blocks served from the pointer caches, not stamped: stamped (kvpc_stamp) before the first
+     * eviction of the call, and from then on every cached block is stamped as it is served */
+    struct kvpc_rng { const float *const *p; size_t n; } *kvpc_pend;
+    size_t kvpc_npend, kvpc_pcap;
+    int kvpc_stamped;
     size_t kvpc_hits, kvpc_miss;
     bcu_attn_ws aws;
     size_t aws_bytes;
@@ -1081,6 +1090,21 @@ static void kv_reset(cuda_be *c)
     free(c->kvpc);
     c->kvpc = NULL;
     c->kvpc_n = 0;
+    c->kvpc_npend = 0;
+}
+
+/* stamp the mirror slots of blocks p[0..n) (mirror pointers) as this call's: an eviction passes them over */
+static void kvpc_stamp_ptrs(cuda_be *c, const float *const *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) c->kv[(size_t)(p[i] - c->kv_dev) / c->kv_blk].call = c->kv_call;
+}
+
+/* before this call's first eviction: stamp the blocks it took from the pointer caches so far */
+static void kvpc_stamp(cuda_be *c)
+{
+    for (size_t r = 0; r < c->kvpc_npend; r++) kvpc_stamp_ptrs(c, c->kvpc_pend[r].p, c->kvpc_pend[r].n);
+    c->kvpc_npend = 0;
+    c->kvpc_stamped = 1;
 }
 
 /* the pointer cache's entry for (id0, idl, n): a hit (its gen current), or one to fill (*fill = 1: the caller
@@ -1134,6 +1158,7 @@ static int kv_init(cuda_be *c, size_t blk)
     if (pool_bytes(c, "DEEPINFER_CUDA_KV_MB", 5, &bytes)) return -1;
     size_t n = bytes / (blk * 4);
     if (n < 16) n = 16;
+    if (c->kv_slots) n = c->kv_slots; /* DEEPINFER_CUDA_KV_SLOTS, a test's knob: the mirror in blocks */
     size_t nb = 1;
     while (nb < n) nb <<= 1;
     c->kv = (kvslot *)calloc(n, sizeof *c->kv);
@@ -1167,6 +1192,7 @@ static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
     if (c->kv_fresh < c->kv_nslot) {
         v = c->kv_fresh++;
     } else {
+        if (!c->kvpc_stamped) kvpc_stamp(c);
         for (size_t k = 0; k < c->kv_nslot; k++) {
             size_t i = (c->kv_hand + k) % c->kv_nslot;
             if (!c->kv[i].id || c->kv[i].call != c->kv_call) {
@@ -1476,6 +1502,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     const size_t blk = a->blk_floats;
     if (a->ratio && kv_init(c, blk)) return -1;
     c->kv_call++;
+    c->kvpc_npend = 0;
+    c->kvpc_stamped = 0;
     /* windows from the device rings: every sequence without host window keys must have one */
     int nring = 0;
     for (int s = 0; s < nseq; s++)
@@ -1557,9 +1585,6 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     /* the kernels' pointer for a block whose layer rows start at rows (an address they only add ent_off or more to) */
     auto kbase = [&](const float *rows) { return (const float *)((uintptr_t)rows - a->ent_off * sizeof(float)); };
     int rc = 0;
-    /* the pointer caches are read only in a call where no miss can evict (as many never-used slots as the call
-     * has blocks): a cached block's stamp is not this call's, and an eviction could otherwise take it */
-    const int pc_ok = c->kvpc_on && a->ratio && c->kv_nslot - c->kv_fresh >= nb;
     for (int s = 0; s < nseq && !rc; s++) {
         const size_t kb0 = kb;
         size_t i0 = 0;
@@ -1567,16 +1592,30 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         int pfill = 0;
         if (c->kvpc_on && a->ratio && sq[s].nfull >= 8) {
             pe = kvpc_find(c, sq[s].block_ids[0], sq[s].block_ids[sq[s].nfull - 1], sq[s].nfull, &pfill);
-            if (pe && !pfill && pc_ok) {
-                memcpy(hptr + kb, pe->p, sq[s].nfull * sizeof *hptr);
+            if (pe && !pfill) { /* served: its blocks are not stamped until an eviction in this call needs them to be */
+                const size_t n = sq[s].nfull;
+                memcpy(hptr + kb, pe->p, n * sizeof *hptr);
+                if (c->kvpc_stamped) {
+                    kvpc_stamp_ptrs(c, hptr + kb, n);
+                } else {
+                    if (c->kvpc_npend == c->kvpc_pcap) {
+                        const size_t nc = c->kvpc_pcap ? 2 * c->kvpc_pcap : 64;
+                        void *np2 = realloc(c->kvpc_pend, nc * sizeof *c->kvpc_pend);
+                        if (!np2) {
+                            free(pend);
+                            return fail(c, "out of host memory for the KV pointer cache");
+                        }
+                        c->kvpc_pend = (decltype(c->kvpc_pend))np2;
+                        c->kvpc_pcap = nc;
+                    }
+                    c->kvpc_pend[c->kvpc_npend++] = {hptr + kb, n};
+                }
                 if (pend)
-                    for (size_t i = 0; i < sq[s].nfull; i++) pend[kb + i].p = NULL;
-                kb += sq[s].nfull;
-                i0 = sq[s].nfull;
+                    for (size_t i = 0; i < n; i++) pend[kb + i].p = NULL;
+                kb += n;
+                i0 = n;
                 c->kvpc_hits++;
                 pe = NULL;
-            } else if (pe && !pfill) {
-                pe = NULL; /* valid, but this call may evict: resolve every block (and stamp it) */
             }
         }
         for (size_t i = i0; a->ratio && i < sq[s].nblk; i++, kb++) {
@@ -1784,7 +1823,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                                    cudaMemcpyHostToDevice, c->st));
                 CU(cudaMemcpyAsync(diw, a->iw + (size_t)row * IH, (size_t)rows * IH * 4, cudaMemcpyHostToDevice, c->st));
             }
-            bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel, c->attn_mma, 0};
+            bcu_indexer_args ia = {IH, ID, a->ratio, a->topk, a->key_off, diq, diw, dsel, dnsel, c->attn_mma, 0,
+                                   a->ix_fp4 ? c->ix_exact : 0};
             if (bcu_indexer_topk(&c->aws, &bt, &ia, c->st, msg, sizeof msg) != cudaSuccess)
                 return fail(c, "indexer: %s", msg[0] ? msg : "launch failed");
         }
@@ -2835,6 +2875,9 @@ static void teardown(cuda_be *c)
     c->mt = NULL;
     c->nmt = 0;
     kv_reset(c);
+    free(c->kvpc_pend);
+    c->kvpc_pend = NULL;
+    c->kvpc_pcap = 0;
     win_reset(c);
     ps_reset(c);
     ar_free(&c->ar);
@@ -2935,6 +2978,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
     c->kvpc_on = env_size("DEEPINFER_CUDA_KV_PCACHE", 1) != 0;
+    c->kv_slots = env_size("DEEPINFER_CUDA_KV_SLOTS", 0);
+    c->ix_exact = math == BCU_MATH_FP32 ? 0 : (int)env_size("DEEPINFER_CUDA_IX_EXACT", 1);
     c->win_ring = env_size("DEEPINFER_CUDA_WIN_RING", 1) != 0;
     c->attn_side = env_size("DEEPINFER_CUDA_ATTN_SIDE", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
