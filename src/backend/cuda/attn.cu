@@ -413,11 +413,22 @@ __global__ void __launch_bounds__(IX_NT) ix_mma_kernel(IxArgs a)
             kp[tid] = ix_key(a, s, b, nv);
         }
         __syncthreads();
-        for (int i = tid; i < IX_KT * nc4; i += IX_NT) {
-            const int k = i / nc4, c4 = i % nc4;
-            const float *p = kp[k];
-            const float4 v = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            *(uint2 *)&Ks[k * LD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
+        {
+            /* every load of the tile in flight before the first is packed: one round trip a tile, not eight */
+            constexpr int NL = IX_KT * (IX_MAX_ID / 4) / IX_NT;
+            float4 v[NL];
+#pragma unroll
+            for (int r = 0; r < NL; r++) {
+                const int i = tid + r * IX_NT, k = i / nc4, c4 = i % nc4;
+                const float *p = i < IX_KT * nc4 ? kp[k] : NULL;
+                v[r] = p ? ((const float4 *)p)[c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int r = 0; r < NL; r++) {
+                const int i = tid + r * IX_NT, k = i / nc4, c4 = i % nc4;
+                if (i < IX_KT * nc4)
+                    *(uint2 *)&Ks[k * LD + 4 * c4] = make_uint2(am_pack(v[r].x, v[r].y), am_pack(v[r].z, v[r].w));
+            }
         }
         __syncthreads();
         float acc[4][4];
