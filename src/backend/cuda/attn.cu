@@ -699,15 +699,14 @@ extern "C" cudaError_t bcu_indexer_topk(const bcu_attn_ws *ws, const bcu_attn_ba
     if (gx > tiles) gx = tiles;
     if (gx < 1) gx = 1;
     cudaError_t r;
-    const bool few = a->tile == IX_KT1 || (a->tile == 0 && tiles * b->ntok < 2 * (int64_t)sms);
-    if ((a->bf16 || a->exact == 2 || (a->exact && !few)) && a->index_dim % 16 == 0) {
+    if ((a->bf16 || a->exact) && a->index_dim % 16 == 0) {
         /* Q [IX_HT] and the key tile [IX_KT] rows of index_dim + 8 bf16, then red [4][IX_KT] and w [IX_HT] */
         const size_t smem = (size_t)(IX_HT + IX_KT) * (a->index_dim + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         const size_t smem_max = (size_t)(IX_HT + IX_KT) * (IX_MAX_ID + 8) * 2 + (size_t)(4 * IX_KT + IX_HT) * sizeof(float);
         if ((r = opt_in_smem(ix_mma_kernel, 9, smem_max)) != cudaSuccess) return r;
         pdl_launch(ix_mma_kernel, dim3((unsigned)gx, (unsigned)b->ntok), IX_NT, smem, st, ia);
         ix_launch_mma++;
-    } else if (few) {
+    } else if (a->tile == IX_KT1 || (a->tile == 0 && tiles * b->ntok < 2 * (int64_t)sms)) {
         /* few rows: the wide tiles would leave most of the GPU idle (a decode step's 4K context: 16 blocks) */
         const int64_t tiles1 = (vis + IX_KT1 - 1) / IX_KT1;
         int64_t gx1 = (4 * (int64_t)sms + b->ntok - 1) / b->ntok;

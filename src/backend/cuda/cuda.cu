@@ -148,8 +148,7 @@ typedef struct {
     uint64_t kv_call;
     size_t kv_hits, kv_uploads;
     int ix_exact;     /* DEEPINFER_CUDA_IX_EXACT (default 1; 0 in the fp32 maths): the indexer's scores on the
-                       * bf16 tensor cores where its inputs are exact in bf16 (be_attn_args.ix_fp4) and its wide
-                       * tiles fill the GPU; 2: whatever the rows (bcu_indexer_args.exact) */
+                       * bf16 tensor cores where its inputs are exact in bf16 (be_attn_args.ix_fp4) */
     size_t kv_slots;  /* DEEPINFER_CUDA_KV_SLOTS (read at create; 0: unset): the mirror's size in blocks */
     size_t kv_fresh;  /* slots [kv_fresh, kv_nslot) were never used: a miss takes one of them before evicting */
     uint64_t kv_gen;  /* bumped whenever a block leaves the mirror (eviction, reset): the pointer caches' check */
@@ -2979,7 +2978,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
     c->kvpc_on = env_size("DEEPINFER_CUDA_KV_PCACHE", 1) != 0;
     c->kv_slots = env_size("DEEPINFER_CUDA_KV_SLOTS", 0);
-    c->ix_exact = math == BCU_MATH_FP32 ? 0 : (int)env_size("DEEPINFER_CUDA_IX_EXACT", 1);
+    c->ix_exact = math != BCU_MATH_FP32 && env_size("DEEPINFER_CUDA_IX_EXACT", 1) != 0;
     c->win_ring = env_size("DEEPINFER_CUDA_WIN_RING", 1) != 0;
     c->attn_side = env_size("DEEPINFER_CUDA_ATTN_SIDE", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;
