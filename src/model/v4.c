@@ -319,6 +319,18 @@ size_t md_seq_full_blocks(const md_seq *s)
 
 md_block *md_seq_block(const md_seq *s, size_t k) { return k < s->nblk ? s->blk[k] : NULL; }
 
+const char *md_seq_check(const md_seq *s)
+{
+    if (s->nblk > s->blk_cap) return "more blocks than the table holds";
+    for (size_t k = 0; k < s->nblk; k++) {
+        if (!s->blk[k]) return "a NULL block in the table";
+        if (s->bdata[k] != s->blk[k]->data) return "a block's data pointer beside the table is stale";
+        if (s->bid[k] != s->blk[k]->id) return "a block's id beside the table is stale";
+        if (s->blk[k]->refs < 1) return "a block in the table holds no reference";
+    }
+    return NULL;
+}
+
 static void seq_drop_blocks(md_seq *s)
 {
     for (size_t k = 0; k < s->nblk; k++) md_block_unref(s->m, s->blk[k]);
@@ -2548,7 +2560,7 @@ struct md_host_dev {
     size_t nblk, cap, nkblk, kcap;
     int decline_attn; /* md_model_set_host_dev_graph(m, 2): the attention op declines (forward_dev's fallback), and
                        * there is no linear_aq (forward_dev quantises copies with fq) */
-    int failed;       /* an op ran out of memory */
+    int failed;       /* an op ran out of memory, or hd_attention found a stale block table */
     be_ops ops;       /* hd_ops, hd_dev with this graph's options (base.ops points here) */
     be_dev_ops dev;
     /* copies of partial blocks' layer rows kept as a device would (part_slots.h): ps_n slots of ps_sz floats
@@ -2919,6 +2931,15 @@ static int hd_attention(be_backend *be, const be_attn_seq *sq, int nseq, int nto
     for (int s = 0; s < nseq; s++) nsave += (size_t)sq[s].nent * d + (size_t)sq[s].nkey * ID;
     float *save = malloc((nsave ? nsave : 1) * sizeof(float));
     int rc = kb && kst && save ? 0 : RC_ENOMEM;
+    /* the tables a device reads instead of the blocks (attend_backend's): the blocks' own data pointers and ids,
+     * which this emulation's host attention does not read, so it checks them (a stale one fails the forward) */
+    for (int s = 0; s < nseq && !rc; s++) {
+        const md_seq *q = h->segs[s].seq;
+        if (sq[s].nblk > q->nblk || sq[s].nfull > sq[s].nblk) rc = RC_EINVAL;
+        for (size_t i = 0; !rc && i < sq[s].nblk; i++)
+            if (sq[s].blocks[i] != q->blk[i]->data || sq[s].block_ids[i] != q->blk[i]->id) rc = RC_EINVAL;
+        if (rc) h->failed = 1;
+    }
     for (int s = 0; s < nseq && !rc; s++) {
         const size_t nold = (size_t)(sq[s].p0 - sq[s].kstart);
         kst[s] = sq[s].kstart;

@@ -112,6 +112,11 @@ void md_block_free(md_block *b);
 size_t md_seq_full_blocks(const md_seq *s);
 md_block *md_seq_block(const md_seq *s, size_t k);
 
+/* NULL when s's block table agrees with what is kept beside it (each block's data pointer and id, which the
+ * attention op reads instead of the blocks' headers) and holds a reference to each block, else what does not (for
+ * tests and assertions) */
+const char *md_seq_check(const md_seq *s);
+
 /* Boundary state: everything of a state at a block boundary except its
  * blocks -- window rings, compressor half-A slices (partial blocks are
  * empty there).  The snapshot format with flag "no entries" (docs/KV.md).

@@ -376,6 +376,88 @@ static void test_host_dev_graph_many_sequences(void **st)
     be_destroy(be);
 }
 
+/* The block tables the attention op reads (md_seq's data pointers and ids beside its block table) on every path
+ * that builds one: a prefill across three blocks (blocks appended one by one), a clone (the full blocks shared, the
+ * partial one copied), a restore from a snapshot (a fresh table), an attach of the full blocks with a bounded replay,
+ * and an attach with the boundary state.  md_seq_check after each, then the five decode 6 steps together and the
+ * host-dev graph (whose attention op reads those tables) gives the host graph's logits bit for bit. */
+static void test_host_dev_graph_block_tables(void **st)
+{
+    (void)st;
+    enum { NS = 5, PRE = 300, STEPS = 6 };
+    be_backend *be = be_cpu_create(4);
+    md_model *m = load_fixture_model(FIX("tiny-mixed"), be, MD_SEM_OFFICIAL);
+    const int V = md_model_config(m)->vocab_size;
+    int32_t *ids = make_ids(PRE + STEPS * NS, V, 123);
+    float *out[2];
+    for (int dev = 0; dev < 2; dev++) {
+        assert_int_equal(md_model_set_host_dev_graph(m, dev), 0);
+        out[dev] = malloc((size_t)STEPS * NS * V * sizeof(float));
+        rc_err err = {0};
+        md_seq *q[NS];
+        q[0] = md_seq_create(m);
+        md_segment a = {.seq = q[0], .ids = ids, .n = PRE};
+        if (md_forward(m, &a, 1, &err)) fail_msg("prefill: %s", err.msg);
+        q[1] = md_seq_clone(q[0]);
+        q[2] = md_seq_create(m);
+        size_t sz = md_seq_snapshot_size(q[0]);
+        uint8_t *snap = malloc(sz);
+        if (md_seq_snapshot(q[0], snap, sz, &err) || md_seq_restore(q[2], snap, sz, &err)) fail_msg("%s", err.msg);
+        free(snap);
+        /* the full blocks again, through attach: with a bounded replay of the last block's 128 tokens (fed next),
+         * and with the boundary state saved at the same point by a state prefilled to it */
+        const size_t nf = md_seq_full_blocks(q[0]);
+        md_block *blk[8];
+        for (size_t k = 0; k < nf; k++) blk[k] = md_seq_block(q[0], k);
+        q[3] = md_seq_create(m);
+        if (md_seq_attach(q[3], blk, nf, NULL, 0, MD_BLOCK_TOKENS, &err)) fail_msg("attach: %s", err.msg);
+        md_segment r = {.seq = q[3], .ids = ids + (nf - 1) * MD_BLOCK_TOKENS, .n = MD_BLOCK_TOKENS};
+        if (md_forward(m, &r, 1, &err)) fail_msg("replay: %s", err.msg);
+        md_seq *b = md_seq_create(m);
+        md_segment bp = {.seq = b, .ids = ids, .n = nf * MD_BLOCK_TOKENS};
+        if (md_forward(m, &bp, 1, &err)) fail_msg("boundary prefill: %s", err.msg);
+        sz = md_seq_boundary_size(m);
+        uint8_t *bnd = malloc(sz);
+        if (md_seq_boundary_save(b, bnd, sz, &err)) fail_msg("boundary: %s", err.msg);
+        for (size_t k = 0; k < nf; k++) blk[k] = md_seq_block(b, k);
+        q[4] = md_seq_create(m);
+        if (md_seq_attach(q[4], blk, nf, bnd, sz, 0, &err)) fail_msg("attach boundary: %s", err.msg);
+        free(bnd);
+        md_seq_free(b);
+        /* q[3] and q[4] stand at nf blocks; feed them the rest of q[0]'s prefill so all five decode from PRE */
+        for (int k = 3; k < NS; k++) {
+            md_segment rest = {.seq = q[k], .ids = ids + nf * MD_BLOCK_TOKENS, .n = PRE - nf * MD_BLOCK_TOKENS};
+            if (md_forward(m, &rest, 1, &err)) fail_msg("rest: %s", err.msg);
+        }
+        for (int k = 0; k < NS; k++) {
+            const char *why = md_seq_check(q[k]);
+            if (why) fail_msg("sequence %d after its construction: %s", k, why);
+            assert_int_equal(md_seq_len(q[k]), PRE);
+        }
+        md_segment sg[NS];
+        for (int t = 0; t < STEPS; t++) {
+            for (int k = 0; k < NS; k++)
+                sg[k] = (md_segment){.seq = q[k], .ids = ids + PRE + t * NS + k, .n = 1,
+                                     .logits = out[dev] + ((size_t)t * NS + k) * V};
+            if (md_forward(m, sg, NS, &err)) fail_msg("step %d: %s", t, err.msg);
+        }
+        for (int k = 0; k < NS; k++) {
+            const char *why = md_seq_check(q[k]);
+            if (why) fail_msg("sequence %d after decoding: %s", k, why);
+            md_seq_free(q[k]);
+        }
+    }
+    for (size_t i = 0; i < (size_t)STEPS * NS * V; i++)
+        if (out[1][i] != out[0][i])
+            fail_msg("step %zu sequence %zu differs (%.9g vs %.9g)", i / V / NS, i / V % NS, out[1][i], out[0][i]);
+    assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
+    free(out[0]);
+    free(out[1]);
+    free(ids);
+    md_model_free(m);
+    be_destroy(be);
+}
+
 /* Where the device graph waits for the state.  With the compressors on the host (DEEPINFER_DEV_COMP=0) only at
  * the layers where a segment completes a compressed entry (layer l with ratio r, a segment at p0 adding k
  * tokens: floor((p0 + k) / r) > floor(p0 / r)), every other layer's update running after the forward; with the
@@ -579,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_batching_is_invisible),
         cmocka_unit_test(test_host_dev_graph_is_the_host_graph),
         cmocka_unit_test(test_host_dev_graph_many_sequences),
+        cmocka_unit_test(test_host_dev_graph_block_tables),
         cmocka_unit_test(test_state_waits_only_for_entries),
         cmocka_unit_test(test_quantized_equals_twin),
         cmocka_unit_test(test_top1),
