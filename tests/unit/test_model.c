@@ -326,6 +326,19 @@ static void test_host_dev_graph_is_the_host_graph(void **st)
     be_destroy(be);
 }
 
+/* out[1] (the host-dev graph's steps x ns logits of V, step-major) must be out[0] (the host graph's) bit for bit;
+ * then m back on the host graph and both freed */
+static void same_steps(md_model *m, const char *what, float *out[2], size_t steps, size_t ns, int V)
+{
+    for (size_t i = 0; i < steps * ns * (size_t)V; i++)
+        if (out[1][i] != out[0][i])
+            fail_msg("%s: step %zu sequence %zu differs (%.9g vs %.9g)", what, i / V / ns, i / V % ns, out[1][i],
+                     out[0][i]);
+    assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
+    free(out[0]);
+    free(out[1]);
+}
+
 /* A decode batch of many sequences through the device graph run on the host, on more host threads than one:
  * comp_dev stages each segment's compressor state and late_state updates each segment's state as tasks over the
  * threads (one segment a task).  Twenty sequences at lengths 0 .. 57, then 12 steps of one token each, every
@@ -363,13 +376,7 @@ static void test_host_dev_graph_many_sequences(void **st)
             }
             for (int k = 0; k < NS; k++) md_seq_free(q[k]);
         }
-        for (size_t i = 0; i < (size_t)STEPS * NS * V; i++)
-            if (out[1][i] != out[0][i])
-                fail_msg("%s: step %zu sequence %zu differs (%.9g vs %.9g)", fx[f], i / V / NS, i / V % NS, out[1][i],
-                         out[0][i]);
-        assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
-        free(out[0]);
-        free(out[1]);
+        same_steps(m, fx[f], out, STEPS, NS, V);
         free(ids);
         md_model_free(m);
     }
@@ -447,12 +454,7 @@ static void test_host_dev_graph_block_tables(void **st)
             md_seq_free(q[k]);
         }
     }
-    for (size_t i = 0; i < (size_t)STEPS * NS * V; i++)
-        if (out[1][i] != out[0][i])
-            fail_msg("step %zu sequence %zu differs (%.9g vs %.9g)", i / V / NS, i / V % NS, out[1][i], out[0][i]);
-    assert_int_equal(md_model_set_host_dev_graph(m, 0), 0);
-    free(out[0]);
-    free(out[1]);
+    same_steps(m, "tiny-mixed", out, STEPS, NS, V);
     free(ids);
     md_model_free(m);
     be_destroy(be);
