@@ -1622,14 +1622,10 @@ static float *decode_batch(md_model *m, md_seq **s, int nb, const int32_t *ids, 
     return lg;
 }
 
-/* The device graph's regions replayed from CUDA graphs (DEEPINFER_CUDA_GRAPHS, default on) and their independent
- * chains on lanes (DEEPINFER_CUDA_LANES, default on) run the same kernels on the same addresses as the eager ops on
- * one stream: decode steps (one sequence, then three together, through CSA / HCA / SWA layers, entries completing
- * on some steps and not others) give the same logits bit for bit with and without either, and the regions are
- * recorded and replayed where they should be (not where the experts' fallback downloads). */
 /* The indexer's scores on the bf16 tensor cores where official semantics made its inputs exact in bf16
- * (be_attn_args.ix_fp4, DEEPINFER_CUDA_IX_EXACT, on by default): the same products summed in another order, and the scores only choose the top-k (8 of up to 50 entries on these
- * fixtures), so the logits are the same bits unless a near-tie flips.  The counts say which kernel scored. */
+ * (be_attn_args.ix_fp4, DEEPINFER_CUDA_IX_EXACT, on by default): the same products summed in another order, and
+ * the scores only choose the top-k (8 of up to 50 entries on these fixtures), so the logits are the same bits
+ * unless a near-tie flips.  The counts say which kernel scored. */
 static void test_indexer_exact(void **st)
 {
     (void)st;
@@ -1884,7 +1880,7 @@ static void test_kv_pointer_cache(void **st)
         /* all four together read 36 blocks a call: the 24-slot mirror is for the subsets alone */
         const int ng = sched ? 3 : 2;
         float *out[3] = {NULL, NULL, NULL};
-        size_t n[3], served[3] = {0, 1, 1}, up[3] = {0, 0, 0};
+        size_t n[3], served[3] = {0, 0, 0}, up[3] = {0, 0, 0};
         for (int g = 0; g < ng; g++) out[g] = kvpc_run(cfg[g].pc, cfg[g].slots, sched, &n[g], &served[g], &up[g]);
         for (int g = 1; g < ng; g++)
             if (n[g] != n[0] || memcmp(out[0], out[g], n[0] * sizeof(float)))
@@ -1892,11 +1888,16 @@ static void test_kv_pointer_cache(void **st)
                          sched ? "changing subsets" : "all four", g == 1 ? "on" : "on and a 24-slot mirror");
         for (int g = 0; g < 3; g++) free(out[g]);
         if (served[0] != 0) fail_msg("the cache served sequences while off");
-        if (served[1] == 0 || served[2] == 0) fail_msg("the cache served no sequence");
+        if (served[1] == 0 || (ng > 2 && served[2] == 0)) fail_msg("the cache served no sequence");
         if (sched == 1 && up[2] <= up[1]) fail_msg("the 24-slot mirror evicted nothing (%zu blocks up)", up[2]);
     }
 }
 
+/* The device graph's regions replayed from CUDA graphs (DEEPINFER_CUDA_GRAPHS, default on) and their independent
+ * chains on lanes (DEEPINFER_CUDA_LANES, default on) run the same kernels on the same addresses as the eager ops on
+ * one stream: decode steps (one sequence, then three together, through CSA / HCA / SWA layers, entries completing
+ * on some steps and not others) give the same logits bit for bit with and without either, and the regions are
+ * recorded and replayed where they should be (not where the experts' fallback downloads). */
 static void test_decode_graphs(void **st)
 {
     (void)st;
