@@ -46,6 +46,7 @@
 #include "backend/cuda/moe_wg.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/profile.h"
+#include "backend/kv_mirror.h"
 #include "backend/part_slots.h"
 
 typedef struct {
@@ -117,13 +118,6 @@ typedef struct {
     int have_ev, pending;
 } dslot_t;
 
-/* one slot of the KV mirror: the device copy of a full KV block (id 0 = free) */
-typedef struct {
-    uint64_t id;
-    uint64_t call; /* the attention call that last used it: never evicted during that call */
-    int32_t next;  /* bucket chain */
-} kvslot;
-
 typedef struct {
     be_backend base; /* first: the ops get from be back to here */
     be_backend *host;
@@ -140,30 +134,19 @@ typedef struct {
     pthread_mutex_t lock;
     moe_tab *mt;
     size_t nmt;
-    /* attention: the KV mirror (full blocks by md_block id), the kernels' workspace, a pinned staging buffer */
+    /* attention: the KV mirror (full blocks by md_block id: kv_dev, its bookkeeping kvm), the kernels' workspace,
+     * a pinned staging buffer */
     float *kv_dev;
-    size_t kv_blk, kv_nslot, kv_nbucket, kv_hand;
-    kvslot *kv;
-    int32_t *kv_head;
+    size_t kv_blk;
+    kv_mirror kvm;
     uint64_t kv_call;
-    size_t kv_hits, kv_uploads;
     int ix_exact;     /* DEEPINFER_CUDA_IX_EXACT (default 1; 0 in the fp32 maths): the indexer's scores on the
                        * bf16 tensor cores where its inputs are exact in bf16 (be_attn_args.ix_fp4) */
     size_t kv_slots;  /* DEEPINFER_CUDA_KV_SLOTS (read at create; 0: unset): the mirror's size in blocks */
-    size_t kv_fresh;  /* slots [kv_fresh, kv_nslot) were never used: a miss takes one of them before evicting */
-    uint64_t kv_gen;  /* bumped whenever a block leaves the mirror (eviction, reset): the pointer caches' check */
-    /* per sequence, the mirror pointers of its full blocks, keyed by (first id, last id, count): a decode step's
-     * compressed layers all read the same blocks, and a sequence's full blocks change only by appending
-     * (DEEPINFER_CUDA_KV_PCACHE, default 1) */
-    struct kvpc_t { uint64_t id0, idl, gen, used; size_t n, cap; const float **p; } *kvpc;
-    size_t kvpc_n;
+    /* per sequence, the mirror pointers of its full blocks (kvm_pc_find; DEEPINFER_CUDA_KV_PCACHE, default 1): a
+     * decode step's compressed layers all read the same blocks, and a sequence's full blocks change only by
+     * appending */
     int kvpc_on;
-    /* this call's blocks served from the pointer caches, not stamped: stamped (kvpc_stamp) before the first
-     * eviction of the call, and from then on every cached block is stamped as it is served */
-    struct kvpc_rng { const float *const *p; size_t n; } *kvpc_pend;
-    size_t kvpc_npend, kvpc_pcap;
-    int kvpc_stamped;
-    size_t kvpc_hits, kvpc_miss;
     bcu_attn_ws aws;
     size_t aws_bytes;
     /* the attention op's pinned staging (block rows, pointers, windows, launch tables): two buffers used in
@@ -1076,75 +1059,9 @@ static size_t env_size(const char *name, size_t def)
 static void kv_reset(cuda_be *c)
 {
     if (c->kv_dev) cudaFree(c->kv_dev);
-    free(c->kv);
-    free(c->kv_head);
     c->kv_dev = NULL;
-    c->kv = NULL;
-    c->kv_head = NULL;
-    c->kv_nslot = c->kv_nbucket = c->kv_hand = 0;
     c->kv_blk = 0;
-    c->kv_fresh = 0;
-    c->kv_gen++;
-    for (size_t i = 0; i < c->kvpc_n; i++) free(c->kvpc[i].p);
-    free(c->kvpc);
-    c->kvpc = NULL;
-    c->kvpc_n = 0;
-    c->kvpc_npend = 0;
-}
-
-/* stamp the mirror slots of blocks p[0..n) (mirror pointers) as this call's: an eviction passes them over */
-static void kvpc_stamp_ptrs(cuda_be *c, const float *const *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++) c->kv[(size_t)(p[i] - c->kv_dev) / c->kv_blk].call = c->kv_call;
-}
-
-/* before this call's first eviction: stamp the blocks it took from the pointer caches so far */
-static void kvpc_stamp(cuda_be *c)
-{
-    for (size_t r = 0; r < c->kvpc_npend; r++) kvpc_stamp_ptrs(c, c->kvpc_pend[r].p, c->kvpc_pend[r].n);
-    c->kvpc_npend = 0;
-    c->kvpc_stamped = 1;
-}
-
-/* the pointer cache's entry for (id0, idl, n): a hit (its gen current), or one to fill (*fill = 1: the caller
- * resolves the blocks and kvpc_store()s them), or NULL (no table, or every probe in use by this call) */
-enum { KVPC_SLOTS = 4096, KVPC_PROBE = 8 };
-static decltype(((cuda_be *)0)->kvpc) kvpc_find(cuda_be *c, uint64_t id0, uint64_t idl, size_t n, int *fill)
-{
-    *fill = 0;
-    if (!c->kvpc) {
-        c->kvpc = (decltype(c->kvpc))calloc(KVPC_SLOTS, sizeof *c->kvpc);
-        if (!c->kvpc) return NULL;
-        c->kvpc_n = KVPC_SLOTS;
-    }
-    const size_t h = (size_t)bps_mix(id0 * 0x9E3779B97F4A7C15ull ^ idl ^ ((uint64_t)n << 40));
-    decltype(c->kvpc) v = NULL;
-    for (int k = 0; k < KVPC_PROBE; k++) {
-        decltype(c->kvpc) e = &c->kvpc[(h + (size_t)k) & (KVPC_SLOTS - 1)];
-        if (e->n == n && e->id0 == id0 && e->idl == idl) {
-            if (e->gen == c->kv_gen) {
-                e->used = c->kv_call;
-                return e;
-            }
-            v = e;
-            break;
-        }
-        if (e->used != c->kv_call && (!v || e->used < v->used)) v = e;
-    }
-    if (!v) return NULL;
-    if (v->cap < n) {
-        const float **np = (const float **)realloc(v->p, n * sizeof *np);
-        if (!np) return NULL;
-        v->p = np;
-        v->cap = n;
-    }
-    v->id0 = id0;
-    v->idl = idl;
-    v->n = n;
-    v->gen = 0; /* not valid until stored */
-    v->used = c->kv_call;
-    *fill = 1;
-    return v;
+    kvm_free(&c->kvm);
 }
 
 /* the mirror for blocks of blk floats: DEEPINFER_CUDA_KV_MB, or a fifth of the free device memory */
@@ -1158,20 +1075,17 @@ static int kv_init(cuda_be *c, size_t blk)
     size_t n = bytes / (blk * 4);
     if (n < 16) n = 16;
     if (c->kv_slots) n = c->kv_slots; /* DEEPINFER_CUDA_KV_SLOTS, a test's knob: the mirror in blocks */
-    size_t nb = 1;
-    while (nb < n) nb <<= 1;
-    c->kv = (kvslot *)calloc(n, sizeof *c->kv);
-    c->kv_head = (int32_t *)malloc(nb * sizeof *c->kv_head);
-    if (!c->kv || !c->kv_head || n > INT32_MAX) return fail(c, "out of host memory for the KV mirror");
-    for (size_t i = 0; i < nb; i++) c->kv_head[i] = -1;
     if (cudaMalloc((void **)&c->kv_dev, n * blk * 4) != cudaSuccess) {
         c->kv_dev = NULL;
         return fail(c, "cudaMalloc of the KV mirror (%zu blocks of %zu KB) failed: out of memory (set DEEPINFER_CUDA_KV_MB)",
                     n, blk * 4 / 1024);
     }
+    if (kvm_init(&c->kvm, n, (uintptr_t)c->kv_dev, blk * 4)) {
+        cudaFree(c->kv_dev);
+        c->kv_dev = NULL;
+        return fail(c, "out of host memory for the KV mirror");
+    }
     c->kv_blk = blk;
-    c->kv_nslot = n;
-    c->kv_nbucket = nb;
     return 0;
 }
 
@@ -1179,46 +1093,15 @@ static int kv_init(cuda_be *c, size_t blk)
  * by this call (the caller declines) or on a CUDA error (c->failed) */
 static const float *kv_get(cuda_be *c, uint64_t id, const float *src)
 {
-    const size_t b = bps_mix(id) & (c->kv_nbucket - 1);
-    for (int32_t i = c->kv_head[b]; i >= 0; i = c->kv[i].next)
-        if (c->kv[i].id == id) {
-            c->kv[i].call = c->kv_call;
-            c->kv_hits++;
-            return c->kv_dev + (size_t)i * c->kv_blk;
-        }
-    /* a slot never used; else a victim, one this call does not use, clock order */
-    size_t v = c->kv_nslot;
-    if (c->kv_fresh < c->kv_nslot) {
-        v = c->kv_fresh++;
-    } else {
-        if (!c->kvpc_stamped) kvpc_stamp(c);
-        for (size_t k = 0; k < c->kv_nslot; k++) {
-            size_t i = (c->kv_hand + k) % c->kv_nslot;
-            if (!c->kv[i].id || c->kv[i].call != c->kv_call) {
-                v = i;
-                break;
-            }
-        }
-        if (v == c->kv_nslot) return NULL;
-        c->kv_hand = (v + 1) % c->kv_nslot;
-    }
-    if (c->kv[v].id) { /* unlink the old block; the pointer caches holding it are void */
-        c->kv_gen++;
-        int32_t *pp = &c->kv_head[bps_mix(c->kv[v].id) & (c->kv_nbucket - 1)];
-        while (*pp != (int32_t)v) pp = &c->kv[*pp].next;
-        *pp = c->kv[v].next;
-    }
-    c->kv[v].id = id;
-    c->kv[v].call = c->kv_call;
-    c->kv[v].next = c->kv_head[b];
-    c->kv_head[b] = (int32_t)v;
-    float *d = c->kv_dev + v * c->kv_blk;
-    if (cudaMemcpyAsync(d, src, c->kv_blk * 4, cudaMemcpyHostToDevice, c->st) != cudaSuccess) {
-        c->kv[v].id = 0; /* stays linked but can never match */
+    int miss;
+    const long v = kvm_get(&c->kvm, id, &miss);
+    if (v < 0) return NULL;
+    float *d = c->kv_dev + (size_t)v * c->kv_blk;
+    if (miss && cudaMemcpyAsync(d, src, c->kv_blk * 4, cudaMemcpyHostToDevice, c->st) != cudaSuccess) {
+        kvm_forget(&c->kvm, v);
         fail(c, "uploading a KV block failed");
         return NULL;
     }
-    c->kv_uploads++;
     return d;
 }
 
@@ -1501,8 +1384,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     const size_t blk = a->blk_floats;
     if (a->ratio && kv_init(c, blk)) return -1;
     c->kv_call++;
-    c->kvpc_npend = 0;
-    c->kvpc_stamped = 0;
+    kvm_begin(&c->kvm, c->kv_call);
     /* windows from the device rings: every sequence without host window keys must have one */
     int nring = 0;
     for (int s = 0; s < nseq; s++)
@@ -1587,33 +1469,21 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
     for (int s = 0; s < nseq && !rc; s++) {
         const size_t kb0 = kb;
         size_t i0 = 0;
-        decltype(c->kvpc) pe = NULL;
+        kvm_entry *pe = NULL;
         int pfill = 0;
         if (c->kvpc_on && a->ratio && sq[s].nfull >= 8) {
-            pe = kvpc_find(c, sq[s].block_ids[0], sq[s].block_ids[sq[s].nfull - 1], sq[s].nfull, &pfill);
-            if (pe && !pfill) { /* served: its blocks are not stamped until an eviction in this call needs them to be */
+            pe = kvm_pc_find(&c->kvm, sq[s].block_ids[0], sq[s].block_ids[sq[s].nfull - 1], sq[s].nfull, &pfill);
+            if (pe && !pfill) { /* served: kvm_pc_served stamps its blocks when an eviction in this call needs it */
                 const size_t n = sq[s].nfull;
                 memcpy(hptr + kb, pe->p, n * sizeof *hptr);
-                if (c->kvpc_stamped) {
-                    kvpc_stamp_ptrs(c, hptr + kb, n);
-                } else {
-                    if (c->kvpc_npend == c->kvpc_pcap) {
-                        const size_t nc = c->kvpc_pcap ? 2 * c->kvpc_pcap : 64;
-                        void *np2 = realloc(c->kvpc_pend, nc * sizeof *c->kvpc_pend);
-                        if (!np2) {
-                            free(pend);
-                            return fail(c, "out of host memory for the KV pointer cache");
-                        }
-                        c->kvpc_pend = (decltype(c->kvpc_pend))np2;
-                        c->kvpc_pcap = nc;
-                    }
-                    c->kvpc_pend[c->kvpc_npend++] = {hptr + kb, n};
+                if (kvm_pc_served(&c->kvm, pe)) {
+                    free(pend);
+                    return fail(c, "out of host memory for the KV pointer cache");
                 }
                 if (pend)
                     for (size_t i = 0; i < n; i++) pend[kb + i].p = NULL;
                 kb += n;
                 i0 = n;
-                c->kvpc_hits++;
                 pe = NULL;
             }
         }
@@ -1656,11 +1526,8 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             hptr[kb] = kbase(rows);
         }
         if (rc) break;
-        if (pe && pfill) { /* its full blocks resolved (and stamped): cached for the next layers and steps */
-            memcpy(pe->p, hptr + kb0, sq[s].nfull * sizeof *hptr);
-            pe->gen = c->kv_gen;
-            c->kvpc_miss++;
-        }
+        if (pe && pfill) /* its full blocks resolved (and stamped): cached for the next layers and steps */
+            kvm_pc_store(&c->kvm, pe, hptr + kb0);
         for (int k = 0; k < 2 && a->ratio; k++) { /* the rows the device made, into their blocks */
             const int64_t e0 = k ? sq[s].key0 : sq[s].ent0, ne = k ? sq[s].nkey : sq[s].nent;
             const size_t w = k ? (size_t)ID : (size_t)d, off = k ? a->key_off : a->ent_off;
@@ -2874,9 +2741,6 @@ static void teardown(cuda_be *c)
     c->mt = NULL;
     c->nmt = 0;
     kv_reset(c);
-    free(c->kvpc_pend);
-    c->kvpc_pend = NULL;
-    c->kvpc_pcap = 0;
     win_reset(c);
     ps_reset(c);
     ar_free(&c->ar);
@@ -3093,10 +2957,10 @@ extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *
 extern "C" void bcu_kv_stats(const be_backend *be, size_t *hits, size_t *uploads, size_t *pc_hits, size_t *pc_fills)
 {
     const cuda_be *c = get(be);
-    *hits = c->kv_hits;
-    *uploads = c->kv_uploads;
-    *pc_hits = c->kvpc_hits;
-    *pc_fills = c->kvpc_miss;
+    *hits = c->kvm.hits;
+    *uploads = c->kvm.uploads;
+    *pc_hits = c->kvm.pc_hits;
+    *pc_fills = c->kvm.pc_fills;
 }
 extern "C" void bcu_upload_stats(const be_backend *be, size_t *cap, size_t *grows, size_t *waits)
 {
