@@ -1427,11 +1427,13 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                  o_patch = o_wd + up256((size_t)(nring ? nring : 1) * sizeof(win_desc)),
                  staged = o_patch + up256((npatch + 2 * npart + 1) * sizeof(ent_patch));
     if (npart && ps_init(c, pstride)) return -1;
-    /* per block: the slot it has and the rows the slot will hold after this call (applied once the call's copies
-     * are queued), or none */
+    /* per partial block, in call order: the slot it has and the rows the slot will hold after this call (applied
+     * once the call's copies are queued), or none.  Full blocks have no entry: at 256 x 128K an entry a block was a
+     * 4 MB allocation, written and read again, on every compressed layer's call */
     struct pend_t { bps_slot *p; int32_t after[2]; };
     pend_t *pend = NULL;
-    if (npart && !(pend = (pend_t *)malloc(nb * sizeof *pend))) return fail(c, "out of host memory");
+    size_t npd = 0;
+    if (npart && !(pend = (pend_t *)malloc(npart * sizeof *pend))) return fail(c, "out of host memory");
     /* device: the staged part, then per launch q, out, iq, iw, sel, nsel */
     const size_t qb = devio ? 0 : up256((size_t)rows_max * H * d * 4),
                  iqb = a->csa && !devio ? up256((size_t)rows_max * IH * ID * 4) : 0,
@@ -1480,8 +1482,6 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                     free(pend);
                     return fail(c, "out of host memory for the KV pointer cache");
                 }
-                if (pend)
-                    for (size_t i = 0; i < n; i++) pend[kb + i].p = NULL;
                 kb += n;
                 i0 = n;
                 pe = NULL;
@@ -1495,12 +1495,12 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
                     break;
                 }
                 hptr[kb] = p;
-                if (pend) pend[kb].p = NULL;
                 continue;
             }
             const long si = c->ps_off ? -1 : bps_get(c->ps, c->ps_n, sq[s].block_ids[i], a->layer, c->kv_call);
             bps_slot *ps = si < 0 ? NULL : &c->ps[si];
-            pend[kb].p = ps;
+            pend_t *pd = &pend[npd++];
+            pd->p = ps;
             if (!ps) {
                 memcpy(hpart + kpf, sq[s].blocks[i] + a->ent_off, pstride * 4);
                 hptr[kb] = kbase((const float *)(dev + o_part) + kpf);
@@ -1510,7 +1510,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
             int32_t host[2];
             bps_host_rows(&sq[s], i, epb, a->ratio, key_rows != 0, host);
             bps_begin(ps, host);
-            bps_after(&sq[s], i, epb, host, pend[kb].after);
+            bps_after(&sq[s], i, epb, host, pd->after);
             float *rows = c->ps_dev + (size_t)si * c->ps_sz;
             if (ps->have[0] == host[0] && ps->have[1] == host[1]) c->ps_hits++;
             for (int k = 0; k < 2; k++) { /* rows [slot's, host's) up through the staged area */
@@ -1554,7 +1554,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         kw += w;
     }
     if (!rc) /* the slots hold what this call's copies and patches put there (in stream order) */
-        for (size_t i = 0; npart && i < kb; i++)
+        for (size_t i = 0; i < npd; i++)
             if (pend[i].p) {
                 pend[i].p->have[0] = pend[i].after[0];
                 pend[i].p->have[1] = pend[i].after[1];
