@@ -92,6 +92,8 @@ typedef struct be_attn_args {
     int layer;                  /* the model layer (keys the backend's ring copies) */
     int ix_fp4;                 /* CSA: iq and the blocks' indexer keys went through fq_fp4 (official semantics):
                                  * each an e2m1 code times a power of two, exact in bf16 */
+    int kv_fp8;                 /* the keys' (window and entries') first head_dim - rope_dim channels went through
+                                 * fq_fp8 (official semantics): e4m3 codes times powers of two, exact in bf16 */
 } be_attn_args;
 
 struct be_dev_ops;

@@ -1128,7 +1128,8 @@ static int attend_backend(md_model *m, be_backend *be, int l, md_segment *segs, 
                               .ent_off = m->blk_off[2 * l], .key_off = m->blk_off[2 * l + 1], .index_heads = IH,
                               .index_dim = ID, .topk = c->index_topk, .q = q, .iq = iq, .iw = iw,
                               .sink = ly->attn_sink, .inv_freq = ly->ratio ? m->inv_freq_comp : m->inv_freq_main,
-                              .out = o, .layer = l, .ix_fp4 = m->sem == MD_SEM_OFFICIAL};
+                              .out = o, .layer = l, .ix_fp4 = m->sem == MD_SEM_OFFICIAL,
+                              .kv_fp8 = m->sem == MD_SEM_OFFICIAL};
             r = op(be, as, (int)nseg, (int)rw->R, &a);
         }
         free(as);

@@ -21,6 +21,7 @@
  *   attention per (row, head) max |gpu - ref| / max |ref| <= 1e-5 (CSA rows
  *             attend the GPU's selection); every output written (NaN
  *             poisoned first); a second run is bit-identical; no error flag.
+ * x3 (keys on the FP8 grid, rope_dim 64): the three-plane tensor-core kernel to the same bound, deterministic.
  * Negative controls check that the comparisons reject a perturbed output and
  * a swapped index.  TEST_CUDA_ATTN_FILTER (cmocka glob) picks tests, e.g.
  * "test_small_*" under compute-sanitizer. */
@@ -282,6 +283,8 @@ typedef struct {
     float sink_scale;
     int nseq;
     sspec s[MAX_SEQ];
+    int fp8kv;          /* every key's first d - rd channels on official semantics' FP8 grid (fq_fp8: blocks of 64,
+                           a power-of-two scale, e4m3), so bcu_attention_args.x3 applies (rd 64) */
 } tcase;
 
 /* one case on host and device */
@@ -307,6 +310,31 @@ typedef struct {
 } hcase;
 
 #define GUARD 2
+
+/* v4.c's fq_fp8 on x[0, n): per block of 64, scale = the power of two >= amax / 448, the values rounded to e4m3
+ * (3 mantissa bits, nearest even; subnormals below 2^-6 in steps of 2^-9) times it; exact in bf16 */
+static void fq_fp8_host(float *x, int n)
+{
+    for (int b0 = 0; b0 < n; b0 += 64) {
+        const int b1 = b0 + 64 < n ? b0 + 64 : n;
+        float amax = 1e-4f;
+        for (int i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int e2;
+        const float f = frexpf(amax / 448.0f, &e2);
+        const float sc = ldexpf(1.0f, f == 0.5f ? e2 - 1 : e2);
+        for (int i = b0; i < b1; i++) {
+            const float y = x[i] / sc;
+            if (y == 0.0f) continue;
+            int ey;
+            frexpf(y, &ey); /* |y| in [2^(ey-1), 2^ey) */
+            int e = ey - 1;
+            if (e < -6) e = -6;
+            float r = nearbyintf(ldexpf(y, 3 - e));
+            r = ldexpf(r, e - 3);
+            x[i] = fminf(fmaxf(r, -448.0f), 448.0f) * sc;
+        }
+    }
+}
 
 static const float *ent(const hcase *h, int s, int64_t b)
 {
@@ -375,6 +403,7 @@ static void setup(hcase *h, const tcase *c)
         for (int64_t b = 0; b < h->nent[s]; b++) {
             float *e = (float *)ent(h, s, b);
             for (int i = 0; i < d; i++) e[i] = unif();
+            if (c->fp8kv) fq_fp8_host(e, d - c->rd);
             if (!c->csa) continue;
             float *k = (float *)ikey(h, s, b);
             for (int i = 0; i < c->ID; i++) k[i] = c->data == D_RANDOM ? unif() : dyadic();
@@ -392,6 +421,8 @@ static void setup(hcase *h, const tcase *c)
         float *w = malloc(rows * d * sizeof(float));
         for (size_t i = 0; i < rows * d; i++) w[i] = NAN;
         for (size_t i = GUARD * (size_t)d; i < (GUARD + (size_t)h->nkw[s]) * d; i++) w[i] = unif();
+        if (c->fp8kv)
+            for (int64_t k = 0; k < h->nkw[s]; k++) fq_fp8_host(w + (GUARD + (size_t)k) * d, d - c->rd);
         h->kwin[s] = w + GUARD * d;
         h->d_kwin[s] = (float *)upload(w, rows * d * sizeof(float)) + GUARD * d;
     }
@@ -818,7 +849,9 @@ static void run_case(const tcase *c, int controls)
     int ringable = 1;
     for (int s = 0; s < c->nseq; s++)
         ringable &= c->s[s].T == 1 && h.kstart[s] >= c->s[s].p0 - c->W + 1 && c->d % 4 == 0;
-    for (int bf = c->d == 512; ringable && bf >= 0; bf--) { /* fp32 last: out keeps its rows for the controls */
+    /* mode 2: x3 (fp8kv, rd 64), 1: bf16 (d 512), 0: fp32, last: out keeps its rows for the controls */
+    for (int mode = 2; ringable && mode >= 0; mode--) {
+        if ((mode == 2 && !(c->fp8kv && c->rd == 64)) || (mode == 1 && c->d != 512)) continue;
         bcu_attn_seq rs[MAX_SEQ];
         float *dring[MAX_SEQ];
         float *ring = malloc((size_t)c->W * c->d * sizeof(float));
@@ -838,7 +871,8 @@ static void run_case(const tcase *c, int controls)
         bcu_attn_batch br = b;
         br.seqs = drs;
         bcu_attention_args ar = aa;
-        ar.bf16 = bf;
+        ar.bf16 = mode == 1;
+        ar.x3 = mode == 2 ? 2 : 0;
         CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
         cudaError_t r = bcu_attention(&h.ws, &b, &ar, h.st, err, sizeof err); /* the window from kwin */
         if (r != cudaSuccess) fail_msg("%s: bcu_attention: %s %s", c->name, cudaGetErrorString(r), err);
@@ -862,7 +896,7 @@ static void run_case(const tcase *c, int controls)
         CK(cudaFree(drs));
         free(ring);
         printf("  %-26s rings%s: %zu of %zu outputs differ from the window's, %d of %d rings lack the new key\n",
-               c->name, bf ? " (bf16 tensor cores)" : "", nd, nout, rbad, c->nseq);
+               c->name, mode == 2 ? " (x3)" : mode ? " (bf16 tensor cores)" : "", nd, nout, rbad, c->nseq);
         if (nd || rbad) {
             printf("  FAIL %s: the rings' attention\n", c->name);
             bad++;
@@ -899,6 +933,43 @@ static void run_case(const tcase *c, int controls)
             bad++;
         }
     }
+    /* keys on the FP8 grid, rope_dim 64: the three-plane tensor-core kernel (x3 = 2, forced) on the same rows, twice:
+     * the fp32 kernel's bound against the double reference, the same bits again, and it is the kernel that ran.
+     * Then x3 = 1 (automatic): it runs where the rows' 32-head blocks fill the GPU, the fp32 kernel elsewhere. */
+    double worstx3 = -1;
+    if (c->fp8kv && c->rd == 64) {
+        bcu_attention_args ax = aa;
+        ax.x3 = 2;
+        size_t x0, o0, x1, o1;
+        bcu_attention_launches(&x0, &o0);
+        for (int rep = 0; rep < 2; rep++) {
+            CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
+            cudaError_t r = bcu_attention(&h.ws, &b, &ax, h.st, err, sizeof err);
+            if (r != cudaSuccess) fail_msg("%s: bcu_attention (x3): %s %s", c->name, cudaGetErrorString(r), err);
+            CK(cudaStreamSynchronize(h.st));
+            CK(cudaMemcpy(rep ? out2 : out, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+        bcu_attention_launches(&x1, &o1);
+        if (x1 - x0 != 2 || o1 != o0) fail_msg("%s: x3 took %zu x3 launches and %zu others for 2 calls", c->name,
+                                               x1 - x0, o1 - o0);
+        bad += check_attn(&h, out, sel, nsel, 1, &worstx3);
+        if (memcmp(out, out2, nout * sizeof(float))) {
+            printf("  FAIL %s (x3): a second run differs\n", c->name);
+            bad++;
+        }
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int fills = h.ntok * ((c->H + 31) / 32) >= sms;
+        ax.x3 = 1;
+        bcu_attention_launches(&x0, &o0);
+        cudaError_t r = bcu_attention(&h.ws, &b, &ax, h.st, err, sizeof err);
+        if (r != cudaSuccess) fail_msg("%s: bcu_attention (x3 auto): %s %s", c->name, cudaGetErrorString(r), err);
+        CK(cudaStreamSynchronize(h.st));
+        bcu_attention_launches(&x1, &o1);
+        if (x1 - x0 != (size_t)fills || o1 - o0 != (size_t)!fills)
+            fail_msg("%s: x3 = 1 with %d rows x %d heads on %d SMs ran %s", c->name, h.ntok, c->H, sms,
+                     x1 - x0 ? "x3" : "the fp32 kernel");
+    }
     const int flags = bcu_attn_workspace_flags(&h.ws, 1, h.st);
     if (flags) {
         printf("  FAIL %s: workspace error flags 0x%x\n", c->name, flags);
@@ -906,6 +977,7 @@ static void run_case(const tcase *c, int controls)
     }
     printf("  %-26s %2d seq %4d rows: attention max rel err %.2e", c->name, c->nseq, h.ntok, worst);
     if (worst16 >= 0) printf(" (bf16 tensor cores %.2e, bound %.0e)", worst16, ATTN_TOL_BF16);
+    if (worstx3 >= 0) printf(" (x3 %.2e)", worstx3);
     if (c->csa)
         printf(", indexer scores max err %.1e of magnitude, top-k %s%s", ir.worst_score,
                ir.bad ? "FAILED" : "identical", ir.near_flips ? " up to near-ties" : "");
@@ -955,7 +1027,7 @@ static void test_small_window_only(void **st)
 {
     (void)st;
     const tcase c = {"small window only", SMALL, 0, 0, 0, 0, 0, D_RANDOM, 2.0f, 5,
-                     {{0, 1, 0}, {0, 7, 0}, {5, 64, 0}, {100, 1, 0}, {30, 7, 28}}};
+                     {{0, 1, 0}, {0, 7, 0}, {5, 64, 0}, {100, 1, 0}, {30, 7, 28}}, 1};
     run_case(&c, 1);
 }
 
@@ -963,19 +1035,19 @@ static void test_small_csa(void **st)
 {
     (void)st;
     const tcase t1 = {"small csa T1 ties", SMALL, 4, 1, 6, 20, 8, D_TIES, 2.0f, 7,
-                      {{0, 1, 0}, {3, 1, 0}, {20, 1, 0}, {31, 1, 0}, {35, 1, 0}, {500, 1, 0}, {1000, 1, 995}}};
+                      {{0, 1, 0}, {3, 1, 0}, {20, 1, 0}, {31, 1, 0}, {35, 1, 0}, {500, 1, 0}, {1000, 1, 995}}, 1};
     run_case(&t1, 1);
     const tcase t7 = {"small csa T7 dyadic", SMALL, 4, 1, 6, 20, 8, D_DYADIC, 2.0f, 3,
-                      {{25, 7, 0}, {300, 7, 0}, {127, 7, 0}}};
+                      {{25, 7, 0}, {300, 7, 0}, {127, 7, 0}}, 0};
     run_case(&t7, 0);
     const tcase t64 = {"small csa T64 ties", SMALL, 4, 1, 6, 20, 8, D_TIES, 2.0f, 3,
-                       {{0, 64, 0}, {700, 64, 0}, {640, 64, 600}}};
+                       {{0, 64, 0}, {700, 64, 0}, {640, 64, 600}}, 0};
     run_case(&t64, 0);
-    const tcase rnd64 = {"small csa T64 random", SMALL, 4, 1, 6, 20, 8, D_RANDOM, 2.0f, 2, {{900, 64, 0}, {60, 7, 0}}};
+    const tcase rnd64 = {"small csa T64 random", SMALL, 4, 1, 6, 20, 8, D_RANDOM, 2.0f, 2, {{900, 64, 0}, {60, 7, 0}}, 0};
     run_case(&rnd64, 0);
-    const tcase eq = {"small csa equal keys", SMALL, 4, 1, 6, 20, 8, D_EQUAL, 2.0f, 2, {{400, 7, 0}, {90, 1, 0}}};
+    const tcase eq = {"small csa equal keys", SMALL, 4, 1, 6, 20, 8, D_EQUAL, 2.0f, 2, {{400, 7, 0}, {90, 1, 0}}, 0};
     run_case(&eq, 0);
-    const tcase sink = {"small csa big sinks", SMALL, 4, 1, 6, 20, 8, D_TIES, 8.0f, 1, {{200, 7, 0}}};
+    const tcase sink = {"small csa big sinks", SMALL, 4, 1, 6, 20, 8, D_TIES, 8.0f, 1, {{200, 7, 0}}, 0};
     run_case(&sink, 0);
 }
 
@@ -983,18 +1055,18 @@ static void test_small_hca(void **st)
 {
     (void)st;
     const tcase c = {"small hca ratio 16", SMALL, 16, 0, 0, 0, 0, D_RANDOM, 2.0f, 4,
-                     {{0, 64, 0}, {400, 7, 0}, {2000, 1, 0}, {1200, 7, 1190}}};
+                     {{0, 64, 0}, {400, 7, 0}, {2000, 1, 0}, {1200, 7, 1190}}, 1};
     run_case(&c, 0);
-    const tcase c2 = {"small hca ratio 128", SMALL, 128, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{1000, 64, 0}, {300, 1, 0}}};
+    const tcase c2 = {"small hca ratio 128", SMALL, 128, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{1000, 64, 0}, {300, 1, 0}}, 0};
     run_case(&c2, 0);
 }
 
 static void test_small_other_dims(void **st)
 {
     (void)st;
-    const tcase c = {"d256 h3 csa", 3, 256, 64, 16, 4, 1, 64, 8, 8, D_TIES, 2.0f, 2, {{200, 7, 0}, {33, 1, 0}}};
+    const tcase c = {"d256 h3 csa", 3, 256, 64, 16, 4, 1, 64, 8, 8, D_TIES, 2.0f, 2, {{200, 7, 0}, {33, 1, 0}}, 1};
     run_case(&c, 0);
-    const tcase c2 = {"d384 h33 hca", 33, 384, 32, 8, 8, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{150, 7, 0}, {9, 1, 0}}};
+    const tcase c2 = {"d384 h33 hca", 33, 384, 32, 8, 8, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{150, 7, 0}, {9, 1, 0}}, 0};
     run_case(&c2, 0);
 }
 
@@ -1007,10 +1079,10 @@ static void test_v4_window_only(void **st)
 {
     (void)st;
     const tcase c = {"v4 window only", V4, 0, 0, 0, 0, 0, D_RANDOM, 2.0f, 4,
-                     {{0, 64, 0}, {1000, 7, 0}, {5000, 1, 0}, {3000, 7, 2995}}};
+                     {{0, 64, 0}, {1000, 7, 0}, {5000, 1, 0}, {3000, 7, 2995}}, 1};
     run_case(&c, 1);
     /* more rows than SMs: one split a row, which the bf16 kernel finishes itself (no merge) */
-    const tcase p = {"v4 window only 256 rows", V4, 0, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{90, 200, 0}, {7000, 56, 0}}};
+    const tcase p = {"v4 window only 256 rows", V4, 0, 0, 0, 0, 0, D_RANDOM, 2.0f, 2, {{90, 200, 0}, {7000, 56, 0}}, 1};
     run_case(&p, 0);
 }
 
@@ -1019,26 +1091,26 @@ static void test_v4_csa(void **st)
     (void)st;
     const tcase dec = {"v4 csa decode batch 8", V4, V4CSA, D_TIES, 2.0f, 8,
                        {{100, 1, 0}, {2047, 1, 0}, {2048, 1, 0}, {2051, 1, 0}, {9000, 1, 0}, {20000, 1, 0},
-                        {40000, 1, 0}, {3000, 1, 2950}}};
+                        {40000, 1, 0}, {3000, 1, 2950}}, 1};
     run_case(&dec, 1);
-    const tcase t7 = {"v4 csa T7", V4, V4CSA, D_TIES, 2.0f, 3, {{1500, 7, 0}, {8190, 7, 0}, {0, 7, 0}}};
+    const tcase t7 = {"v4 csa T7", V4, V4CSA, D_TIES, 2.0f, 3, {{1500, 7, 0}, {8190, 7, 0}, {0, 7, 0}}, 0};
     run_case(&t7, 0);
-    const tcase t64 = {"v4 csa T64 random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{2000, 64, 0}}};
+    const tcase t64 = {"v4 csa T64 random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{2000, 64, 0}}, 0};
     run_case(&t64, 0);
-    const tcase t160 = {"v4 csa T160 random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{2100, 160, 0}}};
+    const tcase t160 = {"v4 csa T160 random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{2100, 160, 0}}, 1};
     run_case(&t160, 0);
-    const tcase rep = {"v4 csa replay", V4, V4CSA, D_DYADIC, 2.0f, 2, {{6000, 7, 5990}, {6200, 1, 6100}}};
+    const tcase rep = {"v4 csa replay", V4, V4CSA, D_DYADIC, 2.0f, 2, {{6000, 7, 5990}, {6200, 1, 6100}}, 0};
     run_case(&rep, 0);
-    const tcase eq = {"v4 csa equal keys", V4, V4CSA, D_EQUAL, 2.0f, 1, {{12000, 1, 0}}};
+    const tcase eq = {"v4 csa equal keys", V4, V4CSA, D_EQUAL, 2.0f, 1, {{12000, 1, 0}}, 0};
     run_case(&eq, 0);
 }
 
 static void test_v4_csa_128k(void **st)
 {
     (void)st;
-    const tcase c = {"v4 csa 128K", V4, V4CSA, D_TIES, 2.0f, 2, {{131071, 1, 0}, {65000, 1, 0}}};
+    const tcase c = {"v4 csa 128K", V4, V4CSA, D_TIES, 2.0f, 2, {{131071, 1, 0}, {65000, 1, 0}}, 0};
     run_case(&c, 0);
-    const tcase r = {"v4 csa 128K random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{131000, 1, 0}}};
+    const tcase r = {"v4 csa 128K random", V4, V4CSA, D_RANDOM, 2.0f, 1, {{131000, 1, 0}}, 1};
     run_case(&r, 0);
 }
 
@@ -1046,7 +1118,7 @@ static void test_v4_hca(void **st)
 {
     (void)st;
     const tcase c = {"v4 hca", V4, 128, 0, 0, 0, 0, D_RANDOM, 2.0f, 5,
-                     {{1000, 64, 0}, {5000, 7, 0}, {130000, 1, 0}, {4000, 1, 3990}, {100, 1, 0}}};
+                     {{1000, 64, 0}, {5000, 7, 0}, {130000, 1, 0}, {4000, 1, 3990}, {100, 1, 0}}, 1};
     run_case(&c, 0);
 }
 
@@ -1054,7 +1126,7 @@ static void test_v4_mixed_batch(void **st)
 {
     (void)st;
     const tcase c = {"v4 csa mixed batch", V4, V4CSA, D_TIES, 2.0f, 4,
-                     {{3000, 7, 0}, {50, 1, 0}, {7000, 1, 0}, {0, 1, 0}}};
+                     {{3000, 7, 0}, {50, 1, 0}, {7000, 1, 0}, {0, 1, 0}}, 1};
     run_case(&c, 0);
 }
 

@@ -1339,6 +1339,341 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     }
 }
 
+/* ---- the same split attention on bf16 tensor cores at fp32's accuracy (bcu_attention_args.x3; rope_dim 64)
+ *
+ * Official semantics rounds the first D - 64 channels of every key (window keys and compressed entries) to FP8: a
+ * power-of-two scale times an e4m3 code, exact in bf16.  There the keys need no rounding: q and p go to the tensor
+ * cores as three bf16 planes each (rd_split3: hi + mid + lo is the fp32 value), against the keys' one plane.  The
+ * 64 RoPE channels are fp32 in the keys as well, so there the keys take three planes too, and q.k and p.v take the
+ * six products down to 2^-24 of the largest (hi.hi; hi.mid, mid.hi; hi.lo, mid.mid, lo.hi).  Every product
+ * at_split_kernel forms is formed (the RoPE channels' to 2^-24) and summed in fp32: at_split's output up to the
+ * order of the sums.  About 3.4x at_mma's tensor-core work.  Two things keep the sums at fp32's accuracy: q.k's
+ * products go into three accumulators by size, and each tile's p.v into an accumulator of its own that is added to
+ * O by an fma (the tensor cores' additions round toward zero: the 3-6 of them a tile, straight into O, biased a
+ * 1,144-key row's output by 1e-5).
+ *
+ * Block = (row, split, group of 32 heads), 8 warps, one block an SM (the Q planes take 100 KB): warp w owns heads
+ * 16 (w & 1) .. + 15 of the group and a quarter of the channels, (D - 64) / 4 exact ones from (D - 64) / 4 (w >> 1)
+ * and the RoPE channels D - 64 + 16 (w >> 1) .. + 15, so every warp has the same products to do.  Per 16-key tile:
+ * the staged fp32 keys become the bf16 key tile (and the RoPE channels' mid / lo planes); the fragments come by
+ * ldmatrix, p.v's B operand transposed from the same key tile (V = K); the four channel quarters' partial logits
+ * are summed through shared memory in one order; the online softmax runs in registers; P goes from the logits'
+ * accumulators into the A operand of p.v; O stays in registers; the next tile's keys land (cp.async) while this
+ * one's products run.  The partials (ml, po) are at_split's for at_merge, or with one split the block finishes
+ * its rows. */
+#define AX_HB 32  /* heads per block */
+#define AX_NT 256 /* 8 warps */
+#define AX_RD 64  /* the RoPE channels (rope_dim) */
+template <int D> struct AxLayout {
+    static constexpr int QLD = D + 8;     /* bf16 row stride of the Q planes and the key tile: ldmatrix rows 16 B apart
+                                             in the banks */
+    static constexpr int RLD = AX_RD + 8; /* of the keys' RoPE mid / lo planes */
+    static constexpr int SLD = D + 4;     /* fp32 row stride of the staged tile */
+    static constexpr size_t SMEM =
+        (size_t)(3 * AX_HB * QLD + AT_KT * QLD + 2 * AT_KT * RLD) * 2 + (size_t)8 * 32 * 8 * 4 + (size_t)AT_KT * SLD * 4;
+};
+
+/* plane p of two floats' three-plane splits as a bf16 pair (lo in the low half) */
+__device__ __forceinline__ void ax_split2(float lo, float hi, uint32_t out[3])
+{
+    uint32_t a[3], b[3];
+    rd_split3(lo, a);
+    rd_split3(hi, b);
+#pragma unroll
+    for (int p = 0; p < 3; p++) out[p] = a[p] | b[p] << 16;
+}
+
+template <int D>
+__global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
+{
+    pdl_enter();
+    typedef AxLayout<D> L;
+    constexpr int E = D - AX_RD;  /* the exact channels */
+    constexpr int EW = E / 4;     /* a warp's exact channels */
+    constexpr int KE = EW / 16;   /* its exact k-steps of q.k */
+    constexpr int NE = EW / 8;    /* its exact n-tiles of p.v (an even number) */
+    constexpr int NTW = NE + 2;   /* its n-tiles: the exact ones, then its 16 RoPE channels */
+    constexpr int QP = AX_HB * L::QLD, QLD = L::QLD, RLD = L::RLD, RP = AT_KT * RLD;
+    static_assert(E % 64 == 0 && NTW * 8 * 4 == D, "a warp takes a quarter of the exact and of the RoPE channels");
+    extern __shared__ float4 ax_sm4[];
+    uint16_t *Qs = (uint16_t *)ax_sm4;        /* [3][AX_HB][QLD]: q's hi, mid, lo planes */
+    uint16_t *Ks = Qs + 3 * QP;               /* [AT_KT][QLD]: the keys' hi plane (all of an exact channel) */
+    uint16_t *Kr = Ks + AT_KT * QLD;          /* [2][AT_KT][RLD]: the RoPE channels' mid, lo planes */
+    float *Sp = (float *)(Kr + 2 * RP);       /* [warp][lane][8]: the logits' partials */
+    float *Stg = Sp + 8 * 32 * 8;             /* [AT_KT][SLD]: the next tile in flight, fp32 */
+    __shared__ const float *kpb[2][AT_KT];
+    __shared__ RowKeys rs;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mt = warp & 1, dq = warp >> 1;
+    const int g = lane >> 2, qq = lane & 3;
+    SplitJob jb;
+    if (!split_job(a, jb)) return;
+    const bcu_attn_seq &s = jb.s;
+    const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
+    const size_t slot = jb.slot;
+    const int h0 = jb.hg * AX_HB;
+    ring_put(s, row, a.W, D, AX_NT);
+    if (t_lo >= t_hi && a.S > 1) { /* an empty split: the merge skips it (with S = 1 the row is finished below) */
+        if (tid < AX_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    if (tid == 0) row_keys(rs, a, s, jb.cd, row, D);
+    /* the lanes' ldmatrix rows: A (q, 16 heads x 16 channels), B of q.k (2 x 8 keys x 16 channels), B of p.v
+     * (transposed: 16 keys x 2 x 8 channels) */
+    const uint16_t *qrow = Qs + (16 * mt + (lane & 7) + ((lane >> 3) & 1) * 8) * QLD + (lane >> 4) * 8;
+    const int kr_ = (lane & 7) + (lane >> 4) * 8, kc_ = ((lane >> 3) & 1) * 8;
+    const uint16_t *kb = Ks + kr_ * QLD + kc_, *kbr = Kr + kr_ * RLD + kc_;
+    const int vr_ = (lane & 7) + ((lane >> 3) & 1) * 8, vc_ = (lane >> 4) * 8;
+    const uint16_t *vb = Ks + vr_ * QLD + vc_, *vbr = Kr + vr_ * RLD + vc_;
+    float o[NTW][4];
+#pragma unroll
+    for (int i = 0; i < NTW; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* head rows g and g + 8 of the warp's 16 */
+    auto key_ptrs = [&](int t) {
+        if (tid < AT_KT) kpb[t & 1][tid] = key_of(rs, a, t * AT_KT + tid, n, D); /* NULL: masked below */
+    };
+    auto key_copies = [&](int t) {
+        for (int i = tid; i < AT_KT * D / 4; i += AX_NT) {
+            const int j = i / (D / 4), c4 = i % (D / 4);
+            const float *p = kpb[t & 1][j];
+            rd_cp16z(Stg + j * L::SLD + 4 * c4, p ? p + 4 * c4 : a.q, p != NULL);
+        }
+    };
+    __syncthreads(); /* rs */
+    if (t_lo < t_hi) {
+        key_ptrs(t_lo);
+        __syncthreads();
+        key_copies(t_lo);
+    }
+    /* q's planes while the first tile lands (the first tile's barrier covers them) */
+    const float4 *q4 = (const float4 *)(a.q + (size_t)row * a.H * D);
+    for (int i = tid; i < AX_HB * D / 4; i += AX_NT) {
+        const int h = i / (D / 4), c4 = i % (D / 4);
+        const float4 v = h0 + h < a.H ? q4[(size_t)(h0 + h) * (D / 4) + c4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        uint32_t lo[3], hi[3];
+        ax_split2(v.x, v.y, lo);
+        ax_split2(v.z, v.w, hi);
+#pragma unroll
+        for (int p = 0; p < 3; p++) *(uint2 *)&Qs[p * QP + h * QLD + 4 * c4] = make_uint2(lo[p], hi[p]);
+    }
+
+    for (int t = t_lo; t < t_hi; t++) {
+        rd_cp_wait();
+        __syncthreads(); /* tile t staged; the previous tile's key planes and partials are consumed */
+        /* the tile's planes: the exact channels rounded (exact: bf16 values), the RoPE channels split */
+        for (int i = tid; i < AT_KT * (E / 4); i += AX_NT) {
+            const int j = i / (E / 4), c4 = i % (E / 4);
+            const float4 v = *(const float4 *)(Stg + j * L::SLD + 4 * c4);
+            *(uint2 *)&Ks[j * QLD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
+        }
+        for (int i = tid; i < AT_KT * (AX_RD / 4); i += AX_NT) {
+            const int j = i / (AX_RD / 4), c4 = i % (AX_RD / 4);
+            const float4 v = *(const float4 *)(Stg + j * L::SLD + E + 4 * c4);
+            uint32_t lo[3], hi[3];
+            ax_split2(v.x, v.y, lo);
+            ax_split2(v.z, v.w, hi);
+            *(uint2 *)&Ks[j * QLD + E + 4 * c4] = make_uint2(lo[0], hi[0]);
+            *(uint2 *)&Kr[j * RLD + 4 * c4] = make_uint2(lo[1], hi[1]);
+            *(uint2 *)&Kr[RP + j * RLD + 4 * c4] = make_uint2(lo[2], hi[2]);
+        }
+        if (t + 1 < t_hi) key_ptrs(t + 1);
+        __syncthreads();
+        if (t + 1 < t_hi) key_copies(t + 1); /* into the staging just read: lands while this tile's products run */
+        const float *const *kp = kpb[t & 1];
+        /* this warp's part of the logits: its 16 heads x the tile's 16 keys over its channels, the products by size
+         * (hi.hi; the mid terms; the lo terms) in three accumulators */
+        float sh[2][4], sm[2][4], sl[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sh[nt][e] = sm[nt][e] = sl[nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks <= KE; ks++) {
+            const int k0 = ks < KE ? EW * dq + 16 * ks : E + 16 * dq; /* the last step: the RoPE channels */
+            uint32_t a0[4], a1[4], a2[4], b[4];
+            ldsm_x4(a0, qrow + k0);
+            ldsm_x4(a1, qrow + QP + k0);
+            ldsm_x4(a2, qrow + 2 * QP + k0);
+            ldsm_x4(b, kb + k0);
+            if (ks < KE) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    rd_mma(sh[nt], a0, b[2 * nt], b[2 * nt + 1]);
+                    rd_mma(sm[nt], a1, b[2 * nt], b[2 * nt + 1]);
+                    rd_mma(sl[nt], a2, b[2 * nt], b[2 * nt + 1]);
+                }
+            } else {
+                uint32_t bm[4], bl[4];
+                ldsm_x4(bm, kbr + 16 * dq);
+                ldsm_x4(bl, kbr + RP + 16 * dq);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    rd_mma(sh[nt], a0, b[2 * nt], b[2 * nt + 1]);
+                    rd_mma(sm[nt], a0, bm[2 * nt], bm[2 * nt + 1]);
+                    rd_mma(sm[nt], a1, b[2 * nt], b[2 * nt + 1]);
+                    rd_mma(sl[nt], a0, bl[2 * nt], bl[2 * nt + 1]);
+                    rd_mma(sl[nt], a1, bm[2 * nt], bm[2 * nt + 1]);
+                    rd_mma(sl[nt], a2, b[2 * nt], b[2 * nt + 1]);
+                }
+            }
+        }
+        float4 *sp = (float4 *)(Sp + ((size_t)warp * 32 + lane) * 8);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+            sp[nt] = make_float4(sh[nt][0] + (sm[nt][0] + sl[nt][0]), sh[nt][1] + (sm[nt][1] + sl[nt][1]),
+                                 sh[nt][2] + (sm[nt][2] + sl[nt][2]), sh[nt][3] + (sm[nt][3] + sl[nt][3]));
+        __syncthreads();
+        /* the whole logits of the warp's rows: the four channel quarters' partials in order */
+        float x[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 *pp = (const float4 *)(Sp + ((size_t)(mt + 2 * k) * 32 + lane) * 8);
+            const float4 u0 = pp[0], u1 = pp[1];
+            x[0][0] += u0.x; x[0][1] += u0.y; x[0][2] += u0.z; x[0][3] += u0.w;
+            x[1][0] += u1.x; x[1][1] += u1.y; x[1][2] += u1.z; x[1][3] += u1.w;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = 8 * nt + 2 * qq + e;
+                const bool ok = t * AT_KT + j < n && kp[j] != NULL;
+                x[nt][e] = ok ? x[nt][e] * a.scale : -INFINITY;
+                x[nt][2 + e] = ok ? x[nt][2 + e] * a.scale : -INFINITY;
+            }
+        float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
+        float mx1 = fmaxf(fmaxf(x[0][2], x[0][3]), fmaxf(x[1][2], x[1][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float al0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                x[nt][e] = n0 == -INFINITY ? 0.0f : expf(x[nt][e] - n0);
+                x[nt][2 + e] = n1 == -INFINITY ? 0.0f : expf(x[nt][2 + e] - n1);
+                ps0 += x[nt][e];
+                ps1 += x[nt][2 + e];
+            }
+        ps0 += __shfl_xor_sync(FULL, ps0, 1);
+        ps0 += __shfl_xor_sync(FULL, ps0, 2);
+        ps1 += __shfl_xor_sync(FULL, ps1, 1);
+        ps1 += __shfl_xor_sync(FULL, ps1, 2);
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+        m0 = n0;
+        m1 = n1;
+        /* P's three planes in the A operand's layout (as at_mma_kernel's one) */
+        uint32_t pf[3][4], w[3];
+        ax_split2(x[0][0], x[0][1], w);
+        pf[0][0] = w[0], pf[1][0] = w[1], pf[2][0] = w[2];
+        ax_split2(x[0][2], x[0][3], w);
+        pf[0][1] = w[0], pf[1][1] = w[1], pf[2][1] = w[2];
+        ax_split2(x[1][0], x[1][1], w);
+        pf[0][2] = w[0], pf[1][2] = w[1], pf[2][2] = w[2];
+        ax_split2(x[1][2], x[1][3], w);
+        pf[0][3] = w[0], pf[1][3] = w[1], pf[2][3] = w[2];
+        /* p.v by pairs of n-tiles (one transposed ldmatrix each), the small products first */
+#pragma unroll
+        for (int pr = 0; pr < NTW / 2; pr++) {
+            float pv[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            uint32_t b[4];
+            if (pr < NE / 2) {
+                ldsm_x4_t(b, vb + EW * dq + 16 * pr);
+#pragma unroll
+                for (int p = 2; p >= 0; p--)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) rd_mma(pv[u], pf[p], b[2 * u], b[2 * u + 1]);
+            } else {
+                uint32_t bm[4], bl[4];
+                ldsm_x4_t(b, vb + E + 16 * dq);
+                ldsm_x4_t(bm, vbr + 16 * dq);
+                ldsm_x4_t(bl, vbr + RP + 16 * dq);
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    rd_mma(pv[u], pf[0], bl[2 * u], bl[2 * u + 1]);
+                    rd_mma(pv[u], pf[1], bm[2 * u], bm[2 * u + 1]);
+                    rd_mma(pv[u], pf[2], b[2 * u], b[2 * u + 1]);
+                }
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    rd_mma(pv[u], pf[0], bm[2 * u], bm[2 * u + 1]);
+                    rd_mma(pv[u], pf[1], b[2 * u], b[2 * u + 1]);
+                }
+#pragma unroll
+                for (int u = 0; u < 2; u++) rd_mma(pv[u], pf[0], b[2 * u], b[2 * u + 1]);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float *on = o[2 * pr + u];
+                on[0] = fmaf(on[0], al0, pv[u][0]);
+                on[1] = fmaf(on[1], al0, pv[u][1]);
+                on[2] = fmaf(on[2], al1, pv[u][2]);
+                on[3] = fmaf(on[3], al1, pv[u][3]);
+            }
+        }
+    }
+    const int ha = h0 + 16 * mt + g, hb = ha + 8;
+    /* n-tile nt's first channel of this lane */
+    auto chan = [&](int nt) { return (nt < NE ? EW * dq + 8 * nt : E + 16 * dq + 8 * (nt - NE)) + 2 * qq; };
+    if (a.S == 1) {
+        /* the whole row is here: at_merge's arithmetic for one split, then the inverse RoPE, straight to out */
+        const int64_t pos = s.p0 + (row - s.row0);
+        float w[2] = {0.0f, 0.0f}, L2[2] = {1.0f, 1.0f};
+        const float mm[2] = {m0, m1}, ll[2] = {l0, l1};
+        const int hh[2] = {ha, hb};
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (hh[r] < a.H) {
+                const float sink = a.sink[hh[r]], M = fmaxf(sink, mm[r]);
+                L2[r] = expf(sink - M);
+                if (mm[r] != -INFINITY) {
+                    w[r] = expf(mm[r] - M);
+                    L2[r] += ll[r] * w[r];
+                }
+            }
+        const int t0 = D - a.rd;
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) {
+            const int c = chan(nt);
+            float cs = 1.0f, sn = 0.0f;
+            if (c >= t0) {
+                const float ang = (float)pos * a.inv_freq[(c - t0) / 2];
+                cs = cosf(ang);
+                sn = -sinf(ang);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (hh[r] >= a.H) continue;
+                float x0 = w[r] * o[nt][2 * r], x1 = w[r] * o[nt][2 * r + 1];
+                x0 /= L2[r];
+                x1 /= L2[r];
+                if (c >= t0) {
+                    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+                    x0 = y0;
+                    x1 = y1;
+                }
+                *(float2 *)&a.out[((size_t)row * a.H + hh[r]) * D + c] = make_float2(x0, x1);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTW; nt++) {
+        const int c = chan(nt);
+        if (ha < a.H) *(float2 *)&a.po[(slot * a.H + ha) * D + c] = make_float2(o[nt][0], o[nt][1]);
+        if (hb < a.H) *(float2 *)&a.po[(slot * a.H + hb) * D + c] = make_float2(o[nt][2], o[nt][3]);
+    }
+    if (dq == 0 && qq == 0) {
+        if (ha < a.H) a.ml[slot * a.H + ha] = make_float2(m0, l0);
+        if (hb < a.H) a.ml[slot * a.H + hb] = make_float2(m1, l1);
+    }
+}
+
 struct MgArgs {
     const bcu_attn_seq *seqs;
     int nseq;
@@ -1443,6 +1778,23 @@ static cudaError_t launch_split(const AtArgs &aa, int ntok, cudaStream_t st)
     return cudaGetLastError();
 }
 
+template <int D>
+static cudaError_t launch_x3(const AtArgs &aa, int ntok, cudaStream_t st)
+{
+    const size_t smem = AxLayout<D>::SMEM;
+    cudaError_t r = opt_in_smem(at_x3_kernel<D>, 10 + D / 128, smem);
+    if (r != cudaSuccess) return r;
+    pdl_launch(at_x3_kernel<D>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AX_NT, smem, st, aa);
+    return cudaGetLastError();
+}
+
+static std::atomic<size_t> at_launch_x3, at_launch_other;
+extern "C" void bcu_attention_launches(size_t *x3, size_t *other)
+{
+    *x3 = at_launch_x3.load();
+    *other = at_launch_other.load();
+}
+
 template <int NW>
 static cudaError_t launch_split_nw(const AtArgs &aa, int ntok, int D, cudaStream_t st)
 {
@@ -1497,6 +1849,10 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.ent_off = a->ent_off;
     aa.scale = 1.0f / sqrtf((float)D); /* as v4.c */
     const int mma = a->bf16 && D == 512;
+    /* x3 = 1: only where its 32-head blocks fill the GPU without splitting rows (at batch 1 the fp32 kernel's
+     * 8-head blocks were 2-3% faster on the H200's V4-Flash slice); 2: always */
+    const int x3 = !mma && a->x3 && a->rope_dim == AX_RD &&
+                   (a->x3 == 2 || (int64_t)b->ntok * ((a->n_heads + AX_HB - 1) / AX_HB) >= bcu_sm_count());
     if (a->warps && a->warps != AT_NW && a->warps != AT_NW_FEW)
         return bad(err, errlen, "attention: %d warps a block (%d or %d)", a->warps, AT_NW_FEW, AT_NW);
     /* splits: enough blocks for two per SM, never more than the longest row has tiles */
@@ -1508,7 +1864,8 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     }
     const int64_t tiles = (maxc + AT_KT - 1) / AT_KT;
     const int nw = a->warps ? a->warps : at_warps(b->ntok, a->n_heads, tiles);
-    aa.HG = (a->n_heads + (mma ? AM_HB : 4 * nw) - 1) / (mma ? AM_HB : 4 * nw);
+    const int hb = mma ? AM_HB : x3 ? AX_HB : 4 * nw;
+    aa.HG = (a->n_heads + hb - 1) / hb;
     aa.ml = (float2 *)(base + w.ml);
     aa.po = (float *)(base + w.po);
     aa.flags = (int *)(base + w.flags);
@@ -1518,8 +1875,8 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.out = a->out;
     /* (the fp32 kernel's splits follow its 8-warp head groups whatever its shape: each head's sums then meet in the
      * same order, the same bits with 2 warps a block) */
-    const int64_t per = (int64_t)b->ntok * (mma ? aa.HG : (a->n_heads + 4 * AT_NW - 1) / (4 * AT_NW));
-    int64_t S = ((mma ? 1 : 2) * (int64_t)bcu_sm_count() + per - 1) / per;
+    const int64_t per = (int64_t)b->ntok * (mma || x3 ? aa.HG : (a->n_heads + 4 * AT_NW - 1) / (4 * AT_NW));
+    int64_t S = ((mma || x3 ? 1 : 2) * (int64_t)bcu_sm_count() + per - 1) / per;
     if (S > tiles) S = tiles;
     if (S > w.slots / b->ntok) S = w.slots / b->ntok;
     if (S < 1) S = 1;
@@ -1533,11 +1890,20 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
             pdl_launch(at_mma_kernel, dim3((unsigned)(aa.S * aa.HG), (unsigned)b->ntok), AM_NT, AM_SMEM, st, aa);
             r = cudaGetLastError();
         }
+    } else if (x3) {
+        switch (D / 128) {
+        case 1: r = launch_x3<128>(aa, b->ntok, st); break;
+        case 2: r = launch_x3<256>(aa, b->ntok, st); break;
+        case 3: r = launch_x3<384>(aa, b->ntok, st); break;
+        default: r = launch_x3<512>(aa, b->ntok, st); break;
+        }
+        at_launch_x3++;
     } else {
         r = nw == AT_NW ? launch_split_nw<AT_NW>(aa, b->ntok, D, st) : launch_split_nw<AT_NW_FEW>(aa, b->ntok, D, st);
     }
+    if (!x3) at_launch_other++;
     if (r != cudaSuccess) return r;
-    if (aa.S == 1) return cudaSuccess; /* at_mma_kernel / at_split_kernel finished the rows */
+    if (aa.S == 1) return cudaSuccess; /* the split kernel finished the rows */
 
     MgArgs ma;
     ma.seqs = b->seqs;

@@ -129,6 +129,12 @@ typedef struct {
     float *out;                 /* [ntok, n_heads, head_dim] */
     int bf16;                   /* 1 (head_dim 512): q.k and p.v on the bf16 tensor cores, q, keys and p rounded to
                                    bf16, fp32 sums (~1e-2 of the output against fp32); 0 or other head_dims: fp32 */
+    int x3;                     /* (rope_dim 64; bf16 0) every key's first head_dim - 64 channels are exact in bf16
+                                   (official semantics' FP8 round trip), so q.k and p.v may take the bf16 tensor
+                                   cores with q and p in three planes and the RoPE channels' keys in three: the
+                                   fp32 kernel's products, fp32 sums in another order.  1: where the rows' 32-head
+                                   blocks fill the GPU (rows x ceil(heads / 32) >= SMs), 2: always; 0 or other
+                                   shapes: the fp32 kernel */
     int warps;                  /* the fp32 kernel's warps a block, a quad of heads each: 2 or 8; 0 = automatic (2
                                    where 8's blocks would not fill the GPU, a decode step); the same bits either way */
 } bcu_attention_args;
@@ -141,6 +147,9 @@ cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch *b, const 
  * -0 stored as +0); row r's entry b at [r * *row_stride + b].  NULL if the
  * workspace has no indexer part. */
 const uint32_t *bcu_attn_ws_index_keys(const bcu_attn_ws *ws, size_t *row_stride);
+
+/* the attention launches so far in this process: on the three-plane tensor-core kernel (x3), on the others */
+void bcu_attention_launches(size_t *x3, size_t *other);
 
 /* the indexer's score launches so far in this process: on the bf16 tensor cores, on fp32 CUDA cores */
 void bcu_indexer_launches(size_t *mma, size_t *fp32);

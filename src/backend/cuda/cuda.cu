@@ -140,6 +140,11 @@ typedef struct {
     size_t kv_blk;
     kv_mirror kvm;
     uint64_t kv_call;
+    int attn_x3;      /* DEEPINFER_CUDA_ATTN_X3 (0 in the fp32 maths): attention's q.k and p.v on the bf16 tensor
+                       * cores in three planes where the keys' non-RoPE channels are exact in bf16
+                       * (be_attn_args.kv_fp8), the fp32 kernel's products: bcu_attention_args.x3 (1, the default:
+                       * batches whose blocks fill the GPU; 2: always; 0: never); the bf16 maths' ATTN_MMA goes
+                       * first */
     int ix_exact;     /* DEEPINFER_CUDA_IX_EXACT (default 1; 0 in the fp32 maths): the indexer's scores on the
                        * bf16 tensor cores where its inputs are exact in bf16 (be_attn_args.ix_fp4) */
     size_t kv_slots;  /* DEEPINFER_CUDA_KV_SLOTS (read at create; 0: unset): the mirror's size in blocks */
@@ -1696,7 +1701,7 @@ static int attn_locked(cuda_be *c, const be_attn_seq *sq, int nseq, int ntok, co
         }
         bcu_attention_args aa = {H, d, a->rope_dim, a->window, a->ratio, a->csa, a->ent_off, dq, dsink, dfreq,
                                  a->csa ? dsel : NULL, a->csa ? dnsel : NULL, a->csa ? a->topk : 0, dout,
-                                 c->attn_mma, 0};
+                                 c->attn_mma, a->kv_fp8 ? c->attn_x3 : 0, 0};
         if (bcu_attention(&c->aws, &bt, &aa, c->st, msg, sizeof msg) != cudaSuccess)
             return fail(c, "attention: %s", msg[0] ? msg : "launch failed");
         if (!devio)
@@ -2843,6 +2848,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->kvpc_on = env_size("DEEPINFER_CUDA_KV_PCACHE", 1) != 0;
     c->kv_slots = env_size("DEEPINFER_CUDA_KV_SLOTS", 0);
     c->ix_exact = math != BCU_MATH_FP32 && env_size("DEEPINFER_CUDA_IX_EXACT", 1) != 0;
+    const size_t x3 = env_size("DEEPINFER_CUDA_ATTN_X3", 1);
+    c->attn_x3 = math == BCU_MATH_FP32 ? 0 : x3 > 2 ? 2 : (int)x3;
     c->win_ring = env_size("DEEPINFER_CUDA_WIN_RING", 1) != 0;
     c->attn_side = env_size("DEEPINFER_CUDA_ATTN_SIDE", 1) != 0;
     if (c->graphs && !(c->gr = (gregion *)calloc((size_t)GR_SETS * GR_WAYS, sizeof *c->gr))) c->graphs = 0;

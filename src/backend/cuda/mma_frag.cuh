@@ -35,6 +35,24 @@ __device__ __forceinline__ void rd_afrag(uint32_t a[4], const uint16_t *p, int l
     a[3] = *(const uint32_t *)(p + 8 * ld + 8);
 }
 
+/* four 8x8 b16 matrices from shared memory (ldmatrix): lanes 8i..8i+7 give the row addresses of matrix i (16
+ * bytes each, 16-byte aligned), r[i] gets its fragment (lane l: row l / 4, elements 2 (l % 4), + 1); _t transposed
+ * (lane l: column l / 4, rows 2 (l % 4), + 1) */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
 /* the same product with f16 inputs (the decode row-dot on act_quant'd x: codes against codes) */
 __device__ __forceinline__ void rd_mma_h(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {

@@ -737,14 +737,6 @@ __global__ void __launch_bounds__(256, 2) simt_kernel(MoeArgs a)
  * lo bf16 planes (24 bits: the fp32 value), PL = 1 rounds it to bf16. */
 #define SM_LD 40 /* shared row length in bf16: 32 + 8 pad, 80 B (ldmatrix rows land on distinct banks) */
 
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
-{
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
