@@ -935,7 +935,7 @@ static void run_case(const tcase *c, int controls)
     }
     /* keys on the FP8 grid, rope_dim 64: the three-plane tensor-core kernel (x3 = 2, forced) on the same rows, twice:
      * the fp32 kernel's bound against the double reference, the same bits again, and it is the kernel that ran.
-     * Then x3 = 1 (automatic): it runs where the rows' 32-head blocks fill the GPU, the fp32 kernel elsewhere. */
+     * Then x3 = 1 (automatic): it runs where the rows' 32-head blocks fill half the GPU, the fp32 kernel elsewhere. */
     double worstx3 = -1;
     if (c->fp8kv && c->rd == 64) {
         bcu_attention_args ax = aa;
@@ -959,7 +959,7 @@ static void run_case(const tcase *c, int controls)
         }
         int sms = 0;
         CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        const int fills = h.ntok * ((c->H + 31) / 32) >= sms;
+        const int fills = 2 * h.ntok * ((c->H + 31) / 32) >= sms;
         ax.x3 = 1;
         bcu_attention_launches(&x0, &o0);
         cudaError_t r = bcu_attention(&h.ws, &b, &ax, h.st, err, sizeof err);

@@ -1849,10 +1849,11 @@ extern "C" cudaError_t bcu_attention(const bcu_attn_ws *ws, const bcu_attn_batch
     aa.ent_off = a->ent_off;
     aa.scale = 1.0f / sqrtf((float)D); /* as v4.c */
     const int mma = a->bf16 && D == 512;
-    /* x3 = 1: only where its 32-head blocks fill the GPU without splitting rows (at batch 1 the fp32 kernel's
-     * 8-head blocks were 2-3% faster on the H200's V4-Flash slice); 2: always */
+    /* x3 = 1: where its 32-head blocks, one a row, fill half the SMs or more (H200, V4-Flash slice, each layer's
+     * time: 2-6% faster from batch 64 on, the same at batches 8-32, 1-3% slower at batch 1, where the fp32 kernel's
+     * 8-head blocks split the rows over more SMs); 2: always */
     const int x3 = !mma && a->x3 && a->rope_dim == AX_RD &&
-                   (a->x3 == 2 || (int64_t)b->ntok * ((a->n_heads + AX_HB - 1) / AX_HB) >= bcu_sm_count());
+                   (a->x3 == 2 || 2 * (int64_t)b->ntok * ((a->n_heads + AX_HB - 1) / AX_HB) >= bcu_sm_count());
     if (a->warps && a->warps != AT_NW && a->warps != AT_NW_FEW)
         return bad(err, errlen, "attention: %d warps a block (%d or %d)", a->warps, AT_NW_FEW, AT_NW);
     /* splits: enough blocks for two per SM, never more than the longest row has tiles */

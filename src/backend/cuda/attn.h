@@ -133,8 +133,8 @@ typedef struct {
                                    (official semantics' FP8 round trip), so q.k and p.v may take the bf16 tensor
                                    cores with q and p in three planes and the RoPE channels' keys in three: the
                                    fp32 kernel's products, fp32 sums in another order.  1: where the rows' 32-head
-                                   blocks fill the GPU (rows x ceil(heads / 32) >= SMs), 2: always; 0 or other
-                                   shapes: the fp32 kernel */
+                                   blocks fill half the GPU (2 x rows x ceil(heads / 32) >= SMs), 2: always; 0 or
+                                   other shapes: the fp32 kernel */
     int warps;                  /* the fp32 kernel's warps a block, a quad of heads each: 2 or 8; 0 = automatic (2
                                    where 8's blocks would not fill the GPU, a decode step); the same bits either way */
 } bcu_attention_args;

@@ -143,7 +143,7 @@ typedef struct {
     int attn_x3;      /* DEEPINFER_CUDA_ATTN_X3 (0 in the fp32 maths): attention's q.k and p.v on the bf16 tensor
                        * cores in three planes where the keys' non-RoPE channels are exact in bf16
                        * (be_attn_args.kv_fp8), the fp32 kernel's products: bcu_attention_args.x3 (1, the default:
-                       * batches whose blocks fill the GPU; 2: always; 0: never); the bf16 maths' ATTN_MMA goes
+                       * batches whose blocks fill half the GPU; 2: always; 0: never); the bf16 maths' ATTN_MMA goes
                        * first */
     int ix_exact;     /* DEEPINFER_CUDA_IX_EXACT (default 1; 0 in the fp32 maths): the indexer's scores on the
                        * bf16 tensor cores where its inputs are exact in bf16 (be_attn_args.ix_fp4) */
