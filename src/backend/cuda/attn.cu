@@ -1354,23 +1354,23 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
  *
  * Block = (row, split, group of 32 heads), 8 warps, one block an SM (the Q planes take 100 KB): warp w owns heads
  * 16 (w & 1) .. + 15 of the group and a quarter of the channels, (D - 64) / 4 exact ones from (D - 64) / 4 (w >> 1)
- * and the RoPE channels D - 64 + 16 (w >> 1) .. + 15, so every warp has the same products to do.  Per 16-key tile:
- * the staged fp32 keys become the bf16 key tile (and the RoPE channels' mid / lo planes); the fragments come by
- * ldmatrix, p.v's B operand transposed from the same key tile (V = K); the four channel quarters' partial logits
- * are summed through shared memory in one order; the online softmax runs in registers; P goes from the logits'
- * accumulators into the A operand of p.v; O stays in registers; the next tile's keys land (cp.async) while this
- * one's products run.  The partials (ml, po) are at_split's for at_merge, or with one split the block finishes
+ * and the RoPE channels D - 64 + 16 (w >> 1) .. + 15, so every warp has the same products to do.  Per round of R
+ * 16-key tiles (the split's tiles, a round past its last one masked): the staged fp32 keys become the bf16 key tile
+ * (and the RoPE channels' mid / lo planes); the fragments come by ldmatrix, p.v's B operand transposed from the
+ * same key tile (V = K); the four channel quarters' partial logits are summed through shared memory in one order;
+ * the online softmax runs in registers; P goes from the logits' accumulators into the A operand of p.v; O stays in
+ * registers; the next round's keys land (cp.async) while this one's products run.  The partials (ml, po) are at_split's for at_merge, or with one split the block finishes
  * its rows. */
 #define AX_HB 32  /* heads per block */
 #define AX_NT 256 /* 8 warps */
 #define AX_RD 64  /* the RoPE channels (rope_dim) */
-template <int D> struct AxLayout {
+template <int D, int R> struct AxLayout { /* R: 16-key tiles a round */
     static constexpr int QLD = D + 8;     /* bf16 row stride of the Q planes and the key tile: ldmatrix rows 16 B apart
                                              in the banks */
     static constexpr int RLD = AX_RD + 8; /* of the keys' RoPE mid / lo planes */
-    static constexpr int SLD = D + 4;     /* fp32 row stride of the staged tile */
-    static constexpr size_t SMEM =
-        (size_t)(3 * AX_HB * QLD + AT_KT * QLD + 2 * AT_KT * RLD) * 2 + (size_t)8 * 32 * 8 * 4 + (size_t)AT_KT * SLD * 4;
+    static constexpr int SLD = D + 4;     /* fp32 row stride of the staged round */
+    static constexpr size_t SMEM = (size_t)(3 * AX_HB * QLD + R * AT_KT * QLD + 2 * R * AT_KT * RLD) * 2 +
+                                   (size_t)8 * 32 * 8 * R * 4 + (size_t)R * AT_KT * SLD * 4;
 };
 
 /* plane p of two floats' three-plane splits as a bf16 pair (lo in the low half) */
@@ -1383,25 +1383,27 @@ __device__ __forceinline__ void ax_split2(float lo, float hi, uint32_t out[3])
     for (int p = 0; p < 3; p++) out[p] = a[p] | b[p] << 16;
 }
 
-template <int D>
+template <int D, int R>
 __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
 {
     pdl_enter();
-    typedef AxLayout<D> L;
+    typedef AxLayout<D, R> L;
     constexpr int E = D - AX_RD;  /* the exact channels */
     constexpr int EW = E / 4;     /* a warp's exact channels */
     constexpr int KE = EW / 16;   /* its exact k-steps of q.k */
     constexpr int NE = EW / 8;    /* its exact n-tiles of p.v (an even number) */
     constexpr int NTW = NE + 2;   /* its n-tiles: the exact ones, then its 16 RoPE channels */
-    constexpr int QP = AX_HB * L::QLD, QLD = L::QLD, RLD = L::RLD, RP = AT_KT * RLD;
+    constexpr int KR = AT_KT * R; /* keys a round: R tiles */
+    constexpr int NK = 2 * R;     /* the round's n-tiles of 8 keys in q.k */
+    constexpr int QP = AX_HB * L::QLD, QLD = L::QLD, RLD = L::RLD, RP = KR * RLD;
     static_assert(E % 64 == 0 && NTW * 8 * 4 == D, "a warp takes a quarter of the exact and of the RoPE channels");
     extern __shared__ float4 ax_sm4[];
     uint16_t *Qs = (uint16_t *)ax_sm4;        /* [3][AX_HB][QLD]: q's hi, mid, lo planes */
-    uint16_t *Ks = Qs + 3 * QP;               /* [AT_KT][QLD]: the keys' hi plane (all of an exact channel) */
-    uint16_t *Kr = Ks + AT_KT * QLD;          /* [2][AT_KT][RLD]: the RoPE channels' mid, lo planes */
-    float *Sp = (float *)(Kr + 2 * RP);       /* [warp][lane][8]: the logits' partials */
-    float *Stg = Sp + 8 * 32 * 8;             /* [AT_KT][SLD]: the next tile in flight, fp32 */
-    __shared__ const float *kpb[2][AT_KT];
+    uint16_t *Ks = Qs + 3 * QP;               /* [KR][QLD]: the keys' hi plane (all of an exact channel) */
+    uint16_t *Kr = Ks + KR * QLD;             /* [2][KR][RLD]: the RoPE channels' mid, lo planes */
+    float *Sp = (float *)(Kr + 2 * RP);       /* [warp][lane][4 NK]: the logits' partials */
+    float *Stg = Sp + 8 * 32 * 4 * NK;        /* [KR][SLD]: the next round in flight, fp32 */
+    __shared__ const float *kpb[2][KR];
     __shared__ RowKeys rs;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mt = warp & 1, dq = warp >> 1;
@@ -1429,23 +1431,26 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
 #pragma unroll
     for (int i = 0; i < NTW; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* head rows g and g + 8 of the warp's 16 */
-    auto key_ptrs = [&](int t) {
-        if (tid < AT_KT) kpb[t & 1][tid] = key_of(rs, a, t * AT_KT + tid, n, D); /* NULL: masked below */
+    /* round u (tiles t_lo + R u ..): its key pointers (threads < KR; NULL: masked, past the split too) and copies */
+    auto key_ptrs = [&](int u) {
+        const int t = t_lo + R * u;
+        if (tid < KR) kpb[u & 1][tid] = t + tid / AT_KT < t_hi ? key_of(rs, a, t * AT_KT + tid, n, D) : NULL;
     };
-    auto key_copies = [&](int t) {
-        for (int i = tid; i < AT_KT * D / 4; i += AX_NT) {
+    auto key_copies = [&](int u) {
+        for (int i = tid; i < KR * D / 4; i += AX_NT) {
             const int j = i / (D / 4), c4 = i % (D / 4);
-            const float *p = kpb[t & 1][j];
+            const float *p = kpb[u & 1][j];
             rd_cp16z(Stg + j * L::SLD + 4 * c4, p ? p + 4 * c4 : a.q, p != NULL);
         }
     };
+    const int nr = (t_hi - t_lo + R - 1) / R;
     __syncthreads(); /* rs */
-    if (t_lo < t_hi) {
-        key_ptrs(t_lo);
+    if (nr > 0) {
+        key_ptrs(0);
         __syncthreads();
-        key_copies(t_lo);
+        key_copies(0);
     }
-    /* q's planes while the first tile lands (the first tile's barrier covers them) */
+    /* q's planes while the first round lands (its barrier covers them) */
     const float4 *q4 = (const float4 *)(a.q + (size_t)row * a.H * D);
     for (int i = tid; i < AX_HB * D / 4; i += AX_NT) {
         const int h = i / (D / 4), c4 = i % (D / 4);
@@ -1457,16 +1462,16 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
         for (int p = 0; p < 3; p++) *(uint2 *)&Qs[p * QP + h * QLD + 4 * c4] = make_uint2(lo[p], hi[p]);
     }
 
-    for (int t = t_lo; t < t_hi; t++) {
+    for (int u = 0; u < nr; u++) {
         rd_cp_wait();
-        __syncthreads(); /* tile t staged; the previous tile's key planes and partials are consumed */
-        /* the tile's planes: the exact channels rounded (exact: bf16 values), the RoPE channels split */
-        for (int i = tid; i < AT_KT * (E / 4); i += AX_NT) {
+        __syncthreads(); /* round u staged; the previous round's key planes and partials are consumed */
+        /* the round's planes: the exact channels rounded (exact: bf16 values), the RoPE channels split */
+        for (int i = tid; i < KR * (E / 4); i += AX_NT) {
             const int j = i / (E / 4), c4 = i % (E / 4);
             const float4 v = *(const float4 *)(Stg + j * L::SLD + 4 * c4);
             *(uint2 *)&Ks[j * QLD + 4 * c4] = make_uint2(am_pack(v.x, v.y), am_pack(v.z, v.w));
         }
-        for (int i = tid; i < AT_KT * (AX_RD / 4); i += AX_NT) {
+        for (int i = tid; i < KR * (AX_RD / 4); i += AX_NT) {
             const int j = i / (AX_RD / 4), c4 = i % (AX_RD / 4);
             const float4 v = *(const float4 *)(Stg + j * L::SLD + E + 4 * c4);
             uint32_t lo[3], hi[3];
@@ -1476,73 +1481,83 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
             *(uint2 *)&Kr[j * RLD + 4 * c4] = make_uint2(lo[1], hi[1]);
             *(uint2 *)&Kr[RP + j * RLD + 4 * c4] = make_uint2(lo[2], hi[2]);
         }
-        if (t + 1 < t_hi) key_ptrs(t + 1);
+        if (u + 1 < nr) key_ptrs(u + 1);
         __syncthreads();
-        if (t + 1 < t_hi) key_copies(t + 1); /* into the staging just read: lands while this tile's products run */
-        const float *const *kp = kpb[t & 1];
-        /* this warp's part of the logits: its 16 heads x the tile's 16 keys over its channels, the products by size
+        if (u + 1 < nr) key_copies(u + 1); /* into the staging just read: lands while this round's products run */
+        const float *const *kp = kpb[u & 1];
+        /* this warp's part of the logits: its 16 heads x the round's keys over its channels, the products by size
          * (hi.hi; the mid terms; the lo terms) in three accumulators */
-        float sh[2][4], sm[2][4], sl[2][4];
+        float sh[NK][4], sm[NK][4], sl[NK][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NK; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) sh[nt][e] = sm[nt][e] = sl[nt][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks <= KE; ks++) {
             const int k0 = ks < KE ? EW * dq + 16 * ks : E + 16 * dq; /* the last step: the RoPE channels */
-            uint32_t a0[4], a1[4], a2[4], b[4];
+            uint32_t a0[4], a1[4], a2[4];
             ldsm_x4(a0, qrow + k0);
             ldsm_x4(a1, qrow + QP + k0);
             ldsm_x4(a2, qrow + 2 * QP + k0);
-            ldsm_x4(b, kb + k0);
-            if (ks < KE) {
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    rd_mma(sh[nt], a0, b[2 * nt], b[2 * nt + 1]);
-                    rd_mma(sm[nt], a1, b[2 * nt], b[2 * nt + 1]);
-                    rd_mma(sl[nt], a2, b[2 * nt], b[2 * nt + 1]);
-                }
-            } else {
-                uint32_t bm[4], bl[4];
-                ldsm_x4(bm, kbr + 16 * dq);
-                ldsm_x4(bl, kbr + RP + 16 * dq);
+            for (int h16 = 0; h16 < R; h16++) { /* keys 16 h16 .. + 15: n-tiles 2 h16, 2 h16 + 1 */
+                uint32_t b[4];
+                ldsm_x4(b, kb + 16 * h16 * QLD + k0);
+                float(*zh)[4] = sh + 2 * h16, (*zm)[4] = sm + 2 * h16, (*zl)[4] = sl + 2 * h16;
+                if (ks < KE) {
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    rd_mma(sh[nt], a0, b[2 * nt], b[2 * nt + 1]);
-                    rd_mma(sm[nt], a0, bm[2 * nt], bm[2 * nt + 1]);
-                    rd_mma(sm[nt], a1, b[2 * nt], b[2 * nt + 1]);
-                    rd_mma(sl[nt], a0, bl[2 * nt], bl[2 * nt + 1]);
-                    rd_mma(sl[nt], a1, bm[2 * nt], bm[2 * nt + 1]);
-                    rd_mma(sl[nt], a2, b[2 * nt], b[2 * nt + 1]);
+                    for (int nt = 0; nt < 2; nt++) {
+                        rd_mma(zh[nt], a0, b[2 * nt], b[2 * nt + 1]);
+                        rd_mma(zm[nt], a1, b[2 * nt], b[2 * nt + 1]);
+                        rd_mma(zl[nt], a2, b[2 * nt], b[2 * nt + 1]);
+                    }
+                } else {
+                    uint32_t bm[4], bl[4];
+                    ldsm_x4(bm, kbr + 16 * h16 * RLD + 16 * dq);
+                    ldsm_x4(bl, kbr + RP + 16 * h16 * RLD + 16 * dq);
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        rd_mma(zh[nt], a0, b[2 * nt], b[2 * nt + 1]);
+                        rd_mma(zm[nt], a0, bm[2 * nt], bm[2 * nt + 1]);
+                        rd_mma(zm[nt], a1, b[2 * nt], b[2 * nt + 1]);
+                        rd_mma(zl[nt], a0, bl[2 * nt], bl[2 * nt + 1]);
+                        rd_mma(zl[nt], a1, bm[2 * nt], bm[2 * nt + 1]);
+                        rd_mma(zl[nt], a2, b[2 * nt], b[2 * nt + 1]);
+                    }
                 }
             }
         }
-        float4 *sp = (float4 *)(Sp + ((size_t)warp * 32 + lane) * 8);
+        float4 *sp = (float4 *)(Sp + ((size_t)warp * 32 + lane) * 4 * NK);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NK; nt++)
             sp[nt] = make_float4(sh[nt][0] + (sm[nt][0] + sl[nt][0]), sh[nt][1] + (sm[nt][1] + sl[nt][1]),
                                  sh[nt][2] + (sm[nt][2] + sl[nt][2]), sh[nt][3] + (sm[nt][3] + sl[nt][3]));
         __syncthreads();
         /* the whole logits of the warp's rows: the four channel quarters' partials in order */
-        float x[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        float x[NK][4];
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const float4 *pp = (const float4 *)(Sp + ((size_t)(mt + 2 * k) * 32 + lane) * 8);
-            const float4 u0 = pp[0], u1 = pp[1];
-            x[0][0] += u0.x; x[0][1] += u0.y; x[0][2] += u0.z; x[0][3] += u0.w;
-            x[1][0] += u1.x; x[1][1] += u1.y; x[1][2] += u1.z; x[1][3] += u1.w;
-        }
+            const float4 *pp = (const float4 *)(Sp + ((size_t)(mt + 2 * k) * 32 + lane) * 4 * NK);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NK; nt++) {
+                const float4 w = pp[nt];
+                x[nt][0] += w.x; x[nt][1] += w.y; x[nt][2] += w.z; x[nt][3] += w.w;
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int j = 8 * nt + 2 * qq + e;
-                const bool ok = t * AT_KT + j < n && kp[j] != NULL;
+                const bool ok = kp[j] != NULL; /* NULL past n and past the split */
                 x[nt][e] = ok ? x[nt][e] * a.scale : -INFINITY;
                 x[nt][2 + e] = ok ? x[nt][2 + e] * a.scale : -INFINITY;
+                mx0 = fmaxf(mx0, x[nt][e]);
+                mx1 = fmaxf(mx1, x[nt][2 + e]);
             }
-        float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
-        float mx1 = fmaxf(fmaxf(x[0][2], x[0][3]), fmaxf(x[1][2], x[1][3]));
         mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
@@ -1551,7 +1566,7 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
         const float al0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NK; nt++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 x[nt][e] = n0 == -INFINITY ? 0.0f : expf(x[nt][e] - n0);
@@ -1567,53 +1582,60 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
         l1 = l1 * al1 + ps1;
         m0 = n0;
         m1 = n1;
-        /* P's three planes in the A operand's layout (as at_mma_kernel's one) */
-        uint32_t pf[3][4], w[3];
-        ax_split2(x[0][0], x[0][1], w);
-        pf[0][0] = w[0], pf[1][0] = w[1], pf[2][0] = w[2];
-        ax_split2(x[0][2], x[0][3], w);
-        pf[0][1] = w[0], pf[1][1] = w[1], pf[2][1] = w[2];
-        ax_split2(x[1][0], x[1][1], w);
-        pf[0][2] = w[0], pf[1][2] = w[1], pf[2][2] = w[2];
-        ax_split2(x[1][2], x[1][3], w);
-        pf[0][3] = w[0], pf[1][3] = w[1], pf[2][3] = w[2];
-        /* p.v by pairs of n-tiles (one transposed ldmatrix each), the small products first */
+        /* P's three planes in the A operand's layout (as at_mma_kernel's one), a k-step of 16 keys each */
+        uint32_t pf[R][3][4];
+#pragma unroll
+        for (int h16 = 0; h16 < R; h16++) {
+            uint32_t w[3];
+#pragma unroll
+            for (int r4 = 0; r4 < 4; r4++) {
+                const float *xn = x[2 * h16 + (r4 >> 1)];
+                ax_split2(xn[2 * (r4 & 1)], xn[2 * (r4 & 1) + 1], w);
+                pf[h16][0][r4] = w[0], pf[h16][1][r4] = w[1], pf[h16][2][r4] = w[2];
+            }
+        }
+        /* p.v by pairs of n-tiles (one transposed ldmatrix a k-step), the small products first, into the round's
+         * own accumulators */
 #pragma unroll
         for (int pr = 0; pr < NTW / 2; pr++) {
             float pv[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-            uint32_t b[4];
-            if (pr < NE / 2) {
-                ldsm_x4_t(b, vb + EW * dq + 16 * pr);
 #pragma unroll
-                for (int p = 2; p >= 0; p--)
+            for (int h16 = 0; h16 < R; h16++) {
+                uint32_t b[4];
+                const uint32_t(*pk)[4] = pf[h16];
+                if (pr < NE / 2) {
+                    ldsm_x4_t(b, vb + 16 * h16 * QLD + EW * dq + 16 * pr);
 #pragma unroll
-                    for (int u = 0; u < 2; u++) rd_mma(pv[u], pf[p], b[2 * u], b[2 * u + 1]);
-            } else {
-                uint32_t bm[4], bl[4];
-                ldsm_x4_t(b, vb + E + 16 * dq);
-                ldsm_x4_t(bm, vbr + 16 * dq);
-                ldsm_x4_t(bl, vbr + RP + 16 * dq);
+                    for (int p = 2; p >= 0; p--)
 #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    rd_mma(pv[u], pf[0], bl[2 * u], bl[2 * u + 1]);
-                    rd_mma(pv[u], pf[1], bm[2 * u], bm[2 * u + 1]);
-                    rd_mma(pv[u], pf[2], b[2 * u], b[2 * u + 1]);
+                        for (int v = 0; v < 2; v++) rd_mma(pv[v], pk[p], b[2 * v], b[2 * v + 1]);
+                } else {
+                    uint32_t bm[4], bl[4];
+                    ldsm_x4_t(b, vb + 16 * h16 * QLD + E + 16 * dq);
+                    ldsm_x4_t(bm, vbr + 16 * h16 * RLD + 16 * dq);
+                    ldsm_x4_t(bl, vbr + RP + 16 * h16 * RLD + 16 * dq);
+#pragma unroll
+                    for (int v = 0; v < 2; v++) {
+                        rd_mma(pv[v], pk[0], bl[2 * v], bl[2 * v + 1]);
+                        rd_mma(pv[v], pk[1], bm[2 * v], bm[2 * v + 1]);
+                        rd_mma(pv[v], pk[2], b[2 * v], b[2 * v + 1]);
+                    }
+#pragma unroll
+                    for (int v = 0; v < 2; v++) {
+                        rd_mma(pv[v], pk[0], bm[2 * v], bm[2 * v + 1]);
+                        rd_mma(pv[v], pk[1], b[2 * v], b[2 * v + 1]);
+                    }
+#pragma unroll
+                    for (int v = 0; v < 2; v++) rd_mma(pv[v], pk[0], b[2 * v], b[2 * v + 1]);
                 }
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    rd_mma(pv[u], pf[0], bm[2 * u], bm[2 * u + 1]);
-                    rd_mma(pv[u], pf[1], b[2 * u], b[2 * u + 1]);
-                }
-#pragma unroll
-                for (int u = 0; u < 2; u++) rd_mma(pv[u], pf[0], b[2 * u], b[2 * u + 1]);
             }
 #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                float *on = o[2 * pr + u];
-                on[0] = fmaf(on[0], al0, pv[u][0]);
-                on[1] = fmaf(on[1], al0, pv[u][1]);
-                on[2] = fmaf(on[2], al1, pv[u][2]);
-                on[3] = fmaf(on[3], al1, pv[u][3]);
+            for (int v = 0; v < 2; v++) {
+                float *on = o[2 * pr + v];
+                on[0] = fmaf(on[0], al0, pv[v][0]);
+                on[1] = fmaf(on[1], al0, pv[v][1]);
+                on[2] = fmaf(on[2], al1, pv[v][2]);
+                on[3] = fmaf(on[3], al1, pv[v][3]);
             }
         }
     }
@@ -1778,14 +1800,22 @@ static cudaError_t launch_split(const AtArgs &aa, int ntok, cudaStream_t st)
     return cudaGetLastError();
 }
 
+template <int D, int R>
+static cudaError_t launch_x3r(const AtArgs &aa, int ntok, cudaStream_t st)
+{
+    const size_t smem = AxLayout<D, R>::SMEM;
+    cudaError_t r = opt_in_smem(at_x3_kernel<D, R>, (R == 1 ? 10 : 21) + D / 128, smem);
+    if (r != cudaSuccess) return r;
+    pdl_launch(at_x3_kernel<D, R>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AX_NT, smem, st, aa);
+    return cudaGetLastError();
+}
+
+/* rounds of two 16-key tiles: on the H200's V4-Flash slice one tile a round was 1-4% slower in each layer's
+ * attention (the 16K prefill's CSA layer 74.1 against 70.8 ms) */
 template <int D>
 static cudaError_t launch_x3(const AtArgs &aa, int ntok, cudaStream_t st)
 {
-    const size_t smem = AxLayout<D>::SMEM;
-    cudaError_t r = opt_in_smem(at_x3_kernel<D>, 10 + D / 128, smem);
-    if (r != cudaSuccess) return r;
-    pdl_launch(at_x3_kernel<D>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AX_NT, smem, st, aa);
-    return cudaGetLastError();
+    return launch_x3r<D, 2>(aa, ntok, st);
 }
 
 static std::atomic<size_t> at_launch_x3, at_launch_other;
