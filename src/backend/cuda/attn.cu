@@ -1108,6 +1108,134 @@ __global__ void __launch_bounds__(32 * NW, 16 / NW) at_split_kernel(AtArgs a)
     if (tid < HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(mrun[tid], lrun[tid]);
 }
 
+/* ---- what the tensor-core split kernels share: a warp owns 16 head rows (g = lane / 4 and g + 8) of the mma
+ * accumulator layout */
+
+/* A block's start: its job, the ring's new key, and an empty split's (-inf, 0) for the merge (with S = 1 the row is
+ * finished at the end instead); false: the block has nothing more to do. */
+template <int HB, int NT>
+__device__ __forceinline__ bool mma_split_begin(const AtArgs &a, SplitJob &jb, int D)
+{
+    if (!split_job(a, jb)) return false;
+    ring_put(jb.s, jb.row, a.W, D, NT);
+    if (jb.t_lo >= jb.t_hi && a.S > 1) {
+        const int h = jb.hg * HB + (int)threadIdx.x;
+        if (threadIdx.x < HB && h < a.H) a.ml[jb.slot * a.H + h] = make_float2(-INFINITY, 0.0f);
+        return false;
+    }
+    return true;
+}
+
+/* The online softmax over a round of NK n-tiles of 8 keys: x holds the lane's whole logit sums (x[nt][e] and
+ * x[nt][2 + e]: rows g and g + 8, key 8 nt + 2 (lane % 4) + e); ok(j) says whether key j is real.  Scales and
+ * masks them, updates the rows' running max (m) and sum (l), leaves the probabilities in x and the rescale of O
+ * in al. */
+template <int NK, typename Ok>
+__device__ __forceinline__ void mma_softmax(float (&x)[NK][4], Ok ok, float scale, float &m0, float &m1, float &l0,
+                                            float &l1, float &al0, float &al1)
+{
+    const int qq = threadIdx.x & 3;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NK; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const bool k = ok(8 * nt + 2 * qq + e);
+            x[nt][e] = k ? x[nt][e] * scale : -INFINITY;
+            x[nt][2 + e] = k ? x[nt][2 + e] * scale : -INFINITY;
+            mx0 = fmaxf(mx0, x[nt][e]);
+            mx1 = fmaxf(mx1, x[nt][2 + e]);
+        }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    al0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0);
+    al1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NK; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            x[nt][e] = n0 == -INFINITY ? 0.0f : expf(x[nt][e] - n0);
+            x[nt][2 + e] = n1 == -INFINITY ? 0.0f : expf(x[nt][2 + e] - n1);
+            ps0 += x[nt][e];
+            ps1 += x[nt][2 + e];
+        }
+    ps0 += __shfl_xor_sync(FULL, ps0, 1);
+    ps0 += __shfl_xor_sync(FULL, ps0, 2);
+    ps1 += __shfl_xor_sync(FULL, ps1, 1);
+    ps1 += __shfl_xor_sync(FULL, ps1, 2);
+    l0 = l0 * al0 + ps0;
+    l1 = l1 * al1 + ps1;
+    m0 = n0;
+    m1 = n1;
+}
+
+/* The end of a row's split: O of rows ha and ha + 8 over the warp's NTW n-tiles of 8 channels (chan(nt): the lane's
+ * first channel of n-tile nt) with the rows' max and sum.  With one split a row (S = 1) at_merge's arithmetic for
+ * it and the inverse RoPE, straight into out; else the split's partials for at_merge (po, and ml from the lanes
+ * where ml_lane). */
+template <int D, int NTW, typename Chan>
+__device__ __forceinline__ void mma_rows_end(const AtArgs &a, const bcu_attn_seq &s, int row, size_t slot, int ha,
+                                             float m0, float m1, float l0, float l1, const float (&o)[NTW][4],
+                                             Chan chan, bool ml_lane)
+{
+    const int hb = ha + 8;
+    if (a.S == 1) {
+        const int64_t pos = s.p0 + (row - s.row0);
+        float w[2] = {0.0f, 0.0f}, L[2] = {1.0f, 1.0f};
+        const float mm[2] = {m0, m1}, ll[2] = {l0, l1};
+        const int hh[2] = {ha, hb};
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (hh[r] < a.H) {
+                const float sink = a.sink[hh[r]], M = fmaxf(sink, mm[r]);
+                L[r] = expf(sink - M);
+                if (mm[r] != -INFINITY) {
+                    w[r] = expf(mm[r] - M);
+                    L[r] += ll[r] * w[r];
+                }
+            }
+        const int t0 = D - a.rd;
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) {
+            const int c = chan(nt);
+            float cs = 1.0f, sn = 0.0f;
+            if (c >= t0) {
+                const float ang = (float)pos * a.inv_freq[(c - t0) / 2];
+                cs = cosf(ang);
+                sn = -sinf(ang);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (hh[r] >= a.H) continue;
+                float x0 = w[r] * o[nt][2 * r], x1 = w[r] * o[nt][2 * r + 1];
+                x0 /= L[r];
+                x1 /= L[r];
+                if (c >= t0) {
+                    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+                    x0 = y0;
+                    x1 = y1;
+                }
+                *(float2 *)&a.out[((size_t)row * a.H + hh[r]) * D + c] = make_float2(x0, x1);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTW; nt++) {
+        const int c = chan(nt);
+        if (ha < a.H) *(float2 *)&a.po[(slot * a.H + ha) * D + c] = make_float2(o[nt][0], o[nt][1]);
+        if (hb < a.H) *(float2 *)&a.po[(slot * a.H + hb) * D + c] = make_float2(o[nt][2], o[nt][3]);
+    }
+    if (ml_lane) {
+        if (ha < a.H) a.ml[slot * a.H + ha] = make_float2(m0, l0);
+        if (hb < a.H) a.ml[slot * a.H + hb] = make_float2(m1, l1);
+    }
+}
+
 /* ---- the same split attention on bf16 tensor cores (bcu_attention_args.bf16; head_dim 512)
  *
  * Block = (row, split, group of 64 heads), 16 warps: warp w owns heads 16 (w % 4) .. + 15 of the group and
@@ -1145,16 +1273,11 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mt = warp & 3, dq = warp >> 2;
     const int g = lane >> 2, qq = lane & 3;
     SplitJob jb;
-    if (!split_job(a, jb)) return;
+    if (!mma_split_begin<AM_HB, AM_NT>(a, jb, D)) return;
     const bcu_attn_seq &s = jb.s;
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
     const int h0 = jb.hg * AM_HB;
-    ring_put(s, row, a.W, D, AM_NT);
-    if (t_lo >= t_hi && a.S > 1) { /* an empty split: the merge skips it (with S = 1 the row is finished below) */
-        if (tid < AM_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
-        return;
-    }
     const float4 *q4 = (const float4 *)(a.q + (size_t)row * a.H * D);
     for (int i = tid; i < AM_HB * D / 4; i += AM_NT) {
         const int h = i / (D / 4), c4 = i % (D / 4);
@@ -1233,41 +1356,8 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
             x[0][0] += u0.x; x[0][1] += u0.y; x[0][2] += u0.z; x[0][3] += u0.w;
             x[1][0] += u1.x; x[1][1] += u1.y; x[1][2] += u1.z; x[1][3] += u1.w;
         }
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int j = 8 * nt + 2 * qq + e;
-                const bool ok = t * AT_KT + j < n && kp[j] != NULL;
-                x[nt][e] = ok ? x[nt][e] * a.scale : -INFINITY;
-                x[nt][2 + e] = ok ? x[nt][2 + e] * a.scale : -INFINITY;
-            }
-        float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
-        float mx1 = fmaxf(fmaxf(x[0][2], x[0][3]), fmaxf(x[1][2], x[1][3]));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float al0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                x[nt][e] = n0 == -INFINITY ? 0.0f : expf(x[nt][e] - n0);
-                x[nt][2 + e] = n1 == -INFINITY ? 0.0f : expf(x[nt][2 + e] - n1);
-                ps0 += x[nt][e];
-                ps1 += x[nt][2 + e];
-            }
-        ps0 += __shfl_xor_sync(FULL, ps0, 1);
-        ps0 += __shfl_xor_sync(FULL, ps0, 2);
-        ps1 += __shfl_xor_sync(FULL, ps1, 1);
-        ps1 += __shfl_xor_sync(FULL, ps1, 2);
-        l0 = l0 * al0 + ps0;
-        l1 = l1 * al1 + ps1;
-        m0 = n0;
-        m1 = n1;
+        float al0, al1;
+        mma_softmax(x, [&](int j) { return t * AT_KT + j < n && kp[j] != NULL; }, a.scale, m0, m1, l0, l1, al0, al1);
         uint32_t pf[4];
         pf[0] = am_pack(x[0][0], x[0][1]);
         pf[1] = am_pack(x[0][2], x[0][3]);
@@ -1284,59 +1374,9 @@ __global__ void __launch_bounds__(AM_NT, 1) at_mma_kernel(AtArgs a)
             rd_mma(o[nt], pf, *(const uint32_t *)v, *(const uint32_t *)(v + 8));
         }
     }
-    const int ha = h0 + 16 * mt + g, hb = ha + 8;
-    if (a.S == 1) {
-        /* the whole row is here: at_merge's arithmetic for one split, then the inverse RoPE, straight to out */
-        const int64_t pos = s.p0 + (row - s.row0);
-        float w[2] = {0.0f, 0.0f}, L[2] = {1.0f, 1.0f};
-        const float mm[2] = {m0, m1}, ll[2] = {l0, l1};
-        const int hh[2] = {ha, hb};
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (hh[r] < a.H) {
-                const float sink = a.sink[hh[r]], M = fmaxf(sink, mm[r]);
-                L[r] = expf(sink - M);
-                if (mm[r] != -INFINITY) {
-                    w[r] = expf(mm[r] - M);
-                    L[r] += ll[r] * w[r];
-                }
-            }
-        const int t0 = D - a.rd;
-#pragma unroll
-        for (int nt = 0; nt < 16; nt++) {
-            const int c = 128 * dq + 8 * nt + 2 * qq;
-            float cs = 1.0f, sn = 0.0f;
-            if (c >= t0) {
-                const float ang = (float)pos * a.inv_freq[(c - t0) / 2];
-                cs = cosf(ang);
-                sn = -sinf(ang);
-            }
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (hh[r] >= a.H) continue;
-                float x0 = w[r] * o[nt][2 * r], x1 = w[r] * o[nt][2 * r + 1];
-                x0 /= L[r];
-                x1 /= L[r];
-                if (c >= t0) {
-                    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
-                    x0 = y0;
-                    x1 = y1;
-                }
-                *(float2 *)&a.out[((size_t)row * a.H + hh[r]) * D + c] = make_float2(x0, x1);
-            }
-        }
-        return;
-    }
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-        const int c = 128 * dq + 8 * nt + 2 * qq;
-        if (ha < a.H) *(float2 *)&a.po[(slot * a.H + ha) * D + c] = make_float2(o[nt][0], o[nt][1]);
-        if (hb < a.H) *(float2 *)&a.po[(slot * a.H + hb) * D + c] = make_float2(o[nt][2], o[nt][3]);
-    }
-    if (dq == 0 && qq == 0) {
-        if (ha < a.H) a.ml[slot * a.H + ha] = make_float2(m0, l0);
-        if (hb < a.H) a.ml[slot * a.H + hb] = make_float2(m1, l1);
-    }
+    /* channels 128 dq .. + 127 of rows h0 + 16 mt + g and + 8 */
+    mma_rows_end<D>(a, s, row, slot, h0 + 16 * mt + g, m0, m1, l0, l1, o,
+                    [&](int nt) { return 128 * dq + 8 * nt + 2 * qq; }, dq == 0 && qq == 0);
 }
 
 /* ---- the same split attention on bf16 tensor cores at fp32's accuracy (bcu_attention_args.x3; rope_dim 64)
@@ -1409,16 +1449,11 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mt = warp & 1, dq = warp >> 1;
     const int g = lane >> 2, qq = lane & 3;
     SplitJob jb;
-    if (!split_job(a, jb)) return;
+    if (!mma_split_begin<AX_HB, AX_NT>(a, jb, D)) return;
     const bcu_attn_seq &s = jb.s;
     const int n = jb.n, t_lo = jb.t_lo, t_hi = jb.t_hi, row = jb.row;
     const size_t slot = jb.slot;
     const int h0 = jb.hg * AX_HB;
-    ring_put(s, row, a.W, D, AX_NT);
-    if (t_lo >= t_hi && a.S > 1) { /* an empty split: the merge skips it (with S = 1 the row is finished below) */
-        if (tid < AX_HB && h0 + tid < a.H) a.ml[slot * a.H + h0 + tid] = make_float2(-INFINITY, 0.0f);
-        return;
-    }
     if (tid == 0) row_keys(rs, a, s, jb.cd, row, D);
     /* the lanes' ldmatrix rows: A (q, 16 heads x 16 channels), B of q.k (2 x 8 keys x 16 channels), B of p.v
      * (transposed: 16 keys x 2 x 8 channels) */
@@ -1546,42 +1581,8 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
                 x[nt][0] += w.x; x[nt][1] += w.y; x[nt][2] += w.z; x[nt][3] += w.w;
             }
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NK; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int j = 8 * nt + 2 * qq + e;
-                const bool ok = kp[j] != NULL; /* NULL past n and past the split */
-                x[nt][e] = ok ? x[nt][e] * a.scale : -INFINITY;
-                x[nt][2 + e] = ok ? x[nt][2 + e] * a.scale : -INFINITY;
-                mx0 = fmaxf(mx0, x[nt][e]);
-                mx1 = fmaxf(mx1, x[nt][2 + e]);
-            }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        const float al0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NK; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                x[nt][e] = n0 == -INFINITY ? 0.0f : expf(x[nt][e] - n0);
-                x[nt][2 + e] = n1 == -INFINITY ? 0.0f : expf(x[nt][2 + e] - n1);
-                ps0 += x[nt][e];
-                ps1 += x[nt][2 + e];
-            }
-        ps0 += __shfl_xor_sync(FULL, ps0, 1);
-        ps0 += __shfl_xor_sync(FULL, ps0, 2);
-        ps1 += __shfl_xor_sync(FULL, ps1, 1);
-        ps1 += __shfl_xor_sync(FULL, ps1, 2);
-        l0 = l0 * al0 + ps0;
-        l1 = l1 * al1 + ps1;
-        m0 = n0;
-        m1 = n1;
+        float al0, al1; /* kp[j]: NULL past n and past the split */
+        mma_softmax(x, [&](int j) { return kp[j] != NULL; }, a.scale, m0, m1, l0, l1, al0, al1);
         /* P's three planes in the A operand's layout (as at_mma_kernel's one), a k-step of 16 keys each */
         uint32_t pf[R][3][4];
 #pragma unroll
@@ -1639,61 +1640,10 @@ __global__ void __launch_bounds__(AX_NT, 1) at_x3_kernel(AtArgs a)
             }
         }
     }
-    const int ha = h0 + 16 * mt + g, hb = ha + 8;
-    /* n-tile nt's first channel of this lane */
-    auto chan = [&](int nt) { return (nt < NE ? EW * dq + 8 * nt : E + 16 * dq + 8 * (nt - NE)) + 2 * qq; };
-    if (a.S == 1) {
-        /* the whole row is here: at_merge's arithmetic for one split, then the inverse RoPE, straight to out */
-        const int64_t pos = s.p0 + (row - s.row0);
-        float w[2] = {0.0f, 0.0f}, L2[2] = {1.0f, 1.0f};
-        const float mm[2] = {m0, m1}, ll[2] = {l0, l1};
-        const int hh[2] = {ha, hb};
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (hh[r] < a.H) {
-                const float sink = a.sink[hh[r]], M = fmaxf(sink, mm[r]);
-                L2[r] = expf(sink - M);
-                if (mm[r] != -INFINITY) {
-                    w[r] = expf(mm[r] - M);
-                    L2[r] += ll[r] * w[r];
-                }
-            }
-        const int t0 = D - a.rd;
-#pragma unroll
-        for (int nt = 0; nt < NTW; nt++) {
-            const int c = chan(nt);
-            float cs = 1.0f, sn = 0.0f;
-            if (c >= t0) {
-                const float ang = (float)pos * a.inv_freq[(c - t0) / 2];
-                cs = cosf(ang);
-                sn = -sinf(ang);
-            }
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                if (hh[r] >= a.H) continue;
-                float x0 = w[r] * o[nt][2 * r], x1 = w[r] * o[nt][2 * r + 1];
-                x0 /= L2[r];
-                x1 /= L2[r];
-                if (c >= t0) {
-                    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
-                    x0 = y0;
-                    x1 = y1;
-                }
-                *(float2 *)&a.out[((size_t)row * a.H + hh[r]) * D + c] = make_float2(x0, x1);
-            }
-        }
-        return;
-    }
-#pragma unroll
-    for (int nt = 0; nt < NTW; nt++) {
-        const int c = chan(nt);
-        if (ha < a.H) *(float2 *)&a.po[(slot * a.H + ha) * D + c] = make_float2(o[nt][0], o[nt][1]);
-        if (hb < a.H) *(float2 *)&a.po[(slot * a.H + hb) * D + c] = make_float2(o[nt][2], o[nt][3]);
-    }
-    if (dq == 0 && qq == 0) {
-        if (ha < a.H) a.ml[slot * a.H + ha] = make_float2(m0, l0);
-        if (hb < a.H) a.ml[slot * a.H + hb] = make_float2(m1, l1);
-    }
+    /* n-tile nt's first channel of this lane: the exact ones, then the RoPE ones */
+    mma_rows_end<D>(a, s, row, slot, h0 + 16 * mt + g, m0, m1, l0, l1, o,
+                    [&](int nt) { return (nt < NE ? EW * dq + 8 * nt : E + 16 * dq + 8 * (nt - NE)) + 2 * qq; },
+                    dq == 0 && qq == 0);
 }
 
 struct MgArgs {
