@@ -20,6 +20,9 @@
  *   FLOP floor   the part's fp32 FMAs at the SM count x 128 lanes x clock:
  *                indexer 2 * B * C/4 * 64 * 128, attention 4 * B * 64 *
  *                candidates * 512 (QK and PV; no tensor cores, see docs/CUDA.md)
+ * The "x3 tensor cores" rows time the same attention on at_x3_kernel (bcu_attention_args.x3 = 2: q and p in three
+ * bf16 planes; the keys here are not on the FP8 grid, so only the time means anything) beside the fp32 kernel's
+ * "split + merge" row of the same run.
  * Prints one markdown table. */
 #include <math.h>
 #include <stdio.h>
@@ -158,7 +161,7 @@ static void destroy(config *c)
     cudaFree(c->ws.mem);
 }
 
-enum { PART_INDEXER = 1, PART_ATTN = 2 };
+enum { PART_INDEXER = 1, PART_ATTN = 2, PART_X3 = 4 }; /* PART_X3: attention on at_x3_kernel (x3 = 2, forced) */
 
 static void call(config *c, int r, int parts)
 {
@@ -175,11 +178,11 @@ static void call(config *c, int r, int parts)
             exit(1);
         }
     }
-    if (parts & PART_ATTN) {
+    if (parts & (PART_ATTN | PART_X3)) {
         const bcu_attention_args aa = {.n_heads = H, .head_dim = D, .rope_dim = RD, .window = W, .ratio = c->ratio,
                                        .csa = c->csa, .ent_off = c->ent_off, .q = in->q, .sink = c->sink,
                                        .inv_freq = c->inv, .sel = in->sel, .nsel = in->nsel, .topk = TOPK,
-                                       .out = in->out};
+                                       .out = in->out, .x3 = parts & PART_X3 ? 2 : 0};
         cudaError_t e = bcu_attention(&c->ws, &b, &aa, 0, err, sizeof err);
         if (e != cudaSuccess) {
             fprintf(stderr, "bench_gpu_attn: bcu_attention: %s %s\n", cudaGetErrorString(e), err);
@@ -274,11 +277,14 @@ int main(void)
                     const double tt = time_parts(c, PART_INDEXER | PART_ATTN);
                     row("CSA", c, "indexer: scores + top-512", ti, ib, ifl);
                     row("CSA", c, "attention: split + merge", ta, ab, afl);
+                    row("CSA", c, "attention: x3 tensor cores", time_parts(c, PART_X3), ab, afl);
                     row("CSA", c, "layer: indexer + attention", tt, ib + ab, ifl + afl);
                 } else {
                     make(c, HCA, 0, B, C);
                     const double ncand = W + nv;
                     row("HCA", c, "attention: split + merge", time_parts(c, PART_ATTN), (double)B * ncand * D * 4,
+                        4.0 * B * H * ncand * D);
+                    row("HCA", c, "attention: x3 tensor cores", time_parts(c, PART_X3), (double)B * ncand * D * 4,
                         4.0 * B * H * ncand * D);
                 }
                 destroy(c);
