@@ -1750,22 +1750,17 @@ static cudaError_t launch_split(const AtArgs &aa, int ntok, cudaStream_t st)
     return cudaGetLastError();
 }
 
-template <int D, int R>
-static cudaError_t launch_x3r(const AtArgs &aa, int ntok, cudaStream_t st)
-{
-    const size_t smem = AxLayout<D, R>::SMEM;
-    cudaError_t r = opt_in_smem(at_x3_kernel<D, R>, (R == 1 ? 10 : 21) + D / 128, smem);
-    if (r != cudaSuccess) return r;
-    pdl_launch(at_x3_kernel<D, R>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AX_NT, smem, st, aa);
-    return cudaGetLastError();
-}
-
-/* rounds of two 16-key tiles: on the H200's V4-Flash slice one tile a round was 1-4% slower in each layer's
+/* rounds of AX_R = 2 16-key tiles: on the H200's V4-Flash slice one tile a round was 1-4% slower in each layer's
  * attention (the 16K prefill's CSA layer 74.1 against 70.8 ms) */
+#define AX_R 2
 template <int D>
 static cudaError_t launch_x3(const AtArgs &aa, int ntok, cudaStream_t st)
 {
-    return launch_x3r<D, 2>(aa, ntok, st);
+    const size_t smem = AxLayout<D, AX_R>::SMEM;
+    cudaError_t r = opt_in_smem(at_x3_kernel<D, AX_R>, 21 + D / 128, smem); /* bits 22-25 */
+    if (r != cudaSuccess) return r;
+    pdl_launch(at_x3_kernel<D, AX_R>, dim3((unsigned)(aa.S * aa.HG), (unsigned)ntok), AX_NT, smem, st, aa);
+    return cudaGetLastError();
 }
 
 static std::atomic<size_t> at_launch_x3, at_launch_other;
