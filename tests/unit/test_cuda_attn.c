@@ -713,6 +713,19 @@ static int check_attn(const hcase *h, const float *out, const int32_t *sel, cons
 
 /* ---- one case, end to end */
 
+/* one bcu_attention call into dst (host, the batch's outputs) with the device outputs NaN-poisoned first, so an
+ * output it does not write shows; `what` names the variant in a failure */
+static void attn_run(hcase *h, const bcu_attn_batch *b, const bcu_attention_args *a, float *dst, const char *what)
+{
+    const size_t nout = (size_t)h->ntok * h->c->H * h->c->d;
+    char err[256] = "";
+    CK(cudaMemsetAsync(h->d_out, 0xff, nout * sizeof(float), h->st));
+    cudaError_t r = bcu_attention(&h->ws, b, a, h->st, err, sizeof err);
+    if (r != cudaSuccess) fail_msg("%s: bcu_attention%s: %s %s", h->c->name, what, cudaGetErrorString(r), err);
+    CK(cudaStreamSynchronize(h->st));
+    CK(cudaMemcpy(dst, h->d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
 static void run_case(const tcase *c, int controls)
 {
     hcase h;
@@ -804,13 +817,7 @@ static void run_case(const tcase *c, int controls)
                                    .sink = h.d_sink, .inv_freq = h.d_inv, .sel = h.d_sel, .nsel = h.d_nsel,
                                    .topk = c->topk, .out = h.d_out};
     float *out = malloc(nout * sizeof *out), *out2 = malloc(nout * sizeof *out2);
-    for (int rep = 0; rep < 2; rep++) {
-        CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st)); /* NaN */
-        cudaError_t r = bcu_attention(&h.ws, &b, &aa, h.st, err, sizeof err);
-        if (r != cudaSuccess) fail_msg("%s: bcu_attention: %s %s", c->name, cudaGetErrorString(r), err);
-        CK(cudaStreamSynchronize(h.st));
-        CK(cudaMemcpy(rep ? out2 : out, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
-    }
+    for (int rep = 0; rep < 2; rep++) attn_run(&h, &b, &aa, rep ? out2 : out, "");
     double worst = 0;
     const int abad = check_attn(&h, out, sel, nsel, 1, &worst);
     bad += abad;
@@ -918,13 +925,7 @@ static void run_case(const tcase *c, int controls)
     if (c->d == 512) {
         bcu_attention_args a16 = aa;
         a16.bf16 = 1;
-        for (int rep = 0; rep < 2; rep++) {
-            CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
-            cudaError_t r = bcu_attention(&h.ws, &b, &a16, h.st, err, sizeof err);
-            if (r != cudaSuccess) fail_msg("%s: bcu_attention (bf16): %s %s", c->name, cudaGetErrorString(r), err);
-            CK(cudaStreamSynchronize(h.st));
-            CK(cudaMemcpy(rep ? out2 : out, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
-        }
+        for (int rep = 0; rep < 2; rep++) attn_run(&h, &b, &a16, rep ? out2 : out, " (bf16)");
         attn_tol = ATTN_TOL_BF16;
         bad += check_attn(&h, out, sel, nsel, 1, &worst16);
         attn_tol = ATTN_TOL;
@@ -942,13 +943,7 @@ static void run_case(const tcase *c, int controls)
         ax.x3 = 2;
         size_t x0, o0, x1, o1;
         bcu_attention_launches(&x0, &o0);
-        for (int rep = 0; rep < 2; rep++) {
-            CK(cudaMemsetAsync(h.d_out, 0xff, nout * sizeof(float), h.st));
-            cudaError_t r = bcu_attention(&h.ws, &b, &ax, h.st, err, sizeof err);
-            if (r != cudaSuccess) fail_msg("%s: bcu_attention (x3): %s %s", c->name, cudaGetErrorString(r), err);
-            CK(cudaStreamSynchronize(h.st));
-            CK(cudaMemcpy(rep ? out2 : out, h.d_out, nout * sizeof(float), cudaMemcpyDeviceToHost));
-        }
+        for (int rep = 0; rep < 2; rep++) attn_run(&h, &b, &ax, rep ? out2 : out, " (x3)");
         bcu_attention_launches(&x1, &o1);
         if (x1 - x0 != 2 || o1 != o0) fail_msg("%s: x3 took %zu x3 launches and %zu others for 2 calls", c->name,
                                                x1 - x0, o1 - o0);
@@ -962,9 +957,7 @@ static void run_case(const tcase *c, int controls)
         const int fills = 2 * h.ntok * ((c->H + 31) / 32) >= sms;
         ax.x3 = 1;
         bcu_attention_launches(&x0, &o0);
-        cudaError_t r = bcu_attention(&h.ws, &b, &ax, h.st, err, sizeof err);
-        if (r != cudaSuccess) fail_msg("%s: bcu_attention (x3 auto): %s %s", c->name, cudaGetErrorString(r), err);
-        CK(cudaStreamSynchronize(h.st));
+        attn_run(&h, &b, &ax, out2, " (x3 auto)");
         bcu_attention_launches(&x1, &o1);
         if (x1 - x0 != (size_t)fills || o1 - o0 != (size_t)!fills)
             fail_msg("%s: x3 = 1 with %d rows x %d heads on %d SMs ran %s", c->name, h.ntok, c->H, sms,
