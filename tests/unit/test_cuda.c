@@ -1045,6 +1045,151 @@ static void test_linear_grouped(void **st)
     be_destroy(cpu);
 }
 
+/* ------------------------------------------------------------------ two f16 planes (f16x2.h) */
+
+/* per row t: max_i |a - b| / max_i |b| (a row of zeros in b: max_i |a|); the worst row; NaN -> inf */
+static double row_rel_err(const float *a, const float *b, size_t rows, size_t n)
+{
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double md = 0, mb = 0;
+        for (size_t i = 0; i < n; i++) {
+            const double x = a[r * n + i], y = b[r * n + i];
+            if (isnan(x) || isnan(y)) return INFINITY;
+            md = fmax(md, fabs(x - y));
+            mb = fmax(mb, fabs(y));
+        }
+        const double e = mb > 0 ? md / mb : md;
+        worst = e > worst ? e : worst;
+    }
+    return worst;
+}
+
+/* bf16x3's prefill GEMM on a dequantised FP8 / FP4 weight with two f16 planes of x (the default) against the CPU,
+ * row by row within 1e-5 of the row's largest output, on rows from 2^-40 to 2^40 (the row shifts), a zero row, a row
+ * of one large element among tiny ones, and through linear (core) and linear_grouped (8 groups, one shift a token
+ * row); the path counted where it should run (DEEPINFER_CUDA_F16X2 unset) and not where it should not (=0, or a
+ * weight whose scale bytes span more than f16x2.h allows: one block's scale moved 30 binades down).  Beside: the
+ * three bf16 planes' error on the same calls. */
+static void test_f16x2_gemm(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4), *gpu = cuda(BCU_MATH_BF16X3);
+    setenv("DEEPINFER_CUDA_F16X2", "0", 1);
+    be_backend *b3 = cuda(BCU_MATH_BF16X3);
+    unsetenv("DEEPINFER_CUDA_F16X2");
+    struct {
+        const char *name;
+        int fp4, wide, groups;
+        int64_t rows, cols;
+    } cs[] = {{"fp8 384x1024", 0, 0, 1, 384, 1024},          {"fp4 256x2048", 1, 0, 1, 256, 2048},
+              {"fp8 8 groups of 96x512", 0, 0, 8, 768, 512}, {"fp4 8 groups of 64x256", 1, 0, 8, 512, 256},
+              {"fp8, scales 30 binades apart", 0, 1, 1, 256, 512}};
+    const size_t T = 160;
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        rweight r = cs[k].fp4 ? make_fp4(cs[k].rows, cs[k].cols, 32) : make_fp8(cs[k].rows, cs[k].cols, 128, MD_F8_E8M0);
+        if (cs[k].wide) ((uint8_t *)r.scale)[1] -= 30;
+        const be_weight *w = &r.w;
+        const int G = cs[k].groups;
+        const size_t R = (size_t)w->rows, K = (size_t)w->cols, L = K * (size_t)G;
+        float *x = rand_rows(T * L);
+        for (size_t t = 0; t < T; t++) {
+            float *row = x + t * L;
+            const float f = ldexpf(1.0f, (int)(t * 80 / (T - 1)) - 40);
+            for (size_t i = 0; i < L; i++) row[i] *= f;
+            if (t == 7) memset(row, 0, L * sizeof(float));
+            if (t == 11) {
+                for (size_t i = 0; i < L; i++) row[i] *= 0x1p-30f;
+                row[L / 3] = 1e4f;
+            }
+        }
+        float *ref = nan_rows(T * R), *y = nan_rows(T * R), *y3 = nan_rows(T * R);
+        if (G == 1) cpu->ops->linear(cpu, ref, x, T, w);
+        else
+            for (int g = 0; g < G; g++)
+                cpu->ops->linear_rows(cpu, ref + (size_t)g * (R / G), R, x + (size_t)g * K, L, T, w,
+                                      (int64_t)g * (int64_t)(R / G), (int64_t)(R / G), 0);
+        const size_t before = bcu_f16x2_calls(gpu);
+        if (G == 1) {
+            gpu->ops->linear(gpu, y, x, T, w);
+            b3->ops->linear(b3, y3, x, T, w);
+        } else {
+            gpu->ops->linear_grouped(gpu, y, x, T, w, G);
+            b3->ops->linear_grouped(b3, y3, x, T, w, G);
+        }
+        const char *e = be_cuda_error(gpu) ? be_cuda_error(gpu) : be_cuda_error(b3);
+        if (e) fail_msg("%s: %s", cs[k].name, e);
+        const size_t ran = bcu_f16x2_calls(gpu) - before;
+        const double ef = row_rel_err(y, ref, T, R), e3 = row_rel_err(y3, ref, T, R);
+        printf("  f16x2 %-30s T=%zu: %zu f16x2 GEMMs, worst row %.2e vs the CPU (three bf16 planes %.2e)\n",
+               cs[k].name, T, ran, ef, e3);
+        if (ran != (cs[k].wide ? 0u : 1u)) fail_msg("%s: %zu f16x2 GEMMs, expected %d", cs[k].name, ran, cs[k].wide ? 0 : 1);
+        if (bcu_f16x2_calls(b3)) fail_msg("DEEPINFER_CUDA_F16X2=0 still took f16 planes");
+        if (!(ef <= 1e-5)) fail_msg("%s: worst row %.3g vs the CPU > 1e-5", cs[k].name, ef);
+        if (!(e3 <= 1e-5)) fail_msg("%s: bf16x3 worst row %.3g vs the CPU > 1e-5", cs[k].name, e3);
+        for (size_t i = 0; i < R; i++)
+            if (y[7 * R + i] != 0.0f) fail_msg("%s: the zero row gave %g", cs[k].name, y[7 * R + i]);
+        free(x); free(ref); free(y); free(y3);
+        rw_free(&r);
+    }
+    be_cuda_destroy(gpu);
+    be_cuda_destroy(b3);
+    be_destroy(cpu);
+}
+
+/* linear_aq at the dequantised GEMM's sizes with x act_quant'd straight into its bf16 plane (DEEPINFER_CUDA_AQ_BF16,
+ * default) against the copy + bcu_fq_fp8 + split it replaces (=0): the same bits, in bf16x3 and in the bf16 maths
+ * (FP8 tensor cores off there, so that both take the dequantised GEMM), FP8 and FP4 weights, T ragged; rows of
+ * 2^-20 .. 2^20 with a zero block; the path counted where it runs and only there. */
+static void test_linear_aq_bf16(void **st)
+{
+    (void)st;
+    const bcu_math modes[] = {BCU_MATH_BF16X3, BCU_MATH_BF16};
+    rweight ws[3] = {make_fp8(384, 1024, 128, MD_F8_E8M0), make_fp8(200, 512, 128, MD_F8_E8M0), make_fp4(256, 1024, 32)};
+    const size_t Ts[] = {100, 333};
+    for (int m = 0; m < 2; m++)
+        for (int k = 0; k < 3; k++)
+            for (int ti = 0; ti < 2; ti++) {
+                const be_weight *w = &ws[k].w;
+                const size_t T = Ts[ti], K = (size_t)w->cols, n = (size_t)w->rows;
+                float *x = rand_rows(T * K);
+                for (size_t t = 0; t < T; t++)
+                    for (size_t i = 0; i < K; i++) x[t * K + i] *= ldexpf(1.0f, (int)(t % 41) - 20);
+                memset(x + 5 * K + 128, 0, 128 * sizeof(float));
+                float *y[2];
+                size_t calls[2];
+                for (int v = 0; v < 2; v++) {
+                    setenv("DEEPINFER_CUDA_AQ_BF16", v ? "1" : "0", 1);
+                    setenv("DEEPINFER_CUDA_FP8GEMM", "0", 1);
+                    be_backend *g = cuda(modes[m]);
+                    unsetenv("DEEPINFER_CUDA_AQ_BF16");
+                    unsetenv("DEEPINFER_CUDA_FP8GEMM");
+                    const be_dev_ops *dv = g->ops->dev;
+                    dv->reset(g);
+                    float *dx = dv->alloc(g, T * K * 4), *dy = dv->alloc(g, T * n * 4);
+                    if (!dx || !dy) fail_msg("device alloc");
+                    dv->upload(g, dx, x, T * K * 4);
+                    dv->linear_aq(g, dy, dx, T, w);
+                    y[v] = nan_rows(T * n);
+                    if (dv->download(g, y[v], dy, T * n * 4)) fail_msg("download: %s", be_cuda_error(g) ? be_cuda_error(g) : "?");
+                    if (be_cuda_error(g)) fail_msg("%s", be_cuda_error(g));
+                    calls[v] = bcu_aq_bf16_calls(g);
+                    be_cuda_destroy(g);
+                }
+                size_t diff = 0, nan = 0;
+                for (size_t i = 0; i < T * n; i++) {
+                    diff += memcmp(&y[0][i], &y[1][i], 4) != 0;
+                    nan += isnan(y[1][i]);
+                }
+                printf("  linear_aq %s %s %zux%zu T=%zu: %zu act_quant'd planes, %zu of %zu outputs differ from copy + fq + split\n",
+                       bcu_math_name(modes[m]), w->fmt == BE_W_FP8 ? "fp8" : "fp4", n, K, T, calls[1], diff, T * n);
+                if (calls[0] != 0 || calls[1] != 1) fail_msg("act_quant'd planes: %zu with the switch off, %zu on", calls[0], calls[1]);
+                if (diff || nan) fail_msg("%zu outputs differ (%zu NaN)", diff, nan);
+                free(x); free(y[0]); free(y[1]);
+            }
+    for (int k = 0; k < 3; k++) rw_free(&ws[k]);
+}
+
 /* ------------------------------------------------------------------ the FP8 tensor-core GEMM (fp8_gemm.cu) */
 
 /* y = act_quant(x) . W^T through be_dev_ops.linear_aq (x raw: the code kernel quantises) and linear_x8 (x already
@@ -2021,6 +2166,8 @@ int main(void)
         cmocka_unit_test(test_rowdot_batch_invariance),
         cmocka_unit_test(test_rowdot_grouped),
         cmocka_unit_test(test_linear_grouped),
+        cmocka_unit_test(test_f16x2_gemm),
+        cmocka_unit_test(test_linear_aq_bf16),
         cmocka_unit_test(test_rowdot_x8),
         cmocka_unit_test(test_linear_fp8_gemm),
         cmocka_unit_test(test_rowdot_xq),

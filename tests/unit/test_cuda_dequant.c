@@ -30,6 +30,7 @@
  *     other elements of the same matrix still exact;
  *   - negative controls: one flipped low bit, and a -0 turned into +0, are
  *     each seen by the comparison. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +44,7 @@
 #include "cuda_skip.h"
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/f16x2.h"
 #include "model/dtype.h"
 
 #define GUARD 64      /* bf16 elements after dst that must stay untouched */
@@ -285,6 +287,70 @@ static void test_bad_arguments(void **state)
 
 /* ------------------------------------------------------------------ GPU tests */
 
+/* bcu_dequant_f16 with f16x2.h's shift for the weight's scale bytes: every element decodes (dtype.c's f16 reader)
+ * to decode(code) * 2^(s - 127 + G) exactly, the product formed in double here; guard elements untouched.  Scale
+ * spreads at f16x2.h's limits (22 binades FP8, 36 FP4) with the planted codes (+-448, subnormals, -0). */
+static void test_f16(void **state)
+{
+    (void)state;
+    const dcase cs[] = {
+        {"v4 q_a-like, f16", BCU_RW_FP8, 1024, 4096, 128, 0, 1024, 110, 130, 0},
+        {"v4 wq_b rows slice, f16", BCU_RW_FP8, 32768, 1024, 128, 12345, 4100, 100, 122, 0},
+        {"block 16, 22 binades, f16", BCU_RW_FP8, 512, 2048, 16, 0, 512, 20, 42, 0},
+        {"v4 expert, f16", BCU_RW_FP4, 2048, 4096, 32, 0, 2048, S_LO, S_HI, 0},
+        {"block 16, 36 binades, f16", BCU_RW_FP4, 256, 4096, 16, 3, 250, 200, 236, 0},
+    };
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        const dcase *c = &cs[k];
+        const size_t nb = code_bytes(c), ns = scale_bytes(c), ne = (size_t)(c->n * c->cols);
+        uint8_t *w = xmalloc(nb), *sc = xmalloc(ns);
+        make_weight(c, w, sc);
+        const int G = f16x2_shift(c->fmt == BCU_RW_FP4, sc, ns);
+        if (G == F16X2_NONE) fail_msg("%s: no f16 shift for scales %d..%d", c->name, c->smin, c->smax);
+        void *dw, *ds, *dd;
+        CK(cudaMalloc(&dw, nb));
+        CK(cudaMalloc(&ds, ns));
+        CK(cudaMalloc(&dd, (ne + GUARD) * 2));
+        CK(cudaMemcpy(dw, w, nb, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ds, sc, ns, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dd, 0xff, (ne + GUARD) * 2));
+        CK(cudaDeviceSynchronize());
+        CK(bcu_dequant_f16((uint16_t *)dd, c->fmt, dw, ds, BCU_SC_E8M0, c->rows, c->cols, c->block, c->r0, c->n, G, st));
+        CK(cudaStreamSynchronize(st));
+        uint16_t *got = xmalloc((ne + GUARD) * 2);
+        CK(cudaMemcpy(got, dd, (ne + GUARD) * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0, neg0 = 0;
+        for (size_t i = 0; i < GUARD; i++)
+            if (got[ne + i] != POISON) fail_msg("%s: guard element %zu after dst written", c->name, i);
+        for (int64_t i = 0; i < c->n; i++)
+            for (int64_t j = 0; j < c->cols; j++) {
+                const int64_t r = c->r0 + i;
+                const uint8_t code = code_at(c, w, r, j);
+                const double v = c->fmt == BCU_RW_FP8 ? (double)md_e4m3_to_f32(code) : (double)md_fp4_lut[code];
+                const double want = ldexp(v, scale_at(c, sc, r, j) - 127 + G);
+                const uint16_t h = got[i * c->cols + j];
+                const double g = (double)md_f16_to_f32(h);
+                const int sign_ok = (h >> 15) == (signbit(v) ? 1u : 0u);
+                neg0 += h == 0x8000u;
+                if (g == want && sign_ok) continue;
+                if (bad < MAX_REPORT)
+                    printf("    row %lld col %lld: code 0x%02x scale byte %u: got %a (0x%04x), want %a\n", (long long)r,
+                           (long long)j, code, scale_at(c, sc, r, j), g, h, want);
+                bad++;
+            }
+        printf("  %-28s %s %6lld x %-5lld block %3d scales 2^%d..2^%d, shift %d: %zu of %zu differ (%zu -0)\n", c->name,
+               c->fmt == BCU_RW_FP8 ? "fp8" : "fp4", (long long)c->rows, (long long)c->cols, c->block, c->smin - 127,
+               c->smax - 127, G, bad, ne, neg0);
+        if (bad) fail_msg("%s: %zu elements are not the exact f16 product", c->name, bad);
+        if (c->fmt == BCU_RW_FP8 && !neg0) fail_msg("%s: no -0 came out: the planted codes are missing", c->name);
+        free(got); free(w); free(sc);
+        CK(cudaFree(dw)); CK(cudaFree(ds)); CK(cudaFree(dd));
+    }
+    CK(cudaStreamDestroy(st));
+}
+
 static void test_fp8_v4(void **state)
 {
     (void)state;
@@ -382,7 +448,7 @@ int main(void)
     if (!cuda_device_present()) return cpu_fail ? 1 : 77;
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_negative_control), cmocka_unit_test(test_fp8_v4),     cmocka_unit_test(test_fp8_ragged),
-        cmocka_unit_test(test_fp4),              cmocka_unit_test(test_nan_inputs),
+        cmocka_unit_test(test_fp4),              cmocka_unit_test(test_nan_inputs),       cmocka_unit_test(test_f16),
     };
     const int gpu_fail = cmocka_run_group_tests_name("gpu", gpu, NULL, NULL);
     return cpu_fail || gpu_fail ? 1 : 0;

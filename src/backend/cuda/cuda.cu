@@ -46,6 +46,7 @@
 #include "backend/cuda/moe_wg.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/profile.h"
+#include "backend/f16x2.h"
 #include "backend/kv_mirror.h"
 #include "backend/part_slots.h"
 
@@ -57,6 +58,8 @@ typedef struct {
     float *ds32;     /* FP8 with ue8m0 scales in 128 x 128 blocks: the scales as fp32, inside ds's allocation (the
                       * FP8 GEMM's weight scales, fp8_gemm.cu) */
     int f32;
+    int f16g;        /* FP8 / FP4 with ue8m0 scales: the shift that makes the weight exact in f16 (f16x2.h), or
+                      * F16X2_NONE */
     size_t bytes;
 } wentry;
 
@@ -211,6 +214,12 @@ typedef struct {
                    * a multiple of 16) on the bf16 tensor cores (default on in the bf16 maths, off in bf16x3, never
                    * in fp32) */
     size_t fp8_calls;
+    int f16x2; /* DEEPINFER_CUDA_F16X2 (default 1): where bf16x3 would take three bf16 planes of x on a dequantised
+                * weight exact in f16, two f16 planes (f16x2.h); 0: the three planes */
+    size_t f16x2_calls;
+    int aq_bf16; /* DEEPINFER_CUDA_AQ_BF16 (default 1): linear_aq at the dequantised GEMM's sizes act_quants x straight
+                  * into its bf16 plane (bcu_aq_bf16), where it made a copy, quantised it in place and split it */
+    size_t aq_bf16_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
@@ -493,6 +502,8 @@ static const wentry *weight(cuda_be *c, const be_weight *w)
     if (e->d) entry_free(c, e); /* same address, other contents */
     e->fp = fp;
     e->f32 = widen || (w->fmt == BE_W_DENSE && w->dtype == MD_F32);
+    e->f16g = (w->fmt == BE_W_FP8 || w->fmt == BE_W_FP4) && w->scale_dtype == MD_F8_E8M0 && sb
+                  ? f16x2_shift(w->fmt == BE_W_FP4, (const uint8_t *)w->scale, sb) : F16X2_NONE;
     if (widen) {
         /* stage the 16-bit matrix in scratch, widen into the entry */
         size_t n = (size_t)w->rows * (size_t)w->cols;
@@ -599,6 +610,19 @@ static int fp8_gemm_ok(const cuda_be *c, const be_weight *w, size_t T, int64_t r
 
 static size_t fp8_tmp_bytes(size_t T, int64_t K) { return up256(T * (size_t)K) + up256(T * (size_t)(K / 128) * 4); }
 
+/* f16x2_gemm's scratch: two f16 planes of x, the rows' shifts, two planes of products */
+static size_t f16x2_tmp_bytes(size_t T, int64_t n, int64_t K)
+{
+    return up256(2 * T * (size_t)K * 2) + up256(T * 4) + up256(2 * T * (size_t)n * 4);
+}
+
+/* the weight goes over as f16 with two f16 planes of x: where bf16x3 would take three bf16 planes (x not act_quant'd)
+ * and the weight's scales allow it */
+static int f16x2_ok(const cuda_be *c, const wentry *e)
+{
+    return c->f16x2 && c->math == BCU_MATH_BF16X3 && !c->x_fp8 && e->f16g != F16X2_NONE;
+}
+
 static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int64_t n, int64_t K)
 {
     const int deq = dequant_gemm(c, w, T, w->cols - K, K);
@@ -606,6 +630,7 @@ static size_t core_tmp_bytes(const cuda_be *c, const be_weight *w, size_t T, int
     const size_t wb = deq ? up256((size_t)n * (size_t)K * 2) : 0;
     size_t b = c->math == BCU_MATH_BF16 ? wb + up256(T * (size_t)K * 2)
                                         : wb + up256(3 * T * (size_t)K * 2) + up256(3 * T * (size_t)n * 4);
+    if (deq && wb + f16x2_tmp_bytes(T, n, K) > b) b = wb + f16x2_tmp_bytes(T, n, K);
     if (fp8_gemm_ok(c, w, T, 0, w->cols - K, K) && fp8_tmp_bytes(T, K) > b) b = fp8_tmp_bytes(T, K);
     return b;
 }
@@ -650,6 +675,23 @@ static int bf16_gemm(cuda_be *c, const uint16_t *A, int lda, float *dy, const fl
     return 0;
 }
 
+/* dy [T, n] = dx [T, K] . (A 2^-g)^T for an f16 A [n, K] (leading dimension lda): the weight times 2^g, exact
+ * (f16x2.h), against two f16 planes of x, each row shifted into f16's range and shifted back after the sum */
+static int f16x2_gemm(cuda_be *c, const uint16_t *A, int lda, int g, float *dy, const float *dx, size_t T, int64_t n,
+                      int64_t K, char *tmp)
+{
+    uint16_t *xh = (uint16_t *)tmp;
+    int *rsh = (int *)(tmp + up256(2 * T * (size_t)K * 2));
+    float *part = (float *)(tmp + up256(2 * T * (size_t)K * 2) + up256(T * 4));
+    const float one = 1.0f, zero = 0.0f;
+    CU(bcu_split_f16x2(xh, rsh, dx, T, (size_t)K, c->st));
+    BL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * 2, (int)K, &one, A, CUDA_R_16F, lda, xh,
+                    CUDA_R_16F, (int)K, &zero, part, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CU(bcu_sum2_unscale(dy, part, rsh, T, (size_t)n, g, c->st));
+    c->f16x2_calls++;
+    return 0;
+}
+
 static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, const float *dx, size_t T, int64_t r0,
                 int64_t n, int64_t c0, int64_t K, char *tmp)
 {
@@ -678,6 +720,11 @@ static int core(cuda_be *c, const wentry *e, const be_weight *w, float *dy, cons
     }
     if (dequant_gemm(c, w, T, c0, K)) {
         uint16_t *wb = (uint16_t *)tmp;
+        if (f16x2_ok(c, e)) {
+            CU(bcu_dequant_f16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows,
+                               w->cols, w->block, r0, n, e->f16g, c->st));
+            return f16x2_gemm(c, wb, (int)K, e->f16g, dy, dx, T, n, K, tmp + up256((size_t)n * (size_t)K * 2));
+        }
         CU(bcu_dequant_bf16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols,
                             w->block, r0, n, c->st));
         return bf16_gemm(c, wb, (int)K, dy, dx, T, n, K, tmp + up256((size_t)n * (size_t)K * 2));
@@ -756,9 +803,11 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
      * dequantise, a split, a GEMM and a sum each) */
     const int batched = groups > 1 && c->grouped_one && w->fmt != BE_W_DENSE && dequant_gemm(c, w, T, 0, K) &&
                         T <= 0x7fffffff / 3 && K * groups <= 0x7fffffff;
-    const int planes = c->math == BCU_MATH_BF16 ? 1 : 3;
-    const size_t wbb = up256((size_t)w->rows * (size_t)K * 2), xpb = up256((size_t)planes * T * (size_t)K * groups * 2),
-                 ptb = planes == 3 ? up256((size_t)planes * T * (size_t)w->rows * 4) : 0;
+    const int f16 = batched && c->math != BCU_MATH_BF16 && f16x2_ok(c, e); /* two f16 planes for bf16x3's three */
+    const int planes = c->math == BCU_MATH_BF16 ? 1 : f16 ? 2 : 3;
+    const size_t wbb = up256((size_t)w->rows * (size_t)K * 2),
+                 xpb = up256((size_t)planes * T * (size_t)K * groups * 2) + (f16 ? up256(T * 4) : 0),
+                 ptb = planes > 1 ? up256((size_t)planes * T * (size_t)w->rows * 4) : 0;
     size_t need = xall + yall + xb + yb + core_tmp_bytes(c, w, T, n, K);
     if (batched && xall + yall + wbb + xpb + ptb > need) need = xall + yall + wbb + xpb + ptb;
     if (scratch(c, need)) return -1;
@@ -772,18 +821,29 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
     if (batched) {
         char *t = c->scratch + xall + yall;
         uint16_t *wb = (uint16_t *)t, *xp = (uint16_t *)(t + wbb);
-        float *part = planes == 3 ? (float *)(t + wbb + xpb) : dya;
+        int *rsh = (int *)(t + wbb + up256((size_t)planes * T * (size_t)K * groups * 2)); /* f16: the rows' shifts */
+        float *part = planes > 1 ? (float *)(t + wbb + xpb) : dya;
         const int64_t R = w->rows, Kg = K * groups;
         const float one = 1.0f, zero = 0.0f;
-        CU(bcu_dequant_bf16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols,
-                            w->block, 0, R, c->st));
-        CU(bcu_split_bf16(xp, dxa, T * (size_t)Kg, planes, c->st)); /* [plane][T][Kg] */
+        const int fmt = w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
+        if (f16) {
+            CU(bcu_dequant_f16(wb, fmt, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols, w->block, 0, R, e->f16g, c->st));
+            CU(bcu_split_f16x2(xp, rsh, dxa, T, (size_t)Kg, c->st)); /* [plane][T][Kg], a shift a row */
+        } else {
+            CU(bcu_dequant_bf16(wb, fmt, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols, w->block, 0, R, c->st));
+            CU(bcu_split_bf16(xp, dxa, T * (size_t)Kg, planes, c->st)); /* [plane][T][Kg] */
+        }
         /* group g: rows [g n, +n) of the weight, columns [g K, +K) of x's plane rows, columns [g n, +n) of y */
-        BL(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * planes, (int)K, &one, wb,
-                                      CUDA_R_16BF, (int)K, (long long)n * K, xp, CUDA_R_16BF, (int)Kg, (long long)K,
-                                      &zero, part, CUDA_R_32F, (int)R, (long long)n, groups, CUBLAS_COMPUTE_32F,
+        const cudaDataType_t ty = f16 ? CUDA_R_16F : CUDA_R_16BF;
+        BL(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T * planes, (int)K, &one, wb, ty,
+                                      (int)K, (long long)n * K, xp, ty, (int)Kg, (long long)K, &zero, part,
+                                      CUDA_R_32F, (int)R, (long long)n, groups, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
         if (planes == 3) CU(bcu_sum3(dya, part, T * (size_t)R, c->st));
+        if (f16) {
+            CU(bcu_sum2_unscale(dya, part, rsh, T, (size_t)R, e->f16g, c->st));
+            c->f16x2_calls++;
+        }
         done = 1;
     }
     if (strided && groups > 1 && c->grouped_one) {
@@ -2125,6 +2185,26 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
         if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
             done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;
     }
+    if (e && !done && !c->failed && c->aq_bf16 && c->x8_kernel && w->cols % 128 == 0 && !((uintptr_t)x & 15u) &&
+        dequant_gemm(c, w, T, 0, w->cols)) {
+        /* the same bits as the copy + bcu_fq_fp8 + core() below (one bf16 plane of the act_quant'd x) in one pass
+         * over x: the weight dequantised, x act_quant'd into its plane, one GEMM */
+        const int64_t K = w->cols, n = w->rows;
+        const size_t wbb = up256((size_t)n * (size_t)K * 2);
+        if (T <= 0x7fffffff && !scratch(c, wbb + up256(T * (size_t)K * 2) + 256)) {
+            uint16_t *wb = (uint16_t *)c->scratch, *xb = (uint16_t *)(c->scratch + wbb);
+            const float one = 1.0f, zero = 0.0f;
+            DV_CU(bcu_dequant_bf16(wb, w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4, e->d, e->ds, BCU_SC_E8M0, w->rows,
+                                   w->cols, w->block, 0, n, c->st));
+            DV_CU(bcu_aq_bf16(xb, x, T, (size_t)K, (size_t)K, c->st));
+            const cublasStatus_t b = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)K, &one, wb,
+                                                  CUDA_R_16BF, (int)K, xb, CUDA_R_16BF, (int)K, &zero, y, CUDA_R_32F,
+                                                  (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (b != CUBLAS_STATUS_SUCCESS) fail(c, "cublasGemmEx (act_quant'd bf16 plane): status %d", (int)b);
+            c->aq_bf16_calls++;
+            done = 1;
+        }
+    }
     if (e && !done && !c->failed) {
         const size_t K = (size_t)w->cols, qb = up256(T * K * 4);
         if (!scratch(c, qb + core_tmp_bytes(c, w, T, w->rows, w->cols) + 256)) {
@@ -2842,6 +2922,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
      * 7.52); it was 32 */
     c->moe_gemv_T = env_size("DEEPINFER_CUDA_MOE_GEMV", math == BCU_MATH_BF16 || c->moe_wg == 2 ? 16 : 56);
     c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
+    c->f16x2 = env_size("DEEPINFER_CUDA_F16X2", 1) != 0;
+    c->aq_bf16 = env_size("DEEPINFER_CUDA_AQ_BF16", 1) != 0;
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
@@ -2954,6 +3036,8 @@ extern "C" cudaStream_t bcu_stream(const be_backend *be) { return get(be)->st; }
 extern "C" const char *bcu_device_name(const be_backend *be) { return get(be)->name; }
 extern "C" size_t bcu_weight_bytes(const be_backend *be) { return get(be)->weight_bytes; }
 extern "C" size_t bcu_fp8_gemm_calls(const be_backend *be) { return get(be)->fp8_calls; }
+extern "C" size_t bcu_f16x2_calls(const be_backend *be) { return get(be)->f16x2_calls; }
+extern "C" size_t bcu_aq_bf16_calls(const be_backend *be) { return get(be)->aq_bf16_calls; }
 extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager)
 {
     const cuda_be *c = get(be);

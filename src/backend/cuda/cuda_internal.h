@@ -143,6 +143,13 @@ cudaError_t bcu_rmsnorm(float *y, const float *x, size_t rows, size_t dim, const
 cudaError_t bcu_split_bf16(uint16_t *dst, const float *x, size_t n, int planes, cudaStream_t st);
 /* y[i] = p[i] + (p[n+i] + p[2n+i]) for the three partial products of bf16x3 */
 cudaError_t bcu_sum3(float *y, const float *p, size_t n, cudaStream_t st);
+/* x [rows, L] in two f16 planes, dst [2][rows][L] (hi, lo), each row scaled by 2^rsh[row] so that its largest
+ * magnitude lies in [2^14, 2^15) (f16x2.h): x[t, i] 2^rsh[t] = hi + lo + e with |e| <= 2^-22 |x[t, i] 2^rsh[t]| or
+ * 2^-25.  dst 8-byte aligned. */
+cudaError_t bcu_split_f16x2(uint16_t *dst, int *rsh, const float *x, size_t rows, size_t L, cudaStream_t st);
+/* y [rows, L] = (p[0] + p[1]) 2^-(rsh[t] + g), p [2][rows][L] the products of bcu_split_f16x2's planes with a weight
+ * scaled by 2^g */
+cudaError_t bcu_sum2_unscale(float *y, const float *p, const int *rsh, size_t rows, size_t L, int g, cudaStream_t st);
 /* fp32 copies of bf16 / f16 weights (FP32 mode) */
 cudaError_t bcu_widen(float *dst, const uint16_t *src, size_t n, int is_f16, cudaStream_t st);
 
@@ -165,6 +172,11 @@ cudaError_t bcu_widen(float *dst, const uint16_t *src, size_t n, int is_f16, cud
  * CUDA call.  Asynchronous on st; n = 0 does nothing. */
 cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype, int64_t rows,
                              int64_t cols, int block, int64_t r0, int64_t n, cudaStream_t st);
+/* the same rows as f16 times 2^g: every element decode(code) * 2^(s - 127 + g) for its scale byte s, rounded to
+ * nearest; exact for every code where g is f16x2_shift's for the weight's scale bytes (src/backend/f16x2.h).  The
+ * same arguments and checks as bcu_dequant_bf16, and |g| <= 254. */
+cudaError_t bcu_dequant_f16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype, int64_t rows,
+                            int64_t cols, int block, int64_t r0, int64_t n, int g, cudaStream_t st);
 
 /* ---- fp8_gemm.cu: prefill GEMMs of FP8 weights on the FP8 tensor cores (cuBLASLt block scaling) */
 
@@ -191,6 +203,10 @@ cudaError_t bcu_fp8lt_gemm(bcu_fp8lt *f, float *y, const uint8_t *w, const float
                            const float *sx, int64_t n, int64_t T, int64_t K, cudaStream_t st);
 /* FP8 GEMMs the backend ran through bcu_fp8lt_gemm since it was created (tests: the path was taken) */
 size_t bcu_fp8_gemm_calls(const be_backend *be);
+/* GEMMs that took two f16 planes of x (DEEPINFER_CUDA_F16X2) */
+size_t bcu_f16x2_calls(const be_backend *be);
+/* linear_aq calls that act_quant'd x straight into its bf16 plane (DEEPINFER_CUDA_AQ_BF16) */
+size_t bcu_aq_bf16_calls(const be_backend *be);
 /* the device graph's regions (be_dev_ops.graph_begin) so far: recorded as CUDA graphs, replayed, run eagerly */
 void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager);
 /* the device graph's pinned upload ring: its size, how often a forward outgrew it (a larger one, no wait), and the

@@ -82,6 +82,21 @@ __device__ __forceinline__ uint32_t dq_bf16x2(float lo, float hi)
     return d;
 }
 
+/* (f16(lo), f16(hi)) rounded to nearest even, lo in the low half (exact where f16x2.h's rule holds) */
+__device__ __forceinline__ uint32_t dq_f16x2(float lo, float hi)
+{
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+/* two products as the output type's pair: bf16 (F16 = 0) or f16 */
+template <int F16>
+__device__ __forceinline__ uint32_t dq_out2(float lo, float hi)
+{
+    return F16 ? dq_f16x2(lo, hi) : dq_bf16x2(lo, hi);
+}
+
 /* byte i of the result = byte (s >> 4i) & 7 of {b, a} (selector nibbles < 8) */
 __device__ __forceinline__ uint32_t dq_prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
 
@@ -94,7 +109,7 @@ __device__ __forceinline__ void dq_st16(uint4 *p, uint4 v) { *p = v; }
 template <typename... P>
 int dq_fill_blocks(void (*kern)(P...), int slot)
 {
-    static std::atomic<int> cache[64][2];
+    static std::atomic<int> cache[64][4];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = -1;
     int v = dev >= 0 ? cache[dev][slot].load(std::memory_order_relaxed) : 0;
@@ -125,29 +140,32 @@ cudaError_t dq_launch(void (*kern)(P...), unsigned grid, cudaStream_t st, A... a
 
 namespace {
 
-/* four e4m3 codes (bytes of v, element 0 in the low byte) times s -> four bf16 in two words */
+/* four e4m3 codes (bytes of v, element 0 in the low byte) times s -> four bf16 (F16: f16) in two words */
+template <int F16>
 __device__ __forceinline__ void dq_e4m3x4(uint32_t v, float s, uint32_t *o0, uint32_t *o1)
 {
     float a, b, c, d;
     dq_f16x2_f32(dq_e4m3x2_f16x2(v), &a, &b);
     dq_f16x2_f32(dq_e4m3x2_f16x2(v >> 16), &c, &d);
-    *o0 = dq_bf16x2(a * s, b * s);
-    *o1 = dq_bf16x2(c * s, d * s);
+    *o0 = dq_out2<F16>(a * s, b * s);
+    *o1 = dq_out2<F16>(c * s, d * s);
 }
 
-/* eight e4m3 codes (bytes of q, element 0 in the low byte of q.x) times s -> eight bf16 */
+/* eight e4m3 codes (bytes of q, element 0 in the low byte of q.x) times s -> eight bf16 (F16: f16) */
+template <int F16>
 __device__ __forceinline__ uint4 dq_e4m3x8(uint2 q, float s)
 {
     uint4 o;
-    dq_e4m3x4(q.x, s, &o.x, &o.y);
-    dq_e4m3x4(q.y, s, &o.z, &o.w);
+    dq_e4m3x4<F16>(q.x, s, &o.x, &o.y);
+    dq_e4m3x4<F16>(q.y, s, &o.z, &o.w);
     return o;
 }
 
-/* eight e2m1 codes (nibbles of v, element 0 in the low nibble) times s -> eight bf16.
+/* eight e2m1 codes (nibbles of v, element 0 in the low nibble) times s -> eight bf16 (F16: f16).
  * e2m1 s|e|e|m is 2^6 times e4m3 s|0|0|0|e|e|m|0|0: the even elements' codes
  * (low nibbles) and the odd ones' (high nibbles) are built byte-parallel, put
  * back in element order (prmt), widened to f16, and multiplied by 64 there. */
+template <int F16>
 __device__ __forceinline__ uint4 dq_e2m1x8(uint32_t v, float s)
 {
     const uint32_t ev = ((v << 4) & 0x80808080u) | ((v << 2) & 0x1c1c1c1cu); /* elements 0, 2, 4, 6 */
@@ -161,7 +179,7 @@ __device__ __forceinline__ uint4 dq_e2m1x8(uint32_t v, float s)
     for (int k = 0; k < 4; k++) {
         float a, b;
         dq_f16x2_f32(dq_hmul2(h[k], k64), &a, &b);
-        o[k] = dq_bf16x2(a * s, b * s);
+        o[k] = dq_out2<F16>(a * s, b * s);
     }
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
@@ -174,12 +192,13 @@ struct DqArgs {
     int64_t upr;          /* units per row, cols / 8 */
     int64_t r0, nsb;      /* first weight row; scales per scale row */
     int lbs;              /* log2(block) */
+    int g;                /* added to every scale byte: the f16 copy's shift G (f16x2.h), 0 for bf16 */
     int64_t sq, sr;       /* the grid stride in units = sq rows + sr units, sr < upr */
 };
 
-/* FMT BCU_RW_FP8 or BCU_RW_FP4; a pass loads DQ_UNROLL units and their scale
- * bytes, then decodes and stores them */
-template <int FMT>
+/* FMT BCU_RW_FP8 or BCU_RW_FP4, F16 the output type (0 bf16, 1 f16); a pass
+ * loads DQ_UNROLL units and their scale bytes, then decodes and stores them */
+template <int FMT, int F16>
 __global__ void __launch_bounds__(DQ_THREADS) dequant_kernel(DqArgs a)
 {
     const int64_t stride = (int64_t)gridDim.x * DQ_THREADS;
@@ -215,8 +234,8 @@ __global__ void __launch_bounds__(DQ_THREADS) dequant_kernel(DqArgs a)
         for (int u = 0; u < DQ_UNROLL; u++) {
             const int64_t iu = i0 + u * stride;
             if (iu >= a.nu) break;
-            const float s = ue8m0(sb[u]);
-            dq_st16(a.dst + iu, FMT == BCU_RW_FP8 ? dq_e4m3x8(q[u], s) : dq_e2m1x8(q[u].x, s));
+            const float s = ue8m0(sb[u] + a.g);
+            dq_st16(a.dst + iu, FMT == BCU_RW_FP8 ? dq_e4m3x8<F16>(q[u], s) : dq_e2m1x8<F16>(q[u].x, s));
         }
     }
 }
@@ -230,9 +249,8 @@ int dq_log2(int64_t v)
 
 } /* namespace */
 
-extern "C" cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype,
-                                        int64_t rows, int64_t cols, int block, int64_t r0, int64_t n,
-                                        cudaStream_t st)
+static cudaError_t dequant(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype, int64_t rows,
+                           int64_t cols, int block, int64_t r0, int64_t n, int f16, int g, cudaStream_t st)
 {
     if (fmt != BCU_RW_FP8 && fmt != BCU_RW_FP4) return cudaErrorInvalidValue;
     if (sc_dtype != BCU_SC_E8M0) return cudaErrorInvalidValue;
@@ -241,6 +259,7 @@ extern "C" cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, c
     if (block < 16 || (block & (block - 1))) return cudaErrorInvalidValue;
     if (cols % (fmt == BCU_RW_FP8 ? 16 : 32)) return cudaErrorInvalidValue; /* whole 16-byte rows of codes */
     if (fmt == BCU_RW_FP4 && cols % block) return cudaErrorInvalidValue; /* scales [rows, cols / block] */
+    if (g < -254 || g > 254) return cudaErrorInvalidValue;
     if (n == 0) return cudaSuccess;
     if (!dst || !w || !scale || ((uintptr_t)dst & 15u) || ((uintptr_t)w & 15u)) return cudaErrorInvalidValue;
 
@@ -253,14 +272,29 @@ extern "C" cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, c
     a.r0 = r0;
     a.nsb = fmt == BCU_RW_FP8 ? (cols + block - 1) / block : cols / block;
     a.lbs = dq_log2(block);
-    const int fill = fmt == BCU_RW_FP8 ? dq_fill_blocks(dequant_kernel<BCU_RW_FP8>, 0)
-                                       : dq_fill_blocks(dequant_kernel<BCU_RW_FP4>, 1);
+    a.g = g;
+    void (*kern)(DqArgs) = fmt == BCU_RW_FP8 ? (f16 ? dequant_kernel<BCU_RW_FP8, 1> : dequant_kernel<BCU_RW_FP8, 0>)
+                                             : (f16 ? dequant_kernel<BCU_RW_FP4, 1> : dequant_kernel<BCU_RW_FP4, 0>);
+    const int fill = dq_fill_blocks(kern, (fmt == BCU_RW_FP8 ? 0 : 2) + f16);
     const int64_t per_block = (int64_t)DQ_THREADS * DQ_UNROLL;
     const int64_t need = (a.nu + per_block - 1) / per_block;
     const unsigned grid = (unsigned)(need < fill ? need : fill);
     const int64_t stride = (int64_t)grid * DQ_THREADS;
     a.sq = stride / a.upr;
     a.sr = stride % a.upr;
-    return fmt == BCU_RW_FP8 ? dq_launch(dequant_kernel<BCU_RW_FP8>, grid, st, a)
-                             : dq_launch(dequant_kernel<BCU_RW_FP4>, grid, st, a);
+    return dq_launch(kern, grid, st, a);
+}
+
+extern "C" cudaError_t bcu_dequant_bf16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype,
+                                        int64_t rows, int64_t cols, int block, int64_t r0, int64_t n,
+                                        cudaStream_t st)
+{
+    return dequant(dst, fmt, w, scale, sc_dtype, rows, cols, block, r0, n, 0, 0, st);
+}
+
+extern "C" cudaError_t bcu_dequant_f16(uint16_t *dst, int fmt, const void *w, const void *scale, int sc_dtype,
+                                       int64_t rows, int64_t cols, int block, int64_t r0, int64_t n, int g,
+                                       cudaStream_t st)
+{
+    return dequant(dst, fmt, w, scale, sc_dtype, rows, cols, block, r0, n, 1, g, st);
 }

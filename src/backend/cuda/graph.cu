@@ -38,6 +38,7 @@
  *
  * Not here: the GEMMs, RMSNorm (kernels.cu), attention (attn.cu), the grouped
  * experts (moe.cu). */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -710,6 +711,35 @@ __global__ void __launch_bounds__(GR_NT)
     }
 }
 
+/* bcu_aq_bf16: gr_fq_kernel<0> on a copy of 128-column blocks, written as bf16 (exact: an e4m3 value times a power
+ * of two) instead of in place: a warp a block, four columns a lane (one float4 in, 8 bytes out) */
+__global__ void __launch_bounds__(GR_NT)
+    gr_aq_bf16_kernel(uint16_t *dst, const float *x, size_t rows, size_t stride, size_t n, size_t nb)
+{
+    pdl_trigger();
+    pdl_wait();
+    const size_t g = GR_TID / 32;
+    const int lane = threadIdx.x & 31;
+    if (g >= rows * nb) return;
+    const size_t r = g / nb, c = (g % nb) * 128 + 4 * (size_t)lane;
+    const float4 v = *(const float4 *)(x + r * stride + c);
+    float amax = fmaxf(fmaxf(1e-4f, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = gr_pow2_ceil(__fmul_rn(amax, 1.0f / 448.0f));
+    const float inv = aq_inv(sc);
+    const float in[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const float a = __fmul_rn(gr_dec_e4m3(gr_enc_e4m3(__fmul_rn(in[2 * k], inv))), sc);
+        const float b = __fmul_rn(gr_dec_e4m3(gr_enc_e4m3(__fmul_rn(in[2 * k + 1], inv))), sc);
+        o[k] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+               (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+    }
+    *(uint2 *)(dst + r * n + c) = make_uint2(o[0], o[1]);
+}
+
 /* One block per row, in shared memory; stage h pairs (j, j + h) exactly as
  * hadamard() (the pairs of a stage are independent, the stages ordered). */
 __global__ void __launch_bounds__(GR_NT) gr_hadamard_kernel(float *x, int n)
@@ -1169,6 +1199,18 @@ static cudaError_t fq_launch(int fp4, float *x, size_t rows, size_t stride, size
 extern "C" cudaError_t bcu_fq_fp8(float *x, size_t rows, size_t stride, size_t n, int block, cudaStream_t st)
 {
     return fq_launch(0, x, rows, stride, n, block, st);
+}
+
+extern "C" cudaError_t bcu_aq_bf16(uint16_t *dst, const float *x, size_t rows, size_t stride, size_t n,
+                                   cudaStream_t st)
+{
+    if (!rows || !n) return cudaSuccess;
+    if (!dst || !x || n % 128 || stride % 4 || stride < n || ((uintptr_t)x & 15u) || ((uintptr_t)dst & 7u))
+        return GR_INVALID;
+    const size_t nb = n / 128, warps = rows * nb, grid = (warps + GR_NT / 32 - 1) / (GR_NT / 32);
+    if (nb > SIZE_MAX / rows || grid > INT_MAX) return GR_INVALID;
+    pdl_launch(gr_aq_bf16_kernel, (unsigned)grid, GR_NT, 0, st, dst, x, rows, stride, n, nb);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t bcu_fq_fp4(float *x, size_t rows, size_t stride, size_t n, int block, cudaStream_t st)

@@ -91,6 +91,10 @@ cudaError_t bcu_norm_rope(float *x, size_t rows, size_t dim, const float *w, flo
  * x = decode(encode(x / scale)) * scale with dtype.c's round-to-nearest-even, saturating encoders. */
 cudaError_t bcu_fq_fp8(float *x, size_t rows, size_t stride, size_t n, int block, cudaStream_t st);
 cudaError_t bcu_fq_fp4(float *x, size_t rows, size_t stride, size_t n, int block, cudaStream_t st);
+/* dst [rows, n] (dense bf16) = bcu_fq_fp8(copy of x, rows, stride, n, 128) as bf16, every element exact (an e4m3
+ * value times a power of two): the one activation plane of an FP8 linear's dequantised GEMM, x left as it is.
+ * n a multiple of 128, stride of 4, x 16-byte and dst 8-byte aligned. */
+cudaError_t bcu_aq_bf16(uint16_t *dst, const float *x, size_t rows, size_t stride, size_t n, cudaStream_t st);
 /* v4.c hadamard() on each row of n floats (n a power of two <= 1024; rows dense): Sylvester order, * n^-1/2 */
 cudaError_t bcu_hadamard(float *x, size_t rows, size_t n, cudaStream_t st);
 

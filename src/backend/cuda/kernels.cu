@@ -2481,6 +2481,118 @@ __global__ void split_kernel(uint16_t *dst, const float *x, size_t n, int planes
     }
 }
 
+/* split_kernel four elements a thread: a float4 in, 8 bytes out a plane (n a multiple of 4, x and dst aligned) */
+__global__ void split4_kernel(uint16_t *dst, const float4 *x, size_t n4, size_t n, int planes)
+{
+    pdl_enter();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 v = x[i];
+        float r[4] = {v.x, v.y, v.z, v.w};
+        for (int p = 0; p < planes; p++) {
+            uint32_t w[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const __nv_bfloat16 a = __float2bfloat16_rn(r[2 * k]), b = __float2bfloat16_rn(r[2 * k + 1]);
+                w[k] = (uint32_t)__bfloat16_as_ushort(a) | (uint32_t)__bfloat16_as_ushort(b) << 16;
+                r[2 * k] -= __bfloat162float(a);
+                r[2 * k + 1] -= __bfloat162float(b);
+            }
+            *(uint2 *)(dst + (size_t)p * n + 4 * i) = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+/* bcu_split_f16x2: one block a row.  The row's largest magnitude m = f 2^e (f in [0.5, 1)) gives the shift r = 15 - e
+ * (clamped to [-120, 120]), so that x 2^r stays below 2^15; then hi = f16(x 2^r), lo = f16(x 2^r - hi), both rounded
+ * to nearest (x 2^r - hi is exact in fp32).  Per element |x 2^r - hi - lo| <= 2^-22 |x 2^r|, or 2^-25 where lo is an
+ * f16 subnormal: 2^-40 of the row's largest. */
+#define SPLIT_F16_NT 256
+__global__ void __launch_bounds__(SPLIT_F16_NT) split_f16x2_kernel(uint16_t *dst, int *rsh, const float *x,
+                                                                    size_t rows, size_t L)
+{
+    __shared__ float wmax[SPLIT_F16_NT / 32];
+    pdl_enter();
+    const float *xr = x + blockIdx.x * L;
+    const int vec = (L % 4) == 0 && ((uintptr_t)x & 15u) == 0;
+    float m = 0.0f;
+    if (vec)
+        for (size_t i = threadIdx.x; i < L / 4; i += SPLIT_F16_NT) {
+            const float4 v = ((const float4 *)xr)[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+    else
+        for (size_t i = threadIdx.x; i < L; i += SPLIT_F16_NT) m = fmaxf(m, fabsf(xr[i]));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = wmax[0];
+#pragma unroll
+    for (int k = 1; k < SPLIT_F16_NT / 32; k++) m = fmaxf(m, wmax[k]);
+    int r = 0;
+    if (m > 0.0f && m <= 3.4028235e38f) { /* NaN and inf rows keep r = 0: their products are NaN / inf anyway */
+        int e;
+        (void)frexpf(m, &e);
+        r = 15 - e;
+        r = r < -120 ? -120 : r > 120 ? 120 : r;
+    }
+    if (threadIdx.x == 0) rsh[blockIdx.x] = r;
+    const float sc = __int_as_float((127 + r) << 23); /* 2^r, a normal fp32 for r in [-120, 120] */
+    uint16_t *hi = dst + blockIdx.x * L, *lo = dst + rows * L + blockIdx.x * L;
+    if (vec)
+        for (size_t i = threadIdx.x; i < L / 4; i += SPLIT_F16_NT) {
+            const float4 v = ((const float4 *)xr)[i];
+            const float a[4] = {v.x * sc, v.y * sc, v.z * sc, v.w * sc};
+            uint32_t h[2], l[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const __half h0 = __float2half_rn(a[2 * k]), h1 = __float2half_rn(a[2 * k + 1]);
+                const __half l0 = __float2half_rn(a[2 * k] - __half2float(h0)),
+                             l1 = __float2half_rn(a[2 * k + 1] - __half2float(h1));
+                h[k] = (uint32_t)__half_as_ushort(h0) | (uint32_t)__half_as_ushort(h1) << 16;
+                l[k] = (uint32_t)__half_as_ushort(l0) | (uint32_t)__half_as_ushort(l1) << 16;
+            }
+            ((uint2 *)hi)[i] = make_uint2(h[0], h[1]);
+            ((uint2 *)lo)[i] = make_uint2(l[0], l[1]);
+        }
+    else
+        for (size_t i = threadIdx.x; i < L; i += SPLIT_F16_NT) {
+            const float a = xr[i] * sc;
+            const __half h0 = __float2half_rn(a);
+            hi[i] = __half_as_ushort(h0);
+            lo[i] = __half_as_ushort(__float2half_rn(a - __half2float(h0)));
+        }
+}
+
+/* y[t, j] = (p[t, j] + p[rows + t, j]) 2^-(rsh[t] + g): the two planes' products of bcu_split_f16x2, unscaled.
+ * Rows over blockIdx.y (strided past 65535), columns over x; four a thread where L allows */
+__global__ void sum2_unscale_kernel(float *y, const float *p, const int *rsh, size_t rows, size_t L, int g)
+{
+    pdl_enter();
+    const size_t n = rows * L;
+    const int vec = L % 4 == 0 && !((uintptr_t)y & 15u) && !((uintptr_t)p & 15u);
+    for (size_t t = blockIdx.y; t < rows; t += gridDim.y) {
+        const int e = -(rsh[t] + g);
+        const int mul = e >= -126 && e <= 127; /* 2^e a normal fp32: one exact multiply */
+        const float f = mul ? __int_as_float((127 + e) << 23) : 1.0f;
+        const float *a = p + t * L, *b = p + n + t * L;
+        float *yr = y + t * L;
+        if (vec)
+            for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < L / 4; i += (size_t)gridDim.x * blockDim.x) {
+                const float4 u = ((const float4 *)a)[i], v = ((const float4 *)b)[i];
+                float4 o = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+                if (mul) o = make_float4(o.x * f, o.y * f, o.z * f, o.w * f);
+                else o = make_float4(ldexpf(o.x, e), ldexpf(o.y, e), ldexpf(o.z, e), ldexpf(o.w, e));
+                ((float4 *)yr)[i] = o;
+            }
+        else
+            for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < L; i += (size_t)gridDim.x * blockDim.x) {
+                const float o = a[i] + b[i];
+                yr[i] = mul ? o * f : ldexpf(o, e);
+            }
+    }
+}
+
 __global__ void sum3_kernel(float *y, const float *p, size_t n)
 {
     pdl_enter();
@@ -2504,7 +2616,28 @@ static unsigned grid_for(size_t n)
 extern "C" cudaError_t bcu_split_bf16(uint16_t *dst, const float *x, size_t n, int planes, cudaStream_t st)
 {
     if (!n) return cudaSuccess;
-    pdl_launch(split_kernel, grid_for(n), 256, 0, st, dst, x, n, planes);
+    if (n % 4 == 0 && !((uintptr_t)x & 15u) && !((uintptr_t)dst & 7u))
+        pdl_launch(split4_kernel, grid_for(n / 4), 256, 0, st, dst, (const float4 *)x, n / 4, n, planes);
+    else pdl_launch(split_kernel, grid_for(n), 256, 0, st, dst, x, n, planes);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_split_f16x2(uint16_t *dst, int *rsh, const float *x, size_t rows, size_t L, cudaStream_t st)
+{
+    if (!rows || !L) return cudaSuccess;
+    if (rows > 0x7fffffffu) return cudaErrorInvalidValue;
+    if (((uintptr_t)dst & 7u) || (L % 4 && ((uintptr_t)dst & 1u))) return cudaErrorInvalidValue;
+    pdl_launch(split_f16x2_kernel, (unsigned)rows, SPLIT_F16_NT, 0, st, dst, rsh, x, rows, L);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t bcu_sum2_unscale(float *y, const float *p, const int *rsh, size_t rows, size_t L, int g,
+                                        cudaStream_t st)
+{
+    if (!rows || !L) return cudaSuccess;
+    const size_t cols = L % 4 ? L : L / 4, bx = (cols + 255) / 256;
+    const size_t gy = rows < 65535 ? rows : 65535, gx = bx * gy > 8192 ? (8192 / gy ? 8192 / gy : 1) : bx;
+    pdl_launch(sum2_unscale_kernel, dim3((unsigned)gx, (unsigned)gy), 256, 0, st, y, p, rsh, rows, L, g);
     return cudaGetLastError();
 }
 
