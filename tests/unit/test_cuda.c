@@ -1067,8 +1067,8 @@ static double row_rel_err(const float *a, const float *b, size_t rows, size_t n)
 
 /* bf16x3's prefill GEMM on a dequantised FP8 / FP4 weight with two f16 planes of x (the default) against the CPU,
  * row by row within 1e-5 of the row's largest output, on rows from 2^-40 to 2^40 (the row shifts), a zero row, a row
- * of one large element among tiny ones, and through linear (core) and linear_grouped (8 groups, one shift a token
- * row); the path counted where it should run (DEEPINFER_CUDA_F16X2 unset) and not where it should not (=0, or a
+ * of one large element among tiny ones, and through linear (core: a shift a token) and linear_grouped (8 groups: a
+ * shift a token and group); the path counted where it should run (DEEPINFER_CUDA_F16X2 unset) and not where it should not (=0, or a
  * weight whose scale bytes span more than f16x2.h allows: one block's scale moved 30 binades down).  Beside: the
  * three bf16 planes' error on the same calls. */
 static void test_f16x2_gemm(void **st)

@@ -806,7 +806,7 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
     const int f16 = batched && c->math != BCU_MATH_BF16 && f16x2_ok(c, e); /* two f16 planes for bf16x3's three */
     const int planes = c->math == BCU_MATH_BF16 ? 1 : f16 ? 2 : 3;
     const size_t wbb = up256((size_t)w->rows * (size_t)K * 2),
-                 xpb = up256((size_t)planes * T * (size_t)K * groups * 2) + (f16 ? up256(T * 4) : 0),
+                 xpb = up256((size_t)planes * T * (size_t)K * groups * 2) + (f16 ? up256(T * (size_t)groups * 4) : 0),
                  ptb = planes > 1 ? up256((size_t)planes * T * (size_t)w->rows * 4) : 0;
     size_t need = xall + yall + xb + yb + core_tmp_bytes(c, w, T, n, K);
     if (batched && xall + yall + wbb + xpb + ptb > need) need = xall + yall + wbb + xpb + ptb;
@@ -827,8 +827,9 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
         const float one = 1.0f, zero = 0.0f;
         const int fmt = w->fmt == BE_W_FP8 ? BCU_RW_FP8 : BCU_RW_FP4;
         if (f16) {
+            /* x [T][groups][K] as T groups rows of K: a shift a token and group ([plane][T][Kg] all the same) */
             CU(bcu_dequant_f16(wb, fmt, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols, w->block, 0, R, e->f16g, c->st));
-            CU(bcu_split_f16x2(xp, rsh, dxa, T, (size_t)Kg, c->st)); /* [plane][T][Kg], a shift a row */
+            CU(bcu_split_f16x2(xp, rsh, dxa, T * (size_t)groups, (size_t)K, c->st));
         } else {
             CU(bcu_dequant_bf16(wb, fmt, e->d, e->ds, BCU_SC_E8M0, w->rows, w->cols, w->block, 0, R, c->st));
             CU(bcu_split_bf16(xp, dxa, T * (size_t)Kg, planes, c->st)); /* [plane][T][Kg] */
@@ -841,7 +842,7 @@ static int grouped_locked(cuda_be *c, float *y, const float *x, size_t T, const 
                                       CUBLAS_GEMM_DEFAULT));
         if (planes == 3) CU(bcu_sum3(dya, part, T * (size_t)R, c->st));
         if (f16) {
-            CU(bcu_sum2_unscale(dya, part, rsh, T, (size_t)R, e->f16g, c->st));
+            CU(bcu_sum2_unscale(dya, part, rsh, T * (size_t)groups, (size_t)n, e->f16g, c->st)); /* [T][groups][n] */
             c->f16x2_calls++;
         }
         done = 1;

@@ -2505,30 +2505,13 @@ __global__ void split4_kernel(uint16_t *dst, const float4 *x, size_t n4, size_t 
 /* bcu_split_f16x2: one block a row.  The row's largest magnitude m = f 2^e (f in [0.5, 1)) gives the shift r = 15 - e
  * (clamped to [-120, 120]), so that x 2^r stays below 2^15; then hi = f16(x 2^r), lo = f16(x 2^r - hi), both rounded
  * to nearest (x 2^r - hi is exact in fp32).  Per element |x 2^r - hi - lo| <= 2^-22 |x 2^r|, or 2^-25 where lo is an
- * f16 subnormal: 2^-40 of the row's largest. */
+ * f16 subnormal: 2^-40 of the row's largest.  Rows of up to SPLIT_F16_KEEP float4s a thread stay in registers (one
+ * read of x); longer ones are read twice. */
 #define SPLIT_F16_NT 256
-__global__ void __launch_bounds__(SPLIT_F16_NT) split_f16x2_kernel(uint16_t *dst, int *rsh, const float *x,
-                                                                    size_t rows, size_t L)
+#define SPLIT_F16_KEEP 4
+
+__device__ __forceinline__ int split_f16_shift(float m)
 {
-    __shared__ float wmax[SPLIT_F16_NT / 32];
-    pdl_enter();
-    const float *xr = x + blockIdx.x * L;
-    const int vec = (L % 4) == 0 && ((uintptr_t)x & 15u) == 0;
-    float m = 0.0f;
-    if (vec)
-        for (size_t i = threadIdx.x; i < L / 4; i += SPLIT_F16_NT) {
-            const float4 v = ((const float4 *)xr)[i];
-            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-        }
-    else
-        for (size_t i = threadIdx.x; i < L; i += SPLIT_F16_NT) m = fmaxf(m, fabsf(xr[i]));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = wmax[0];
-#pragma unroll
-    for (int k = 1; k < SPLIT_F16_NT / 32; k++) m = fmaxf(m, wmax[k]);
     int r = 0;
     if (m > 0.0f && m <= 3.4028235e38f) { /* NaN and inf rows keep r = 0: their products are NaN / inf anyway */
         int e;
@@ -2536,32 +2519,78 @@ __global__ void __launch_bounds__(SPLIT_F16_NT) split_f16x2_kernel(uint16_t *dst
         r = 15 - e;
         r = r < -120 ? -120 : r > 120 ? 120 : r;
     }
+    return r;
+}
+
+/* four scaled elements -> their hi and lo f16 quadruples */
+__device__ __forceinline__ void split_f16_quad(float4 v, float sc, uint2 *hi, uint2 *lo)
+{
+    const float a[4] = {v.x * sc, v.y * sc, v.z * sc, v.w * sc};
+    uint32_t h[2], l[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const __half h0 = __float2half_rn(a[2 * k]), h1 = __float2half_rn(a[2 * k + 1]);
+        const __half l0 = __float2half_rn(a[2 * k] - __half2float(h0)), l1 = __float2half_rn(a[2 * k + 1] - __half2float(h1));
+        h[k] = (uint32_t)__half_as_ushort(h0) | (uint32_t)__half_as_ushort(h1) << 16;
+        l[k] = (uint32_t)__half_as_ushort(l0) | (uint32_t)__half_as_ushort(l1) << 16;
+    }
+    *hi = make_uint2(h[0], h[1]);
+    *lo = make_uint2(l[0], l[1]);
+}
+
+__global__ void __launch_bounds__(SPLIT_F16_NT) split_f16x2_kernel(uint16_t *dst, int *rsh, const float *x,
+                                                                    size_t rows, size_t L)
+{
+    __shared__ float wmax[SPLIT_F16_NT / 32];
+    pdl_enter();
+    const float *xr = x + blockIdx.x * L;
+    const int vec = (L % 4) == 0 && ((uintptr_t)x & 15u) == 0;
+    const int keep = vec && L / 4 <= (size_t)SPLIT_F16_KEEP * SPLIT_F16_NT;
+    float4 kv[SPLIT_F16_KEEP];
+    float m = 0.0f;
+    if (keep) {
+#pragma unroll
+        for (int k = 0; k < SPLIT_F16_KEEP; k++) {
+            const size_t i = threadIdx.x + (size_t)k * SPLIT_F16_NT;
+            kv[k] = i < L / 4 ? ((const float4 *)xr)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(kv[k].x), fabsf(kv[k].y)), fmaxf(fabsf(kv[k].z), fabsf(kv[k].w))));
+        }
+    } else if (vec) {
+        for (size_t i = threadIdx.x; i < L / 4; i += SPLIT_F16_NT) {
+            const float4 v = ((const float4 *)xr)[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+    } else {
+        for (size_t i = threadIdx.x; i < L; i += SPLIT_F16_NT) m = fmaxf(m, fabsf(xr[i]));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = wmax[0];
+#pragma unroll
+    for (int k = 1; k < SPLIT_F16_NT / 32; k++) m = fmaxf(m, wmax[k]);
+    const int r = split_f16_shift(m);
     if (threadIdx.x == 0) rsh[blockIdx.x] = r;
     const float sc = __int_as_float((127 + r) << 23); /* 2^r, a normal fp32 for r in [-120, 120] */
     uint16_t *hi = dst + blockIdx.x * L, *lo = dst + rows * L + blockIdx.x * L;
-    if (vec)
-        for (size_t i = threadIdx.x; i < L / 4; i += SPLIT_F16_NT) {
-            const float4 v = ((const float4 *)xr)[i];
-            const float a[4] = {v.x * sc, v.y * sc, v.z * sc, v.w * sc};
-            uint32_t h[2], l[2];
+    if (keep) {
 #pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const __half h0 = __float2half_rn(a[2 * k]), h1 = __float2half_rn(a[2 * k + 1]);
-                const __half l0 = __float2half_rn(a[2 * k] - __half2float(h0)),
-                             l1 = __float2half_rn(a[2 * k + 1] - __half2float(h1));
-                h[k] = (uint32_t)__half_as_ushort(h0) | (uint32_t)__half_as_ushort(h1) << 16;
-                l[k] = (uint32_t)__half_as_ushort(l0) | (uint32_t)__half_as_ushort(l1) << 16;
-            }
-            ((uint2 *)hi)[i] = make_uint2(h[0], h[1]);
-            ((uint2 *)lo)[i] = make_uint2(l[0], l[1]);
+        for (int k = 0; k < SPLIT_F16_KEEP; k++) {
+            const size_t i = threadIdx.x + (size_t)k * SPLIT_F16_NT;
+            if (i < L / 4) split_f16_quad(kv[k], sc, (uint2 *)hi + i, (uint2 *)lo + i);
         }
-    else
+    } else if (vec) {
+        for (size_t i = threadIdx.x; i < L / 4; i += SPLIT_F16_NT)
+            split_f16_quad(((const float4 *)xr)[i], sc, (uint2 *)hi + i, (uint2 *)lo + i);
+    } else {
         for (size_t i = threadIdx.x; i < L; i += SPLIT_F16_NT) {
             const float a = xr[i] * sc;
             const __half h0 = __float2half_rn(a);
             hi[i] = __half_as_ushort(h0);
             lo[i] = __half_as_ushort(__float2half_rn(a - __half2float(h0)));
         }
+    }
 }
 
 /* y[t, j] = (p[t, j] + p[rows + t, j]) 2^-(rsh[t] + g): the two planes' products of bcu_split_f16x2, unscaled.
