@@ -694,8 +694,8 @@ static void test_gather_scale_add(void **st)
 static void test_hadamard(void **st)
 {
     (void)st;
-    const size_t ns[] = {1, 2, 64, 128, 512, 1024};
-    for (int k = 0; k < 6; k++)
+    const size_t ns[] = {1, 2, 16, 32, 64, 128, 256, 512, 1024}; /* from 32 a warp a row (gr_hadamard_rows_kernel) */
+    for (int k = 0; k < 9; k++)
         for (size_t ri = 0; ri < NR; ri++) {
             const size_t n = ns[k], R = Rs[ri];
             float *x = rand_floats(R * n, 4.0f), *got = xmalloc(R * n * sizeof(float));
@@ -709,7 +709,7 @@ static void test_hadamard(void **st)
             CK(cudaFree(dx));
             free(x); free(got);
         }
-    printf("  hadamard: bit-exact (n 1..1024, R 1, 7, 300)\n");
+    printf("  hadamard: bit-exact (n 1 .. 1024, R 1, 7, 300)\n");
 }
 
 typedef struct {
@@ -725,8 +725,9 @@ static void test_fq(void **st)
     for (int fp4 = 0; fp4 < 2; fp4++) {
         long ties = 0;
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
-            for (size_t ri = 0; ri < NR; ri++) {
-                const size_t n = cs[ci].n, block = cs[ci].block, R = Rs[ri], stride = n + 5;
+            for (size_t ri = 0; ri < 2 * NR; ri++) {
+                /* strides n + 5, and n + 4 (whole float4s: rows of 128-column chunks take the vector kernel) */
+                const size_t n = cs[ci].n, block = cs[ci].block, R = Rs[ri % NR], stride = n + (ri < NR ? 5 : 4);
                 float *x = xmalloc(R * stride * sizeof(float)), *got = xmalloc(R * stride * sizeof(float));
                 for (size_t r = 0; r < R; r++) {
                     for (size_t b0 = 0; b0 < n; b0 += block) {
@@ -751,7 +752,7 @@ static void test_fq(void **st)
                 CK(cudaFree(dx));
                 free(x); free(got);
             }
-        printf("  fq_%s: bit-exact over 8 shapes x R 1, 7, 300 (%ld exact ties)\n", fp4 ? "fp4" : "fp8", ties);
+        printf("  fq_%s: bit-exact over 8 shapes x R 1, 7, 300 x 2 strides (%ld exact ties)\n", fp4 ? "fp4" : "fp8", ties);
     }
 }
 
@@ -814,14 +815,15 @@ static void test_rope(void **st)
 
 /* RMSNorm then RoPE in one kernel (bcu_norm_rope): the bits of bcu_rmsnorm then bcu_rope, for the V4 rows (q heads
  * and the window key of 512 with rope 64 last, the compressed rows), rope-only rows, no rope, a weight or none, and
- * rows it does not fit declined */
+ * rows it does not fit declined.  300 positions of 8, 4 or 2 rows (600 and more) take the warp-a-row kernel, dims
+ * 128 .. 1000 (its four register shapes); fewer rows the block kernel. */
 static void test_norm_rope(void **st)
 {
     (void)st;
     const struct {
         size_t dim;
         int rd, per;
-    } cs[] = {{512, 64, 8}, {512, 64, 1}, {128, 64, 4}, {64, 64, 1}, {4096, 64, 1}, {6, 0, 1}, {1000, 10, 2}};
+    } cs[] = {{512, 64, 8}, {512, 64, 1}, {128, 64, 4}, {64, 64, 1}, {4096, 64, 1}, {6, 0, 1}, {1000, 10, 2}, {640, 64, 2}};
     int n = 0;
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
         for (size_t ri = 0; ri < NR; ri++)

@@ -43,6 +43,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/graph.h"
 #include "backend/cuda/act_quant.cuh"
@@ -686,6 +687,107 @@ __global__ void __launch_bounds__(NT) gr_norm_rope_kernel(float *x, int dim, con
     }
 }
 
+/* gr_norm_rope_kernel<256> for many rows of dim <= 1024: a warp a row, 8 rows a block.  Lane l plays the lanes l of
+ * the 256-thread block's 8 warps: it holds element 32 v + l + 256 k for v < 8 and k < KK (KK = ceil(dim / 256)),
+ * sums each v's squares in k order, runs that warp's butterfly and takes lane 0's total, then adds the 8 totals in
+ * v order: the block kernel's sums, bit for bit (its k >= KK terms are + 0).  RoPE pairs are lanes l, l ^ 1 of the
+ * same v, as there. */
+#define NR_ROWS_MIN 512 /* rows from which bcu_norm_rope takes it (below, the block kernel's shorter chain) */
+
+/* DEEPINFER_CUDA_ROW_KERNELS (default 1; 0: the block-a-row kernels): the warp-a-row forms of norm_rope, Hadamard and
+ * fake quantisation below, which give the same bits; read once */
+static int gr_row_kernels(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_ROW_KERNELS");
+        on = !(e && *e == '0');
+    }
+    return on;
+}
+template <int KK>
+__global__ void __launch_bounds__(256) gr_norm_rope_rows_kernel(float *x, size_t rows, int dim, const float *w,
+                                                                float eps, int rd, const float *inv,
+                                                                const int64_t *pos, int per)
+{
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, off = dim - rd;
+    float wk[8][KK], fk[8][KK];
+#pragma unroll
+    for (int v = 0; v < 8; v++)
+#pragma unroll
+        for (int k = 0; k < KK; k++) {
+            const int i = 32 * v + lane + 256 * k;
+            wk[v][k] = i < dim && w ? w[i] : 1.0f;
+            fk[v][k] = i >= off && i < dim ? inv[(i - off) >> 1] : 0.0f;
+        }
+    pdl_wait();
+    const size_t r = (size_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return; /* warp-uniform; nothing below syncs the block */
+    float *xr = x + r * (size_t)dim;
+    float keep[8][KK];
+    double tot = 0;
+#pragma unroll
+    for (int v = 0; v < 8; v++) {
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < KK; k++) {
+            const int i = 32 * v + lane + 256 * k;
+            keep[v][k] = i < dim ? xr[i] : 0.0f;
+            ss += (double)keep[v][k] * keep[v][k];
+        }
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        tot += __shfl_sync(0xffffffffu, ss, 0);
+    }
+    const float rinv = 1.0f / sqrtf((float)(tot / (double)dim) + eps);
+    const float pf = (float)pos[r / per];
+#pragma unroll
+    for (int v = 0; v < 8; v++)
+#pragma unroll
+        for (int k = 0; k < KK; k++) {
+            const int i = 32 * v + lane + 256 * k;
+            const float y = i < dim ? wk[v][k] * (keep[v][k] * rinv) : 0.0f;
+            const float o = __shfl_xor_sync(0xffffffffu, y, 1);
+            if (i >= dim) continue;
+            float val = y;
+            if (i >= off) {
+                const float ang = __fmul_rn(pf, fk[v][k]);
+                const float c = cosf(ang), sn = sinf(ang);
+                val = (i - off) & 1 ? __fadd_rn(__fmul_rn(y, c), __fmul_rn(o, sn))
+                                    : __fsub_rn(__fmul_rn(y, c), __fmul_rn(o, sn));
+            }
+            xr[i] = val;
+        }
+}
+
+/* gr_fq_kernel for rows of whole 128-column chunks (n % 128 == 0, stride % 4 == 0, x 16-byte aligned) and blocks of
+ * 128 (FP8) or 32 (FP4): a warp a chunk, a float4 a lane; a block's amax over its 32 or 8 lanes.  Element for element
+ * gr_fq_kernel's arithmetic (the amax is a max, in any order). */
+template <int FP4>
+__global__ void __launch_bounds__(GR_NT) gr_fq_vec_kernel(float *x, size_t rows, size_t stride, size_t nch)
+{
+    pdl_trigger();
+    pdl_wait();
+    const size_t g = GR_TID / 32;
+    const int lane = threadIdx.x & 31;
+    if (g >= rows * nch) return;
+    float *p = x + (g / nch) * stride + (g % nch) * 128 + 4 * lane;
+    float4 v = *(float4 *)p;
+    float amax = fmaxf(fmaxf(FP4 ? __uint_as_float(0x01c00000u) : 1e-4f, fmaxf(fabsf(v.x), fabsf(v.y))),
+                       fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = FP4 ? 4 : 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = gr_pow2_ceil(__fmul_rn(amax, FP4 ? 1.0f / 6.0f : 1.0f / 448.0f));
+    const float inv = aq_inv(sc);
+    float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float q = __fmul_rn(e[k], inv);
+        e[k] = __fmul_rn(FP4 ? gr_dec_fp4(gr_enc_fp4(q)) : gr_dec_e4m3(gr_enc_e4m3(q)), sc);
+    }
+    *(float4 *)p = make_float4(e[0], e[1], e[2], e[3]);
+}
+
 /* One warp per (row, block) group; the group index is warp-uniform, so the
  * early return keeps whole warps and the shuffles see all 32 lanes. */
 template <int FP4>
@@ -761,6 +863,42 @@ __global__ void __launch_bounds__(GR_NT) gr_hadamard_kernel(float *x, int n)
     }
     const float s = __fdiv_rn(1.0f, __fsqrt_rn((float)n));
     for (int i = tid; i < n; i += GR_NT) xr[i] = __fmul_rn(v[i], s);
+}
+
+/* gr_hadamard_kernel for rows of n = 32 E: a warp a row, 8 rows a block, element l + 32 m in lane l's v[m].  Stage h
+ * pairs (j, j + h) as there, a the lower element: h < 32 across lanes l, l ^ h (a shuffle), h >= 32 inside a lane
+ * (m, m ^ h / 32).  The same additions, so the same bits. */
+template <int E>
+__global__ void __launch_bounds__(GR_NT) gr_hadamard_rows_kernel(float *x, size_t rows)
+{
+    pdl_enter();
+    const size_t r = (size_t)blockIdx.x * (GR_NT / 32) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const int lane = threadIdx.x & 31;
+    float *xr = x + r * (size_t)(32 * E);
+    float v[E];
+#pragma unroll
+    for (int m = 0; m < E; m++) v[m] = xr[lane + 32 * m];
+#pragma unroll
+    for (int h = 1; h < 32 && h < 32 * E; h *= 2) {
+        const int upper = lane & h;
+#pragma unroll
+        for (int m = 0; m < E; m++) {
+            const float p = __shfl_xor_sync(0xffffffffu, v[m], h);
+            v[m] = upper ? __fsub_rn(p, v[m]) : __fadd_rn(v[m], p);
+        }
+    }
+#pragma unroll
+    for (int hm = 1; hm < E; hm *= 2) {
+        float t[E];
+#pragma unroll
+        for (int m = 0; m < E; m++) t[m] = m & hm ? __fsub_rn(v[m ^ hm], v[m]) : __fadd_rn(v[m], v[m ^ hm]);
+#pragma unroll
+        for (int m = 0; m < E; m++) v[m] = t[m];
+    }
+    const float s = __fdiv_rn(1.0f, __fsqrt_rn((float)(32 * E)));
+#pragma unroll
+    for (int m = 0; m < E; m++) xr[lane + 32 * m] = __fmul_rn(v[m], s);
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -1166,7 +1304,14 @@ extern "C" cudaError_t bcu_norm_rope(float *x, size_t rows, size_t dim, const fl
     if (!x || (rd && (!inv_freq || !pos))) return GR_INVALID;
     if (RMS_NT(dim) == 1024)
         pdl_launch(gr_norm_rope_kernel<1024>, (unsigned)rows, 1024, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
-    else pdl_launch(gr_norm_rope_kernel<256>, (unsigned)rows, 256, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
+    else if (rows >= NR_ROWS_MIN && gr_row_kernels()) { /* a warp a row (the same bits) */
+        const unsigned g = (unsigned)((rows + 7) / 8);
+        const int kk = (int)((dim + 255) / 256);
+        if (kk == 1) pdl_launch(gr_norm_rope_rows_kernel<1>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
+        else if (kk == 2) pdl_launch(gr_norm_rope_rows_kernel<2>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
+        else if (kk == 3) pdl_launch(gr_norm_rope_rows_kernel<3>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
+        else pdl_launch(gr_norm_rope_rows_kernel<4>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
+    } else pdl_launch(gr_norm_rope_kernel<256>, (unsigned)rows, 256, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
     return cudaGetLastError();
 }
 
@@ -1191,6 +1336,15 @@ static cudaError_t fq_launch(int fp4, float *x, size_t rows, size_t stride, size
     const size_t nb = (n + (size_t)block - 1) / (size_t)block, warps = rows * nb;
     const size_t grid = (warps + GR_NT / 32 - 1) / (GR_NT / 32);
     if (nb > SIZE_MAX / rows || grid > INT_MAX) return GR_INVALID;
+    if (gr_row_kernels() && n % 128 == 0 && stride % 4 == 0 && !((uintptr_t)x & 15u) && block == (fp4 ? 32 : 128)) {
+        /* whole 128-column chunks: a float4 a lane (the same bits) */
+        const size_t nch = n / 128, vgrid = (rows * nch + GR_NT / 32 - 1) / (GR_NT / 32);
+        if (vgrid <= INT_MAX) {
+            if (fp4) pdl_launch(gr_fq_vec_kernel<1>, (unsigned)vgrid, GR_NT, 0, st, x, rows, stride, nch);
+            else pdl_launch(gr_fq_vec_kernel<0>, (unsigned)vgrid, GR_NT, 0, st, x, rows, stride, nch);
+            return cudaGetLastError();
+        }
+    }
     if (fp4) pdl_launch(gr_fq_kernel<1>, (unsigned)grid, GR_NT, 0, st, x, rows, stride, n, (size_t)block, nb);
     else pdl_launch(gr_fq_kernel<0>, (unsigned)grid, GR_NT, 0, st, x, rows, stride, n, (size_t)block, nb);
     return cudaGetLastError();
@@ -1223,7 +1377,16 @@ extern "C" cudaError_t bcu_hadamard(float *x, size_t rows, size_t n, cudaStream_
     if (!n || (n & (n - 1)) || n > HD_MAX_N || rows > INT_MAX) return GR_INVALID;
     if (!rows) return cudaSuccess;
     if (!x) return GR_INVALID;
-    pdl_launch(gr_hadamard_kernel, (unsigned)rows, GR_NT, 0, st, x, (int)n);
+    const unsigned g = (unsigned)((rows + GR_NT / 32 - 1) / (GR_NT / 32)); /* n >= 32: a warp a row (the same bits) */
+    switch (gr_row_kernels() ? n : 0) {
+    case 32: pdl_launch(gr_hadamard_rows_kernel<1>, g, GR_NT, 0, st, x, rows); break;
+    case 64: pdl_launch(gr_hadamard_rows_kernel<2>, g, GR_NT, 0, st, x, rows); break;
+    case 128: pdl_launch(gr_hadamard_rows_kernel<4>, g, GR_NT, 0, st, x, rows); break;
+    case 256: pdl_launch(gr_hadamard_rows_kernel<8>, g, GR_NT, 0, st, x, rows); break;
+    case 512: pdl_launch(gr_hadamard_rows_kernel<16>, g, GR_NT, 0, st, x, rows); break;
+    case 1024: pdl_launch(gr_hadamard_rows_kernel<32>, g, GR_NT, 0, st, x, rows); break;
+    default: pdl_launch(gr_hadamard_kernel, (unsigned)rows, GR_NT, 0, st, x, (int)n);
+    }
     return cudaGetLastError();
 }
 
