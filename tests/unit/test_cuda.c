@@ -173,6 +173,15 @@ static be_backend *cuda(bcu_math m)
     return be;
 }
 
+/* a backend made with the environment variable env set to val (the backend reads its switches at create) */
+static be_backend *cuda_with(bcu_math m, const char *env, const char *val)
+{
+    setenv(env, val, 1);
+    be_backend *be = cuda(m);
+    unsetenv(env);
+    return be;
+}
+
 /* be_linear and a linear_rows slice (rows [r0, r0+n), columns from c0, strided x
  * and y) on CUDA vs CPU; returns the worse of the two errors.  c0 < 0: 3, an
  * unaligned column (the simple kernel path). */
@@ -1013,9 +1022,7 @@ static void test_linear_grouped(void **st)
 {
     (void)st;
     be_backend *cpu = be_cpu_create(4), *gpu = cuda(BCU_MATH_BF16X3);
-    setenv("DEEPINFER_CUDA_GROUPED", "0", 1);
-    be_backend *per = cuda(BCU_MATH_BF16X3);
-    unsetenv("DEEPINFER_CUDA_GROUPED");
+    be_backend *per = cuda_with(BCU_MATH_BF16X3, "DEEPINFER_CUDA_GROUPED", "0");
     rweight ws[2] = {make_fp8(8 * 96, 256, 128, MD_F8_E8M0), make_fp4(8 * 64, 512, 32)};
     const int G = 8;
     const size_t Ts[] = {3, 40, 100, 300};
@@ -1068,16 +1075,14 @@ static double row_rel_err(const float *a, const float *b, size_t rows, size_t n)
 /* bf16x3's prefill GEMM on a dequantised FP8 / FP4 weight with two f16 planes of x (the default) against the CPU,
  * row by row within 1e-5 of the row's largest output, on rows from 2^-40 to 2^40 (the row shifts), a zero row, a row
  * of one large element among tiny ones, and through linear (core: a shift a token) and linear_grouped (8 groups: a
- * shift a token and group); the path counted where it should run (DEEPINFER_CUDA_F16X2 unset) and not where it should not (=0, or a
- * weight whose scale bytes span more than f16x2.h allows: one block's scale moved 30 binades down).  Beside: the
- * three bf16 planes' error on the same calls. */
+ * shift a token and group); the path counted where it should run (DEEPINFER_CUDA_F16X2 unset) and not where it
+ * should not (=0, or a weight whose scale bytes span more than f16x2.h allows: one block's scale moved 30 binades
+ * down).  Beside: the three bf16 planes' error on the same calls. */
 static void test_f16x2_gemm(void **st)
 {
     (void)st;
     be_backend *cpu = be_cpu_create(4), *gpu = cuda(BCU_MATH_BF16X3);
-    setenv("DEEPINFER_CUDA_F16X2", "0", 1);
-    be_backend *b3 = cuda(BCU_MATH_BF16X3);
-    unsetenv("DEEPINFER_CUDA_F16X2");
+    be_backend *b3 = cuda_with(BCU_MATH_BF16X3, "DEEPINFER_CUDA_F16X2", "0");
     struct {
         const char *name;
         int fp4, wide, groups;

@@ -177,8 +177,9 @@ static size_t compare(const dcase *c, const uint16_t *got, const uint8_t *w, con
     return bad;
 }
 
-/* dst on the device, poisoned, with GUARD elements after it; returns the n x cols result */
-static uint16_t *run_device(const dcase *c, const uint8_t *w, const uint8_t *sc, cudaStream_t st)
+/* dst on the device, poisoned, with GUARD elements after it; returns the n x cols result: bcu_dequant_bf16's, or
+ * with g other than F16X2_NONE bcu_dequant_f16's at shift g */
+static uint16_t *run_device(const dcase *c, const uint8_t *w, const uint8_t *sc, cudaStream_t st, int g)
 {
     const size_t nb = code_bytes(c), ns = scale_bytes(c), ne = (size_t)(c->n * c->cols);
     void *dw, *ds, *dd;
@@ -189,7 +190,9 @@ static uint16_t *run_device(const dcase *c, const uint8_t *w, const uint8_t *sc,
     CK(cudaMemcpy(ds, sc, ns, cudaMemcpyHostToDevice));
     CK(cudaMemset(dd, 0xff, (ne + GUARD) * 2));
     CK(cudaDeviceSynchronize()); /* st does not wait for the legacy stream's copies and memset */
-    CK(bcu_dequant_bf16((uint16_t *)dd, c->fmt, dw, ds, BCU_SC_E8M0, c->rows, c->cols, c->block, c->r0, c->n, st));
+    if (g == F16X2_NONE)
+        CK(bcu_dequant_bf16((uint16_t *)dd, c->fmt, dw, ds, BCU_SC_E8M0, c->rows, c->cols, c->block, c->r0, c->n, st));
+    else CK(bcu_dequant_f16((uint16_t *)dd, c->fmt, dw, ds, BCU_SC_E8M0, c->rows, c->cols, c->block, c->r0, c->n, g, st));
     CK(cudaStreamSynchronize(st));
     CK(cudaGetLastError());
     uint16_t *got = xmalloc((ne + GUARD) * 2);
@@ -208,7 +211,7 @@ static uint16_t *run_case(const dcase *c, cudaStream_t st, uint8_t **wout, uint8
 {
     uint8_t *w = xmalloc(code_bytes(c)), *sc = xmalloc(scale_bytes(c));
     make_weight(c, w, sc);
-    uint16_t *got = run_device(c, w, sc, st);
+    uint16_t *got = run_device(c, w, sc, st, F16X2_NONE);
     const size_t bad = compare(c, got, w, sc, 1);
     printf("  %-28s %s %6lld x %-5lld block %3d rows [%lld, +%lld) scales 2^%d..2^%d: %zu of %lld differ\n", c->name,
            c->fmt == BCU_RW_FP8 ? "fp8" : "fp4", (long long)c->rows, (long long)c->cols, c->block, (long long)c->r0,
@@ -309,21 +312,8 @@ static void test_f16(void **state)
         make_weight(c, w, sc);
         const int G = f16x2_shift(c->fmt == BCU_RW_FP4, sc, ns);
         if (G == F16X2_NONE) fail_msg("%s: no f16 shift for scales %d..%d", c->name, c->smin, c->smax);
-        void *dw, *ds, *dd;
-        CK(cudaMalloc(&dw, nb));
-        CK(cudaMalloc(&ds, ns));
-        CK(cudaMalloc(&dd, (ne + GUARD) * 2));
-        CK(cudaMemcpy(dw, w, nb, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(ds, sc, ns, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dd, 0xff, (ne + GUARD) * 2));
-        CK(cudaDeviceSynchronize());
-        CK(bcu_dequant_f16((uint16_t *)dd, c->fmt, dw, ds, BCU_SC_E8M0, c->rows, c->cols, c->block, c->r0, c->n, G, st));
-        CK(cudaStreamSynchronize(st));
-        uint16_t *got = xmalloc((ne + GUARD) * 2);
-        CK(cudaMemcpy(got, dd, (ne + GUARD) * 2, cudaMemcpyDeviceToHost));
+        uint16_t *got = run_device(c, w, sc, st, G); /* the guard elements checked there */
         size_t bad = 0, neg0 = 0;
-        for (size_t i = 0; i < GUARD; i++)
-            if (got[ne + i] != POISON) fail_msg("%s: guard element %zu after dst written", c->name, i);
         for (int64_t i = 0; i < c->n; i++)
             for (int64_t j = 0; j < c->cols; j++) {
                 const int64_t r = c->r0 + i;
@@ -346,7 +336,6 @@ static void test_f16(void **state)
         if (bad) fail_msg("%s: %zu elements are not the exact f16 product", c->name, bad);
         if (c->fmt == BCU_RW_FP8 && !neg0) fail_msg("%s: no -0 came out: the planted codes are missing", c->name);
         free(got); free(w); free(sc);
-        CK(cudaFree(dw)); CK(cudaFree(ds)); CK(cudaFree(dd));
     }
     CK(cudaStreamDestroy(st));
 }

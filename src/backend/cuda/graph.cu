@@ -1304,14 +1304,14 @@ extern "C" cudaError_t bcu_norm_rope(float *x, size_t rows, size_t dim, const fl
     if (!x || (rd && (!inv_freq || !pos))) return GR_INVALID;
     if (RMS_NT(dim) == 1024)
         pdl_launch(gr_norm_rope_kernel<1024>, (unsigned)rows, 1024, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
-    else if (rows >= NR_ROWS_MIN && gr_row_kernels()) { /* a warp a row (the same bits) */
-        const unsigned g = (unsigned)((rows + 7) / 8);
-        const int kk = (int)((dim + 255) / 256);
-        if (kk == 1) pdl_launch(gr_norm_rope_rows_kernel<1>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
-        else if (kk == 2) pdl_launch(gr_norm_rope_rows_kernel<2>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
-        else if (kk == 3) pdl_launch(gr_norm_rope_rows_kernel<3>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
-        else pdl_launch(gr_norm_rope_rows_kernel<4>, g, 256, 0, st, x, rows, (int)dim, w, eps, rd, inv_freq, pos, per);
-    } else pdl_launch(gr_norm_rope_kernel<256>, (unsigned)rows, 256, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
+    else if (rows >= NR_ROWS_MIN && gr_row_kernels()) { /* a warp a row (the same bits), ceil(dim / 256) per lane */
+        void (*const kern[4])(float *, size_t, int, const float *, float, int, const float *, const int64_t *, int) = {
+            gr_norm_rope_rows_kernel<1>, gr_norm_rope_rows_kernel<2>, gr_norm_rope_rows_kernel<3>,
+            gr_norm_rope_rows_kernel<4>};
+        pdl_launch(kern[(dim - 1) / 256], (unsigned)((rows + 7) / 8), 256, 0, st, x, rows, (int)dim, w, eps, rd,
+                   inv_freq, pos, per);
+    } else
+        pdl_launch(gr_norm_rope_kernel<256>, (unsigned)rows, 256, 0, st, x, (int)dim, w, eps, rd, inv_freq, pos, per);
     return cudaGetLastError();
 }
 

@@ -2530,7 +2530,8 @@ __device__ __forceinline__ void split_f16_quad(float4 v, float sc, uint2 *hi, ui
 #pragma unroll
     for (int k = 0; k < 2; k++) {
         const __half h0 = __float2half_rn(a[2 * k]), h1 = __float2half_rn(a[2 * k + 1]);
-        const __half l0 = __float2half_rn(a[2 * k] - __half2float(h0)), l1 = __float2half_rn(a[2 * k + 1] - __half2float(h1));
+        const __half l0 = __float2half_rn(a[2 * k] - __half2float(h0));
+        const __half l1 = __float2half_rn(a[2 * k + 1] - __half2float(h1));
         h[k] = (uint32_t)__half_as_ushort(h0) | (uint32_t)__half_as_ushort(h1) << 16;
         l[k] = (uint32_t)__half_as_ushort(l0) | (uint32_t)__half_as_ushort(l1) << 16;
     }
@@ -2607,7 +2608,8 @@ __global__ void sum2_unscale_kernel(float *y, const float *p, const int *rsh, si
         const float *a = p + t * L, *b = p + n + t * L;
         float *yr = y + t * L;
         if (vec)
-            for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < L / 4; i += (size_t)gridDim.x * blockDim.x) {
+            for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < L / 4;
+                 i += (size_t)gridDim.x * blockDim.x) {
                 const float4 u = ((const float4 *)a)[i], v = ((const float4 *)b)[i];
                 float4 o = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
                 if (mul) o = make_float4(o.x * f, o.y * f, o.z * f, o.w * f);
