@@ -46,6 +46,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/graph.h"
+#include "backend/cuda/sm_count.cuh"
 #include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rmsnorm.cuh"
@@ -814,17 +815,10 @@ __global__ void __launch_bounds__(GR_NT)
 }
 
 /* bcu_aq_bf16: gr_fq_kernel<0> on a copy of 128-column blocks, written as bf16 (exact: an e4m3 value times a power
- * of two) instead of in place: a warp a block, four columns a lane (one float4 in, 8 bytes out) */
-__global__ void __launch_bounds__(GR_NT)
-    gr_aq_bf16_kernel(uint16_t *dst, const float *x, size_t rows, size_t stride, size_t n, size_t nb)
+ * of two) instead of in place: a warp a block, four columns a lane (one float4 in, 8 bytes out), the warps striding
+ * over the blocks two at a time (both loads out before either is coded) on a grid that fills the GPU */
+__device__ __forceinline__ uint2 aq_bf16_quad(float4 v)
 {
-    pdl_trigger();
-    pdl_wait();
-    const size_t g = GR_TID / 32;
-    const int lane = threadIdx.x & 31;
-    if (g >= rows * nb) return;
-    const size_t r = g / nb, c = (g % nb) * 128 + 4 * (size_t)lane;
-    const float4 v = *(const float4 *)(x + r * stride + c);
     float amax = fmaxf(fmaxf(1e-4f, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -839,7 +833,25 @@ __global__ void __launch_bounds__(GR_NT)
         o[k] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
                (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
     }
-    *(uint2 *)(dst + r * n + c) = make_uint2(o[0], o[1]);
+    return make_uint2(o[0], o[1]);
+}
+
+__global__ void __launch_bounds__(GR_NT)
+    gr_aq_bf16_kernel(uint16_t *dst, const float *x, size_t rows, size_t stride, size_t n, size_t nb)
+{
+    pdl_trigger();
+    pdl_wait();
+    const size_t nw = (size_t)gridDim.x * (GR_NT / 32), total = rows * nb;
+    const int lane = threadIdx.x & 31;
+    for (size_t g = GR_TID / 32; g < total; g += 2 * nw) { /* warp-uniform */
+        const size_t g2 = g + nw;
+        const size_t r = g / nb, c = (g % nb) * 128 + 4 * (size_t)lane;
+        const size_t r2 = g2 / nb, c2 = (g2 % nb) * 128 + 4 * (size_t)lane;
+        const float4 v = *(const float4 *)(x + r * stride + c);
+        const float4 v2 = g2 < total ? *(const float4 *)(x + r2 * stride + c2) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(uint2 *)(dst + r * n + c) = aq_bf16_quad(v);
+        if (g2 < total) *(uint2 *)(dst + r2 * n + c2) = aq_bf16_quad(v2);
+    }
 }
 
 /* One block per row, in shared memory; stage h pairs (j, j + h) exactly as
@@ -1361,9 +1373,10 @@ extern "C" cudaError_t bcu_aq_bf16(uint16_t *dst, const float *x, size_t rows, s
     if (!rows || !n) return cudaSuccess;
     if (!dst || !x || n % 128 || stride % 4 || stride < n || ((uintptr_t)x & 15u) || ((uintptr_t)dst & 7u))
         return GR_INVALID;
-    const size_t nb = n / 128, warps = rows * nb, grid = (warps + GR_NT / 32 - 1) / (GR_NT / 32);
-    if (nb > SIZE_MAX / rows || grid > INT_MAX) return GR_INVALID;
-    pdl_launch(gr_aq_bf16_kernel, (unsigned)grid, GR_NT, 0, st, dst, x, rows, stride, n, nb);
+    const size_t nb = n / 128, warps = rows * nb, need = (warps + GR_NT / 32 - 1) / (GR_NT / 32);
+    if (nb > SIZE_MAX / rows) return GR_INVALID;
+    const size_t fill = (size_t)bcu_sm_count() * (2048 / GR_NT); /* a full SM's worth of warps on each */
+    pdl_launch(gr_aq_bf16_kernel, (unsigned)(need < fill ? need : fill), GR_NT, 0, st, dst, x, rows, stride, n, nb);
     return cudaGetLastError();
 }
 

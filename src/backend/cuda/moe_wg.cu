@@ -192,15 +192,13 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
  * steps: step s holds the columns of parity s, k position 8h + 2q + i of a step is column 8q + 4h + 2i + s);
  * MODE = 2, the quantised values (code x scale, exact) as bf16 in the tiles' order (wt_kernel: a chunk is eight
  * k16 steps, k position 8h + 2q + j of step s is column 32q + 8(s / 2) + 2(s % 2) + h + 4j) */
+/* chunk gw (row r, 128 columns c) of wg_code_kernel, its float4 v loaded */
 template <int MODE>
-__global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
+__device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch, int64_t K, uint8_t *codes,
+                                              float *scales, float *wb)
 {
-    pdl_enter();
-    const int64_t nch = K / 128, gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
-    if (gw >= R * nch) return; /* warp-uniform */
     const int64_t r = gw / nch, c = gw - r * nch;
-    const float4 v = *(const float4 *)(x + r * K + c * 128 + 4 * lane);
     const float sc = aq_warp_scale_e4m3(v);
     const float inv = aq_inv(sc); /* v / sc, exactly */
     const uint32_t c0 = gr_enc_e4m3(__fmul_rn(v.x, inv)), c1 = gr_enc_e4m3(__fmul_rn(v.y, inv)),
@@ -236,6 +234,24 @@ __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *co
         *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
             make_float4(__fmul_rn(gr_dec_e4m3(c0), sc), __fmul_rn(gr_dec_e4m3(c1), sc),
                         __fmul_rn(gr_dec_e4m3(c2), sc), __fmul_rn(gr_dec_e4m3(c3), sc));
+}
+
+/* a warp a 128-column chunk, the warps striding over the chunks two at a time (both loads out before either is
+ * coded; each chunk writes only its own columns, so wb may be x) on a grid that fills the GPU */
+template <int MODE>
+__global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
+{
+    pdl_enter();
+    const int64_t nch = K / 128, total = R * nch, nw = (int64_t)gridDim.x * (blockDim.x >> 5);
+    const int lane = threadIdx.x & 31;
+    for (int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; gw < total; gw += 2 * nw) {
+        const int64_t g2 = gw + nw; /* warp-uniform, as gw */
+        const float4 v = *(const float4 *)(x + (gw / nch) * K + (gw % nch) * 128 + 4 * lane);
+        const float4 v2 = g2 < total ? *(const float4 *)(x + (g2 / nch) * K + (g2 % nch) * 128 + 4 * lane)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wg_code_chunk<MODE>(v, gw, nch, K, codes, scales, wb);
+        if (g2 < total) wg_code_chunk<MODE>(v2, g2, nch, K, codes, scales, wb);
+    }
 }
 
 /* A warp's two weight rows g and g + 8 of a block of `rows` weight rows (G = 1: rows / 2 features, W1's row of
@@ -996,8 +1012,8 @@ extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mod
     if (R < 0 || K <= 0 || K % 128 || !x || !codes || (mode != 2 && !scales) || mode < 0 || mode > 2)
         return cudaErrorInvalidValue;
     if (R == 0) return cudaSuccess;
-    const int64_t threads = R * (K / 128) * 32;
-    const unsigned grid = (unsigned)((threads + 255) / 256);
+    const int64_t threads = R * (K / 128) * 32, need = (threads + 255) / 256, fill = (int64_t)bcu_sm_count() * 8;
+    const unsigned grid = (unsigned)(need < fill ? need : fill); /* 8 blocks of 256: a full SM's warps */
     if (mode == 2) pdl_launch(wg_code_kernel<2>, grid, 256, 0, st, x, R, K, codes, (float *)NULL, writeback);
     else if (mode == 1) pdl_launch(wg_code_kernel<1>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
     else pdl_launch(wg_code_kernel<0>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
