@@ -49,6 +49,7 @@
 #include "backend/cuda/attn.h"
 #include "backend/cuda/chain.h"
 #include "backend/cuda/cuda_internal.h"
+#include "model/dtype.h"
 #include "model/v4.h"
 
 static const char *fixture(const char *name)
@@ -1070,6 +1071,68 @@ static double row_rel_err(const float *a, const float *b, size_t rows, size_t n)
         worst = e > worst ? e : worst;
     }
     return worst;
+}
+
+/* bcu_split_f16x2 on its own, through its three paths: rows of up to 4096 floats kept in registers (L 1024), longer
+ * rows read twice (L 8192), and the scalar loop (x not 16-byte aligned, or L 6).  Each row's shift is 15 - e for its
+ * largest magnitude f 2^e (0 for a zero row), computed here with frexp; every element x 2^r = hi + lo to within
+ * 2^-22 |x 2^r| + 2^-25 (hi and lo read back as f16 by dtype.c); and an aligned row gives the same bits as the same
+ * row through the scalar loop.  Rows scaled 2^-40 .. 2^40, a zero row. */
+static void test_split_f16x2(void **st)
+{
+    (void)st;
+    const size_t Ls[] = {6, 1024, 8192}, R = 6;
+    size_t checked = 0;
+    for (size_t li = 0; li < 3; li++) {
+        const size_t L = Ls[li], n = R * L;
+        float *x = rand_rows(n);
+        for (size_t t = 0; t < R; t++)
+            for (size_t i = 0; i < L; i++) x[t * L + i] = t == 2 ? 0.0f : ldexpf(x[t * L + i], (int)(16 * t) - 40);
+        float *dx;
+        uint16_t *dd[2];
+        int *dr[2];
+        ck(cudaMalloc((void **)&dx, (n + 4) * sizeof(float)), "cudaMalloc");
+        uint16_t *got[2];
+        int *rs[2];
+        for (int mis = 0; mis < 2; mis++) { /* mis: x one float past a 16-byte boundary (the scalar loop) */
+            ck(cudaMemcpy(dx + mis, x, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+            ck(cudaMalloc((void **)&dd[mis], 2 * n * 2), "cudaMalloc");
+            ck(cudaMalloc((void **)&dr[mis], R * sizeof(int)), "cudaMalloc");
+            ck(bcu_split_f16x2(dd[mis], dr[mis], dx + mis, R, L, 0), "bcu_split_f16x2");
+            ck(cudaDeviceSynchronize(), "bcu_split_f16x2 (run)");
+            got[mis] = malloc(2 * n * 2);
+            rs[mis] = malloc(R * sizeof(int));
+            ck(cudaMemcpy(got[mis], dd[mis], 2 * n * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+            ck(cudaMemcpy(rs[mis], dr[mis], R * sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy");
+        }
+        for (size_t t = 0; t < R; t++) {
+            float m = 0.0f;
+            for (size_t i = 0; i < L; i++) m = fmaxf(m, fabsf(x[t * L + i]));
+            int e = 0;
+            if (m > 0) (void)frexpf(m, &e);
+            const int want = m > 0 ? 15 - e : 0;
+            for (int mis = 0; mis < 2; mis++)
+                if (rs[mis][t] != want) fail_msg("L %zu row %zu: shift %d, want %d", L, t, rs[mis][t], want);
+            for (size_t i = 0; i < L; i++) {
+                const double sx = ldexp((double)x[t * L + i], want);
+                const double h = md_f16_to_f32(got[0][t * L + i]), l = md_f16_to_f32(got[0][n + t * L + i]);
+                if (!(fabs(h) <= 65504.0) || !(fabs(sx - h - l) <= ldexp(fabs(sx), -22) + 0x1p-25))
+                    fail_msg("L %zu row %zu element %zu: x 2^r %a, hi %a + lo %a", L, t, i, sx, h, l);
+                checked++;
+            }
+        }
+        if (memcmp(got[0], got[1], 2 * n * 2)) fail_msg("L %zu: the aligned and the scalar paths differ", L);
+        for (int mis = 0; mis < 2; mis++) {
+            free(got[mis]);
+            free(rs[mis]);
+            cudaFree(dd[mis]);
+            cudaFree(dr[mis]);
+        }
+        cudaFree(dx);
+        free(x);
+    }
+    printf("  split_f16x2: %zu elements within 2^-22 of x 2^r, shifts as frexp says, aligned == scalar (L 6, 1024, "
+           "8192)\n", checked);
 }
 
 /* bf16x3's prefill GEMM on a dequantised FP8 / FP4 weight with two f16 planes of x (the default) against the CPU,
@@ -2171,6 +2234,7 @@ int main(void)
         cmocka_unit_test(test_rowdot_batch_invariance),
         cmocka_unit_test(test_rowdot_grouped),
         cmocka_unit_test(test_linear_grouped),
+        cmocka_unit_test(test_split_f16x2),
         cmocka_unit_test(test_f16x2_gemm),
         cmocka_unit_test(test_linear_aq_bf16),
         cmocka_unit_test(test_rowdot_x8),
