@@ -48,6 +48,9 @@ pack() {
     # the grouped FP4 routed-expert FFN (moe.cu): its test and benchmark
     ninja -C "$b" test_cuda_moe bench_gpu_moe
     cp "$b/test_cuda_moe" "$b/bench_gpu_moe" .carry/bin/
+    # the FP8 tiles for decode batches' FP8 linears (fp8_tile.cu) against the dequantised GEMM
+    ninja -C "$b" bench_gpu_fp8_tiles
+    cp "$b/bench_gpu_fp8_tiles" .carry/bin/
     # the V4-Flash slice benchmark (bench/gpu_layers.c; the slice is made there by deepinfer make-tiny-model)
     ninja -C "$b" bench_gpu_layers
     cp "$b/bench_gpu_layers" .carry/bin/
@@ -321,6 +324,11 @@ if [ -x "$BIN/test_cuda_moe" ]; then
     section "bench_gpu_moe"
     timeout 240 "$BIN/bench_gpu_moe" 2>&1 | tee "$OUTDIR/bench_moe.txt" | tee -a "$SUM"
     say "bench_gpu_moe exit status: $?"
+    if [ -x "$BIN/bench_gpu_fp8_tiles" ]; then
+        section "bench_gpu_fp8_tiles (FP8 linears at decode batches: the FP8 tiles vs the dequantised GEMM)"
+        timeout 240 "$BIN/bench_gpu_fp8_tiles" 2>&1 | tee "$OUTDIR/bench_fp8_tiles.txt" | tee -a "$SUM"
+        say "bench_gpu_fp8_tiles exit status: $?"
+    fi
     if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
         section "compute-sanitizer memcheck and racecheck on test_cuda_moe (small dims, a few cases)"
         TEST_CUDA_MOE_QUICK=1 TEST_CUDA_SKIP='test_gpu_v4dims' timeout 180 compute-sanitizer --tool memcheck \

@@ -1258,6 +1258,87 @@ static void test_linear_aq_bf16(void **st)
     for (int k = 0; k < 3; k++) rw_free(&ws[k]);
 }
 
+/* y = act_quant(x) . W^T through be_dev_ops.linear_aq on a bf16x3 backend made with DEEPINFER_CUDA_FT = ft and
+ * DEEPINFER_CUDA_FT_MAX = ft_max (NULL: unset), twice (*same: whether the two calls gave the same bits); *calls: the
+ * FP8 tiles' calls */
+static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, const float *x, size_t T, size_t *calls,
+                     int *same)
+{
+    if (ft) setenv("DEEPINFER_CUDA_FT", ft, 1);
+    if (ft_max) setenv("DEEPINFER_CUDA_FT_MAX", ft_max, 1);
+    be_backend *g = cuda(BCU_MATH_BF16X3);
+    unsetenv("DEEPINFER_CUDA_FT");
+    unsetenv("DEEPINFER_CUDA_FT_MAX");
+    const be_dev_ops *dv = g->ops->dev;
+    const size_t K = (size_t)w->cols, n = (size_t)w->rows;
+    dv->reset(g);
+    float *dx = dv->alloc(g, T * K * 4), *dy = dv->alloc(g, T * n * 4), *dy2 = dv->alloc(g, T * n * 4);
+    if (!dx || !dy || !dy2) fail_msg("device alloc");
+    dv->upload(g, dx, x, T * K * 4);
+    dv->linear_aq(g, dy, dx, T, w);
+    dv->linear_aq(g, dy2, dx, T, w);
+    float *y = nan_rows(T * n), *y2 = nan_rows(T * n);
+    if (dv->download(g, y, dy, T * n * 4) || dv->download(g, y2, dy2, T * n * 4))
+        fail_msg("download: %s", be_cuda_error(g) ? be_cuda_error(g) : "?");
+    if (be_cuda_error(g)) fail_msg("%s", be_cuda_error(g));
+    *same = !memcmp(y, y2, T * n * 4);
+    *calls = bcu_ft_calls(g);
+    be_cuda_destroy(g);
+    free(y2);
+    return y;
+}
+
+/* The FP8 tiles (fp8_tile.cu) for linear_aq on FP8 weights at decode batches: against the CPU's linear of the
+ * act_quant'd x within 1e-5, as the dequantised GEMM they replace (DEEPINFER_CUDA_FT=0) is; taken from 17 tokens
+ * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (128 unless set); the same bits on a second call.  Shapes: row tiles ragged
+ * against both the 64-row tile and the 128-row scale block (200, 1000 rows), K / 128 of 5 (odd slices) and 32 (a
+ * cluster of 8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one token row
+ * all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output. */
+static void test_linear_fp8_tiles(void **st)
+{
+    (void)st;
+    be_backend *cpu = be_cpu_create(4);
+    const struct { int64_t n, K; size_t T; const char *ft_max; int want; } cs[] = {
+        {200, 640, 17, NULL, 1},   {200, 640, 33, NULL, 1},   {1000, 2048, 64, NULL, 1}, {1000, 2048, 100, NULL, 1},
+        {96, 4096, 65, NULL, 1},   {384, 1024, 256, "256", 1}, {384, 1024, 16, NULL, 0}, {384, 1024, 100, "64", 0},
+        {384, 1024, 129, NULL, 0}};
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        rweight r = make_fp8(cs[k].n, cs[k].K, 128, MD_F8_E8M0);
+        const be_weight *w = &r.w;
+        const size_t T = cs[k].T, K = (size_t)w->cols, n = (size_t)w->rows;
+        float *x = rand_rows(T * K), *xq = malloc(T * K * sizeof *xq);
+        for (size_t t = 0; t < T; t++)
+            for (size_t i = 0; i < K; i++) x[t * K + i] *= ldexpf(1.0f, (int)(t % 41) - 20);
+        memset(x + (T / 2) * K, 0, K * sizeof *x);
+        memcpy(xq, x, T * K * sizeof *xq);
+        for (size_t t = 0; t < T; t++) aq_ref_row(xq + t * K, (int64_t)K, NULL);
+        float *ref = nan_rows(T * n);
+        cpu->ops->linear(cpu, ref, xq, T, w);
+        size_t con, coff;
+        int same_on, same_off;
+        float *yon = ft_run(NULL, cs[k].ft_max, w, x, T, &con, &same_on);
+        float *yoff = ft_run("0", NULL, w, x, T, &coff, &same_off);
+        double eon = 0, eoff = 0; /* the worst token row's error relative to that row's largest output */
+        for (size_t t = 0; t < T; t++) {
+            eon = fmax(eon, rel_err(yon + t * n, n, ref + t * n, n, 1, n));
+            eoff = fmax(eoff, rel_err(yoff + t * n, n, ref + t * n, n, 1, n));
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < T * n; i++) diff += memcmp(&yon[i], &yoff[i], 4) != 0;
+        printf("  fp8 tiles %lldx%lld T=%zu%s%s: %zu tile calls, %.2e vs the CPU (switch off: %.2e, %zu calls); %zu of "
+               "%zu outputs differ from the dequantised GEMM; same bits twice: %d\n",
+               (long long)n, (long long)K, T, cs[k].ft_max ? " FT_MAX=" : "", cs[k].ft_max ? cs[k].ft_max : "", con,
+               eon, eoff, coff, diff, T * n, same_on);
+        fflush(stdout);
+        if (con != (size_t)(2 * cs[k].want) || coff) fail_msg("tile calls %zu (want %d), %zu with the switch off", con, 2 * cs[k].want, coff);
+        if (!(eon <= 1e-5) || !(eoff <= 1e-5)) fail_msg("vs the CPU: %.3g (tiles) / %.3g (off) > 1e-5", eon, eoff);
+        if (!same_on || !same_off) fail_msg("a second call gave other bits");
+        free(yon); free(yoff); free(x); free(xq); free(ref);
+        rw_free(&r);
+    }
+    be_destroy(cpu);
+}
+
 /* ------------------------------------------------------------------ the FP8 tensor-core GEMM (fp8_gemm.cu) */
 
 /* y = act_quant(x) . W^T through be_dev_ops.linear_aq (x raw: the code kernel quantises) and linear_x8 (x already
@@ -2237,6 +2318,7 @@ int main(void)
         cmocka_unit_test(test_split_f16x2),
         cmocka_unit_test(test_f16x2_gemm),
         cmocka_unit_test(test_linear_aq_bf16),
+        cmocka_unit_test(test_linear_fp8_tiles),
         cmocka_unit_test(test_rowdot_x8),
         cmocka_unit_test(test_linear_fp8_gemm),
         cmocka_unit_test(test_rowdot_xq),

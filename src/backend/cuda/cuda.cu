@@ -41,6 +41,7 @@
 
 #include "backend/cuda/attn.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/fp8_tile.h"
 #include "backend/cuda/graph.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_wg.h"
@@ -220,6 +221,10 @@ typedef struct {
     int aq_bf16; /* DEEPINFER_CUDA_AQ_BF16 (default 1): linear_aq at the dequantised GEMM's sizes act_quants x straight
                   * into its bf16 plane (bcu_aq_bf16), where it made a copy, quantised it in place and split it */
     size_t aq_bf16_calls;
+    int ft;         /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from deq_T to ft_max tokens through the FP8
+                     * tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
+    size_t ft_max;  /* DEEPINFER_CUDA_FT_MAX */
+    size_t ft_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
     struct winslot { uint64_t key; int layer; int64_t len; uint64_t call; } *win;
@@ -2181,6 +2186,22 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
             else DV_CU(r);
         }
     }
+    if (e && !done && c->ft && c->x8_kernel && T <= c->ft_max && w->fmt == BE_W_FP8 && w->block == 128 &&
+        w->cols % 128 == 0 && !((uintptr_t)x & 15u) && dequant_gemm(c, w, T, 0, w->cols) && bcu_wg_available()) {
+        /* decode batches on the FP8 tiles: x act_quant'd into f16 codes, the weight's codes straight into wgmma */
+        if (!scratch(c, bcu_ft_scratch((int64_t)T, w->cols) + 256)) {
+            const cudaError_t r = bcu_ft_linear(y, w->rows, x, (int64_t)T, w->cols, (const uint8_t *)e->d,
+                                                (const uint8_t *)e->ds, w->rows, c->scratch, c->st);
+            if (r == cudaSuccess) {
+                c->ft_calls++;
+                done = 1;
+            } else if (r == cudaErrorNotSupported || r == cudaErrorInvalidValue) {
+                (void)cudaGetLastError();
+            } else {
+                DV_CU(r);
+            }
+        }
+    }
     if (e && !done && !c->failed && fp8_gemm_ok(c, w, T, 0, 0, w->cols)) {
         /* prefill sizes on the FP8 tensor cores: the code kernel act_quants x itself (no copy, no fq) */
         if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
@@ -2925,6 +2946,8 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->fp8_gemm = bf16_class_path("DEEPINFER_CUDA_FP8GEMM", math);
     c->f16x2 = env_size("DEEPINFER_CUDA_F16X2", 1) != 0;
     c->aq_bf16 = env_size("DEEPINFER_CUDA_AQ_BF16", 1) != 0;
+    c->ft = env_size("DEEPINFER_CUDA_FT", 1) != 0;
+    c->ft_max = env_size("DEEPINFER_CUDA_FT_MAX", 128);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
@@ -3039,6 +3062,7 @@ extern "C" size_t bcu_weight_bytes(const be_backend *be) { return get(be)->weigh
 extern "C" size_t bcu_fp8_gemm_calls(const be_backend *be) { return get(be)->fp8_calls; }
 extern "C" size_t bcu_f16x2_calls(const be_backend *be) { return get(be)->f16x2_calls; }
 extern "C" size_t bcu_aq_bf16_calls(const be_backend *be) { return get(be)->aq_bf16_calls; }
+extern "C" size_t bcu_ft_calls(const be_backend *be) { return get(be)->ft_calls; }
 extern "C" void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager)
 {
     const cuda_be *c = get(be);

@@ -207,6 +207,8 @@ size_t bcu_fp8_gemm_calls(const be_backend *be);
 size_t bcu_f16x2_calls(const be_backend *be);
 /* linear_aq calls that act_quant'd x straight into its bf16 plane (DEEPINFER_CUDA_AQ_BF16) */
 size_t bcu_aq_bf16_calls(const be_backend *be);
+/* linear_aq calls the FP8 tiles (fp8_tile.cu) took */
+size_t bcu_ft_calls(const be_backend *be);
 /* the device graph's regions (be_dev_ops.graph_begin) so far: recorded as CUDA graphs, replayed, run eagerly */
 void bcu_graph_stats(const be_backend *be, size_t *captured, size_t *replayed, size_t *eager);
 /* the device graph's pinned upload ring: its size, how often a forward outgrew it (a larger one, no wait), and the

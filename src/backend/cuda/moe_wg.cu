@@ -48,12 +48,8 @@
 #include "backend/cuda/moe_wg.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/sm_count.cuh"
+#include "backend/cuda/wgmma.cuh"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_ON 1
-#else
-#define WG_ON 0
-#endif
 
 #define WG_THREADS 128 /* one warpgroup */
 #define WG_N 8         /* tokens a pass: the wgmma's n */
@@ -71,33 +67,11 @@
 
 namespace {
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 /* e2m1 x 8 (a word) -> e4m3 x 4: the codes of the low nibbles, and of the high nibbles (value * 2^-6) */
 __device__ __forceinline__ uint32_t fp4lo(uint32_t w) { return ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu); }
 __device__ __forceinline__ uint32_t fp4hi(uint32_t w) { return (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu); }
 
 #if WG_ON
-__device__ __forceinline__ void cp16(uint32_t dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp4(uint32_t dst, const void *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-/* generic-proxy stores to shared memory, made visible to wgmma's reads (the async proxy) */
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-/* keeps the compiler from moving reads of an accumulator across the wait that makes it valid */
-__device__ __forceinline__ void wg_hold(float (&d)[4])
-{
-    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])::"memory");
-}
-
 /* d = A B: m64n8k32, A (e4m3) from registers, B (e4m3) through a shared-memory descriptor */
 __device__ __forceinline__ void wg_mma(float (&d)[4], const uint32_t (&a)[4], uint64_t desc)
 {
@@ -115,17 +89,6 @@ template <int ACC> __device__ __forceinline__ void wg_mma_h(float (&d)[4], const
 /* d[0 .. NN / 2) += A B: m64nNNk16 for NN = 16, 32, .., 128 (the first NN tokens of a tile's B, for tiles of at most
  * that many rows), A (bf16) from registers, B (bf16, K-major) through a descriptor.  The instruction names the first
  * NN / 2 accumulators; the rest are operands it leaves alone (the same registers in every variant) */
-#define WT_D8(a, b, c, d, e, f, g, h) "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h
-#define WT_D16 WT_D8(0, 1, 2, 3, 4, 5, 6, 7)
-#define WT_D32 WT_D16 ", " WT_D8(8, 9, 10, 11, 12, 13, 14, 15)
-#define WT_D48 WT_D32 ", " WT_D8(16, 17, 18, 19, 20, 21, 22, 23)
-#define WT_D64 WT_D48 ", " WT_D8(24, 25, 26, 27, 28, 29, 30, 31)
-#define WT_D80 WT_D64 ", " WT_D8(32, 33, 34, 35, 36, 37, 38, 39)
-#define WT_D96 WT_D80 ", " WT_D8(40, 41, 42, 43, 44, 45, 46, 47)
-#define WT_D112 WT_D96 ", " WT_D8(48, 49, 50, 51, 52, 53, 54, 55)
-#define WT_D128 WT_D112 ", " WT_D8(56, 57, 58, 59, 60, 61, 62, 63)
-#define WT_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                 "+f"(d[i + 6]), "+f"(d[i + 7])
 #define WT_MMA(n)                                                                                                    \
     asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 {" WT_D##n "}, "                         \
                  "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"                                                        \
@@ -191,7 +154,8 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
  * 32-column block's even columns, then its odd ones); MODE = 1, the codes' values as f16 (a block is two k16
  * steps: step s holds the columns of parity s, k position 8h + 2q + i of a step is column 8q + 4h + 2i + s);
  * MODE = 2, the quantised values (code x scale, exact) as bf16 in the tiles' order (wt_kernel: a chunk is eight
- * k16 steps, k position 8h + 2q + j of step s is column 32q + 8(s / 2) + 2(s % 2) + h + 4j) */
+ * k16 steps, k position 8h + 2q + j of step s is column 32q + 8(s / 2) + 2(s % 2) + h + 4j); MODE = 3, the codes'
+ * values as f16 in fp8_tile.cu's B stage images, the scales [64-row tile][chunk][64] (below) */
 /* chunk gw (row r, 128 columns c) of wg_code_kernel, its float4 v loaded */
 template <int MODE>
 __device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch, int64_t K, uint8_t *codes,
@@ -204,7 +168,16 @@ __device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch,
     const uint32_t c0 = gr_enc_e4m3(__fmul_rn(v.x, inv)), c1 = gr_enc_e4m3(__fmul_rn(v.y, inv)),
                    c2 = gr_enc_e4m3(__fmul_rn(v.z, inv)), c3 = gr_enc_e4m3(__fmul_rn(v.w, inv));
     /* columns m0 .. m0 + 3 of block c * 4 + lane / 8, m0 = 4 (lane % 8) */
-    if (MODE == 2) {
+    if (MODE == 3) {
+        /* fp8_tile.cu's B stage image: [64-row tile][chunk][k atom 2][row 64][128 bytes, 128B-swizzled].  Column
+         * 32 q + 4 s + j of a chunk (q = lane / 8, s = lane % 8) is k position 2 q + j (j < 2) or 8 + 2 q + j - 2 of
+         * k16 step s, which sits at byte 32 (s % 4) + 2 p of atom s / 4's row: pieces 2 (s % 4) and + 1, each at
+         * 16-byte slot piece ^ (row % 8) */
+        const int q = lane >> 3, s = lane & 7, t = (int)(r & 63), p0 = 2 * (s & 3);
+        uint8_t *o = codes + (((r >> 6) * nch + c) << 14) + (s >> 2) * 8192 + t * 128 + 4 * q;
+        *(uint32_t *)(o + ((p0 ^ (t & 7)) << 4)) = f16_of(c0) | f16_of(c1) << 16;
+        *(uint32_t *)(o + (((p0 + 1) ^ (t & 7)) << 4)) = f16_of(c2) | f16_of(c3) << 16;
+    } else if (MODE == 2) {
         /* column 4 lane + t is k position 8 h + 2 q + j of step s: q = lane / 8, j = lane % 2, s = s0 + t / 2
          * (s0 = 2 (lane / 2 % 4)), h = t % 2.  Lanes l and l ^ 1 hold the two j of each (s, h): they swap halves
          * so that each stores two 4-byte words (j = 0, 1) of its h, for steps s0 and s0 + 1 */
@@ -229,7 +202,7 @@ __device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch,
         *(uint16_t *)o = (uint16_t)(c0 | c2 << 8);        /* even columns m0, m0 + 2 */
         *(uint16_t *)(o + 16) = (uint16_t)(c1 | c3 << 8); /* odd columns m0 + 1, m0 + 3 */
     }
-    if (lane == 0 && scales) scales[r * nch + c] = sc;
+    if (lane == 0 && scales) scales[MODE == 3 ? ((r >> 6) * nch + c) * 64 + (r & 63) : r * nch + c] = sc;
     if (wb)
         *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
             make_float4(__fmul_rn(gr_dec_e4m3(c0), sc), __fmul_rn(gr_dec_e4m3(c1), sc),
@@ -242,13 +215,15 @@ template <int MODE>
 __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
 {
     pdl_enter();
-    const int64_t nch = K / 128, total = R * nch, nw = (int64_t)gridDim.x * (blockDim.x >> 5);
+    /* mode 3 codes its last 64-row tile whole: the rows past R as zeros (their images are copied with the rest) */
+    const int64_t nch = K / 128, real = R * nch, total = (MODE == 3 ? (R + 63) / 64 * 64 : R) * nch,
+                  nw = (int64_t)gridDim.x * (blockDim.x >> 5);
     const int lane = threadIdx.x & 31;
+    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; gw < total; gw += 2 * nw) {
         const int64_t g2 = gw + nw; /* warp-uniform, as gw */
-        const float4 v = *(const float4 *)(x + (gw / nch) * K + (gw % nch) * 128 + 4 * lane);
-        const float4 v2 = g2 < total ? *(const float4 *)(x + (g2 / nch) * K + (g2 % nch) * 128 + 4 * lane)
-                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 v = gw < real ? *(const float4 *)(x + (gw / nch) * K + (gw % nch) * 128 + 4 * lane) : z4;
+        const float4 v2 = g2 < real ? *(const float4 *)(x + (g2 / nch) * K + (g2 % nch) * 128 + 4 * lane) : z4;
         wg_code_chunk<MODE>(v, gw, nch, K, codes, scales, wb);
         if (g2 < total) wg_code_chunk<MODE>(v2, g2, nch, K, codes, scales, wb);
     }
@@ -531,14 +506,6 @@ __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t b)
     uint32_t d;
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
     return d;
-}
-
-/* K-major, 128-byte swizzle: start address (1 KB atoms; + 32 bytes a k16 step within one), SBO 1 KB between
- * 8-row groups, LBO unused */
-__device__ __forceinline__ uint64_t wt_desc(uint32_t saddr)
-{
-    return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
 }
 
 /* grid: x = groups of WT_ROWS weight rows, y = tiles (moe.cu's tile_e / tile_r0) */
@@ -1009,12 +976,14 @@ extern "C" int bcu_wg_available(void)
 extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mode, uint8_t *codes, float *scales,
                                    float *writeback, cudaStream_t st)
 {
-    if (R < 0 || K <= 0 || K % 128 || !x || !codes || (mode != 2 && !scales) || mode < 0 || mode > 2)
+    if (R < 0 || K <= 0 || K % 128 || !x || !codes || (mode != 2 && !scales) || mode < 0 || mode > 3)
         return cudaErrorInvalidValue;
     if (R == 0) return cudaSuccess;
-    const int64_t threads = R * (K / 128) * 32, need = (threads + 255) / 256, fill = (int64_t)bcu_sm_count() * 8;
+    const int64_t threads = (mode == 3 ? (R + 63) / 64 * 64 : R) * (K / 128) * 32, need = (threads + 255) / 256,
+                  fill = (int64_t)bcu_sm_count() * 8;
     const unsigned grid = (unsigned)(need < fill ? need : fill); /* 8 blocks of 256: a full SM's warps */
     if (mode == 2) pdl_launch(wg_code_kernel<2>, grid, 256, 0, st, x, R, K, codes, (float *)NULL, writeback);
+    else if (mode == 3) pdl_launch(wg_code_kernel<3>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
     else if (mode == 1) pdl_launch(wg_code_kernel<1>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
     else pdl_launch(wg_code_kernel<0>, grid, 256, 0, st, x, R, K, codes, scales, writeback);
     return cudaGetLastError();
