@@ -1229,9 +1229,11 @@ static void test_linear_aq_bf16(void **st)
                 for (int v = 0; v < 2; v++) {
                     setenv("DEEPINFER_CUDA_AQ_BF16", v ? "1" : "0", 1);
                     setenv("DEEPINFER_CUDA_FP8GEMM", "0", 1);
+                    setenv("DEEPINFER_CUDA_FT", "0", 1); /* the FP8 tiles would take T = 100 (test_linear_fp8_tiles) */
                     be_backend *g = cuda(modes[m]);
                     unsetenv("DEEPINFER_CUDA_AQ_BF16");
                     unsetenv("DEEPINFER_CUDA_FP8GEMM");
+                    unsetenv("DEEPINFER_CUDA_FT");
                     const be_dev_ops *dv = g->ops->dev;
                     dv->reset(g);
                     float *dx = dv->alloc(g, T * K * 4), *dy = dv->alloc(g, T * n * 4);
@@ -1348,8 +1350,10 @@ static float *fp8_gemm_run(bcu_math m, const char *env, const be_weight *w, cons
 {
     if (env) setenv("DEEPINFER_CUDA_FP8GEMM", env, 1);
     else unsetenv("DEEPINFER_CUDA_FP8GEMM");
+    setenv("DEEPINFER_CUDA_FT", "0", 1); /* the FP8 tiles would take T <= 128 first (test_linear_fp8_tiles) */
     be_backend *g = cuda(m);
     unsetenv("DEEPINFER_CUDA_FP8GEMM");
+    unsetenv("DEEPINFER_CUDA_FT");
     const be_dev_ops *dv = g->ops->dev;
     if (!dv) fail_msg("the CUDA backend has no device ops");
     const size_t K = (size_t)w->cols, n = (size_t)w->rows;

@@ -11,18 +11,29 @@
  * the block sums' products exact where its e4m3 tensor core keeps ~13 bits; against the dequantised GEMM it
  * replaces (cuBLAS on a bf16 copy of the weight) it is the same values added in another order.
  *
- * The layout.  A block is one warpgroup: 64 weight rows (inside one 128-row scale block) against up to 64 tokens
- * (the wgmma's n rounded up to 16), over a slice of the chunks.  Each warp's 16 rows come in by cp.async into a
- * ring (144-byte pitch: lane (g, q) reads 32 bytes of rows g and g + 8 without bank conflicts), and lane q's
- * 32 bytes of a chunk row are its A fragments for all eight k16 steps: word s of them is columns 32 q + 4 s ..
- * + 3, its low pair k positions 2 q, 2 q + 1 of step s (a0 / a1), its high pair 8 + 2 q, 9 + 2 q (a2 / a3).  The
- * activations follow that order: bcu_wg_code mode 3 writes each token's chunk as the 256 bytes of two 128-byte
- * swizzle atoms (step s at byte 32 (s % 4) of atom s / 4), which the block copies into B's ring with the 128-byte
- * swizzle (wt_desc).  Weights of the first chunks are asked for before the PDL wait (nothing writes them).
+ * The layout.  A block is two warpgroups: 128 weight rows (one 128-row scale block; 64 a warpgroup, the wgmma's
+ * m) against up to 64 tokens (the wgmma's n, rounded up to 16), over a slice of the chunks, in a ring of three
+ * chunks (two in flight while one is read; two blocks an SM).  The weight rows come in by cp.async, four whole
+ * 128-byte rows a warp instruction, into rows 144 bytes apart, so that lane (g, q) reads 32 bytes of its rows g and
+ * g + 8 without bank conflicts; those 32 bytes of a chunk row are the lane's A fragments for all eight k16 steps:
+ * word s of them is columns 32 q + 4 s .. + 3, its low pair k positions 2 q, 2 q + 1 of step s (a0 / a1), its high
+ * pair 8 + 2 q, 9 + 2 q (a2 / a3).  The activations follow that order: bcu_wg_code mode 3 writes each (64-token
+ * tile, chunk) as the 16 KB stage image itself (step s at byte 32 (s % 4) of 128-byte swizzle atom s / 4, the
+ * 128-byte swizzle applied, the tile's rows past T zeros) and its 64 scales, which thread 0 brings in with two bulk
+ * copies onto the stage's mbarrier: no per-thread copies of B and no proxy fence before the wgmmas read it.  The
+ * weights of the first chunks are asked for before the PDL wait (nothing writes them).
+ *
+ * Measured on the way (H200, bench_gpu_fp8_tiles, T = 64): the first version (one warpgroup and 64 rows a block,
+ * four stages, B copied by every thread from a row-major code buffer) took 56.8 us on wq_b and 59.3 on wo_b, now
+ * 25.1 and 30.8; B's stage image copied by every thread with cp.async instead of the two bulk copies, 32 us on
+ * wq_b; the weights as 128 bulk copies of a row instead of cp.async, 10-35% slower.  Not taken: the next chunk's
+ * wgmmas running while the last one's sums are scaled (two accumulator sets: ptxas serialises wgmmas around any
+ * read of an accumulator while another is in flight, warning C7514); the e4m3 -> f16 decode by bit logic instead
+ * of cvt (measured no faster).
  *
  * The grid: x = slices of K (a thread-block cluster of up to 8, so that a narrow weight still fills the GPU: the
  * slices' accumulators meet in distributed shared memory and are added in slice order), y = tiles of 64 tokens,
- * z = tiles of 64 rows; the token tiles of a row tile run side by side, so its weights come from HBM once. */
+ * z = tiles of 128 rows; the token tiles of a row tile run side by side, so its weights come from HBM once. */
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,8 +58,7 @@
 #define FT_WPITCH 144                /* bytes a weight row takes in a stage: 128 + 16 */
 #define FT_BSTAGE (2 * FT_TOK * 128) /* a chunk of B: [k atom 2][token 64][128 bytes, swizzled] */
 #define FT_WSTAGE (FT_ROWS * FT_WPITCH)
-#define FT_BCOPIES (FT_BSTAGE / 16 / FT_THREADS) /* 16-byte copies a thread makes of a chunk of B */
-#define FT_WCOPIES (FT_ROWS * 8 / FT_THREADS)    /* and of the weights */
+#define FT_WCOPIES (FT_ROWS * 8 / FT_THREADS)    /* 16-byte copies a thread makes of a chunk of the weights */
 #define FT_RPITCH (FT_ROWS + 4)                  /* floats a token takes in the slices' sums */
 #define FT_MAXCH 512                             /* chunks a slice may have (K up to 65536) */
 #define FT_SMEM (FT_STAGES * (FT_BSTAGE + FT_TOK * 4 + FT_WSTAGE) + FT_MAXCH * 4 + FT_STAGES * 8 + 1024)

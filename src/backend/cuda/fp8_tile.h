@@ -4,7 +4,8 @@
  * read once a call (its codes straight into f16 wgmma operands, no bf16 copy), each 128-column chunk's exact
  * products summed from zero and scaled by both scales into fp32, chunk after chunk.  Where the dequantised GEMM
  * moves ~5 bytes a weight element (the FP8 read, a bf16 copy written and read again), this moves 1.  The backend
- * takes it for linear_aq from DEEPINFER_CUDA_FT_MIN to _MAX tokens (cuda.cu); docs/CUDA.md tells the numbers. */
+ * takes it for linear_aq on such weights from DEEPINFER_CUDA_DEQUANT_T (17; below, the row-dot) to
+ * DEEPINFER_CUDA_FT_MAX (128) tokens, DEEPINFER_CUDA_FT=0 never (cuda.cu); docs/CUDA.md tells the numbers. */
 #ifndef BACKEND_CUDA_FP8_TILE_H
 #define BACKEND_CUDA_FP8_TILE_H
 
@@ -17,8 +18,9 @@
 extern "C" {
 #endif
 
-/* One launch's operands, on the device: W [n][K] e4m3, its scales [ceil(n / 128)][nsb] ue8m0; x's codes [T][K] as
- * bcu_wg_code mode 3 writes them (f16 values in the kernel's order) and its scales [T][K / 128]; y rows ldy apart. */
+/* One launch's operands, on the device: W [n][K] e4m3, its scales [ceil(n / 128)][nsb] ue8m0; x's codes and scales
+ * as bcu_wg_code mode 3 writes them (a 16 KB image and 64 floats a (64-token tile, 128-column chunk)); y rows ldy
+ * apart. */
 typedef struct {
     const uint8_t *w, *ws;
     int64_t n, K, nsb;
