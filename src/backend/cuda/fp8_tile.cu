@@ -209,15 +209,7 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
                 ft_mma<NN, 1>(dd, A[s], (uint64_t)dhi << 32 | (dlo + (uint32_t)(((s >> 2) * (FT_TOK * 128) + (s & 3) * 32) >> 4)));
             wg_commit();
             wg_wait<0>();
-#pragma unroll
-            for (int j = 0; j < 32; j += 4) {
-                float d4[4] = {dd[j], dd[j + 1], dd[j + 2], dd[j + 3]};
-                wg_hold(d4);
-                dd[j] = d4[0];
-                dd[j + 1] = d4[1];
-                dd[j + 2] = d4[2];
-                dd[j + 3] = d4[3];
-            }
+            wg_hold_all(dd);
             /* dd[4 j + i]: row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
             const float fw = swf[i];
             const float *xs = xring + st * FT_TOK;
@@ -238,16 +230,11 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
         rd_cp_wait_group<0>(); /* the empty tail groups */
         const int64_t rA = r0 + 16 * warp + g, rB = rA + 8;
         if (ks == 1) {
-#pragma unroll
-            for (int j = 0; j < NN / 8; j++)
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int tk = 8 * j + 2 * q + u;
-                    if (tk >= ntk) continue;
-                    float *yr = a.y + (t0 + tk) * a.ldy;
-                    if (rA < a.n) yr[rA] = acc[4 * j + u];
-                    if (rB < a.n) yr[rB] = acc[4 * j + 2 + u];
-                }
+            wg_each_token<NN>(acc, q, ntk, [&](int tk, float vA, float vB) {
+                float *yr = a.y + (t0 + tk) * a.ldy;
+                if (rA < a.n) yr[rA] = vA;
+                if (rB < a.n) yr[rB] = vB;
+            });
             return;
         }
         /* the slices' sums: each block's into its own B ring as [token][row], then block kr adds its share of the

@@ -650,25 +650,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
         }
         wg_wait<0>();
         rd_cp_wait_group<0>(); /* the empty tail groups */
-#pragma unroll
-        for (int i = 0; i < 64; i += 4) {
-            float d4[4] = {acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
-            wg_hold(d4);
-            acc[i] = d4[0];
-            acc[i + 1] = d4[1];
-            acc[i + 2] = d4[2];
-            acc[i + 3] = d4[3];
-        }
-
-        /* acc[4 j + i]: row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
-#pragma unroll
-        for (int j = 0; j < NN / 8; j++)
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int tk = 8 * j + 2 * q + u;
-                if (tk >= ntk) continue;
-                wg_store<G>(a, r0 + tk, wr, acc[4 * j + u], acc[4 * j + 2 + u], rws[tk]);
-            }
+        wg_hold_all(acc);
+        wg_each_token<NN>(acc, q, ntk, [&](int tk, float vA, float vB) { wg_store<G>(a, r0 + tk, wr, vA, vB, rws[tk]); });
     };
     switch ((ntk + 15) >> 4) { /* the wgmma's n */
     case 1: run(std::integral_constant<int, 16>{}); break;

@@ -42,6 +42,33 @@ static __device__ __forceinline__ void wg_hold(float (&d)[4])
 {
     asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])::"memory");
 }
+/* the same for a whole accumulator set of N registers (N a multiple of 4), four at a time */
+template <int N> static __device__ __forceinline__ void wg_hold_all(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+        float d4[4] = {d[i], d[i + 1], d[i + 2], d[i + 3]};
+        wg_hold(d4);
+        d[i] = d4[0];
+        d[i + 1] = d4[1];
+        d[i + 2] = d4[2];
+        d[i + 3] = d4[3];
+    }
+}
+/* f(token, row g's sum, row g + 8's sum) for each token below ntk of lane (g, q)'s part of an m64nNN fp32
+ * accumulator set: d[4 j + i] is row g (i < 2) or g + 8, token 8 j + 2 q + (i & 1) */
+template <int NN, int N, typename F>
+static __device__ __forceinline__ void wg_each_token(const float (&d)[N], int q, int ntk, F f)
+{
+    static_assert(NN / 2 <= N, "NN / 2 accumulators");
+#pragma unroll
+    for (int j = 0; j < NN / 8; j++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int tk = 8 * j + 2 * q + u;
+            if (tk < ntk) f(tk, d[4 * j + u], d[4 * j + 2 + u]);
+        }
+}
 #endif
 
 #define WT_D8(a, b, c, d, e, f, g, h) "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h
