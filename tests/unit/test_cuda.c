@@ -1350,7 +1350,8 @@ static float *fp8_gemm_run(bcu_math m, const char *env, const be_weight *w, cons
 {
     if (env) setenv("DEEPINFER_CUDA_FP8GEMM", env, 1);
     else unsetenv("DEEPINFER_CUDA_FP8GEMM");
-    setenv("DEEPINFER_CUDA_FT", "0", 1); /* the FP8 tiles would take T <= 128 first (test_linear_fp8_tiles) */
+    setenv("DEEPINFER_CUDA_FT", "0", 1); /* where the FP8 tensor cores do not run, the FP8 tiles would take T <= 128
+                                          * (test_linear_fp8_tiles): this test is about the other two paths */
     be_backend *g = cuda(m);
     unsetenv("DEEPINFER_CUDA_FP8GEMM");
     unsetenv("DEEPINFER_CUDA_FT");

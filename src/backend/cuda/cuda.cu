@@ -2186,9 +2186,15 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
             else DV_CU(r);
         }
     }
+    if (e && !done && !c->failed && fp8_gemm_ok(c, w, T, 0, 0, w->cols)) {
+        /* prefill sizes on the FP8 tensor cores: the code kernel act_quants x itself (no copy, no fq) */
+        if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
+            done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;
+    }
     if (e && !done && c->ft && c->x8_kernel && T <= c->ft_max && w->fmt == BE_W_FP8 && w->block == 128 &&
         w->cols % 128 == 0 && !((uintptr_t)x & 15u) && dequant_gemm(c, w, T, 0, w->cols) && bcu_wg_available()) {
-        /* decode batches on the FP8 tiles: x act_quant'd into f16 codes, the weight's codes straight into wgmma */
+        /* decode batches on the FP8 tiles: x act_quant'd into f16 codes, the weight's codes straight into wgmma
+         * (after the FP8 tensor cores, which only the bf16 maths takes by default) */
         if (!scratch(c, bcu_ft_scratch((int64_t)T, w->cols) + 256)) {
             const cudaError_t r = bcu_ft_linear(y, w->rows, x, (int64_t)T, w->cols, (const uint8_t *)e->d,
                                                 (const uint8_t *)e->ds, w->rows, c->scratch, c->st);
@@ -2201,11 +2207,6 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
                 DV_CU(r);
             }
         }
-    }
-    if (e && !done && !c->failed && fp8_gemm_ok(c, w, T, 0, 0, w->cols)) {
-        /* prefill sizes on the FP8 tensor cores: the code kernel act_quants x itself (no copy, no fq) */
-        if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
-            done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;
     }
     if (e && !done && !c->failed && c->aq_bf16 && c->x8_kernel && w->cols % 128 == 0 && !((uintptr_t)x & 15u) &&
         dequant_gemm(c, w, T, 0, w->cols)) {
