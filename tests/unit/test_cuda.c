@@ -1292,10 +1292,10 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
 
 /* The FP8 tiles (fp8_tile.cu) for linear_aq on FP8 weights at decode batches: against the CPU's linear of the
  * act_quant'd x within 1e-5, as the dequantised GEMM they replace (DEEPINFER_CUDA_FT=0) is; taken from 17 tokens
- * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (128 unless set); the same bits on a second call.  Shapes: row tiles ragged
- * against both the 64-row tile and the 128-row scale block (200, 1000 rows), K / 128 of 5 (odd slices) and 32 (a
- * cluster of 8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one token row
- * all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output. */
+ * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (128 unless set); the same bits on a second call.  Shapes: the
+ * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (odd slices)
+ * and 32 (a cluster of 8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one
+ * token row all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output. */
 static void test_linear_fp8_tiles(void **st)
 {
     (void)st;
@@ -1332,7 +1332,8 @@ static void test_linear_fp8_tiles(void **st)
                (long long)n, (long long)K, T, cs[k].ft_max ? " FT_MAX=" : "", cs[k].ft_max ? cs[k].ft_max : "", con,
                eon, eoff, coff, diff, T * n, same_on);
         fflush(stdout);
-        if (con != (size_t)(2 * cs[k].want) || coff) fail_msg("tile calls %zu (want %d), %zu with the switch off", con, 2 * cs[k].want, coff);
+        if (con != (size_t)(2 * cs[k].want) || coff)
+            fail_msg("tile calls %zu (want %d), %zu with the switch off", con, 2 * cs[k].want, coff);
         if (!(eon <= 1e-5) || !(eoff <= 1e-5)) fail_msg("vs the CPU: %.3g (tiles) / %.3g (off) > 1e-5", eon, eoff);
         if (!same_on || !same_off) fail_msg("a second call gave other bits");
         free(yon); free(yoff); free(x); free(xq); free(ref);

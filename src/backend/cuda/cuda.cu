@@ -221,9 +221,9 @@ typedef struct {
     int aq_bf16; /* DEEPINFER_CUDA_AQ_BF16 (default 1): linear_aq at the dequantised GEMM's sizes act_quants x straight
                   * into its bf16 plane (bcu_aq_bf16), where it made a copy, quantised it in place and split it */
     size_t aq_bf16_calls;
-    int ft;         /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from deq_T to ft_max tokens through the FP8
-                     * tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
-    size_t ft_max;  /* DEEPINFER_CUDA_FT_MAX */
+    int ft;        /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from deq_T to ft_max tokens through the
+                    * FP8 tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
+    size_t ft_max; /* DEEPINFER_CUDA_FT_MAX (128) */
     size_t ft_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
@@ -2191,8 +2191,9 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
         if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
             done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;
     }
-    if (e && !done && c->ft && c->x8_kernel && T <= c->ft_max && w->fmt == BE_W_FP8 && w->block == 128 &&
-        w->cols % 128 == 0 && !((uintptr_t)x & 15u) && dequant_gemm(c, w, T, 0, w->cols) && bcu_wg_available()) {
+    if (e && !done && !c->failed && c->ft && c->x8_kernel && T <= c->ft_max && w->fmt == BE_W_FP8 &&
+        w->block == 128 && w->cols % 128 == 0 && !((uintptr_t)x & 15u) && dequant_gemm(c, w, T, 0, w->cols) &&
+        bcu_wg_available()) {
         /* decode batches on the FP8 tiles: x act_quant'd into f16 codes, the weight's codes straight into wgmma
          * (after the FP8 tensor cores, which only the bf16 maths takes by default) */
         if (!scratch(c, bcu_ft_scratch((int64_t)T, w->cols) + 256)) {

@@ -100,7 +100,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int ph)
 {
     uint32_t ok = 0;
     while (!ok)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(ok)
                      : "r"(bar), "r"(ph)
                      : "memory");
@@ -206,7 +207,8 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
             ft_mma<NN, 0>(dd, A[0], d0);
 #pragma unroll
             for (int s = 1; s < 8; s++)
-                ft_mma<NN, 1>(dd, A[s], (uint64_t)dhi << 32 | (dlo + (uint32_t)(((s >> 2) * (FT_TOK * 128) + (s & 3) * 32) >> 4)));
+                ft_mma<NN, 1>(dd, A[s],
+                              (uint64_t)dhi << 32 | (dlo + (uint32_t)(((s >> 2) * (FT_TOK * 128) + (s & 3) * 32) >> 4)));
             wg_commit();
             wg_wait<0>();
             wg_hold_all(dd);
@@ -255,7 +257,8 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
         const float4 *peer[8];
 #pragma unroll
         for (int r = 0; r < 8; r++) peer[r] = (const float4 *)cl.map_shared_rank(red, (unsigned)(r < ks ? r : 0));
-        const int tot = ntk * (FT_ROWS / 4), per = (tot + ks - 1) / ks, e1 = (kr + 1) * per < tot ? (kr + 1) * per : tot;
+        const int tot = ntk * (FT_ROWS / 4), per = (tot + ks - 1) / ks;
+        const int e1 = (kr + 1) * per < tot ? (kr + 1) * per : tot;
         for (int o = kr * per + tid; o < e1; o += FT_THREADS) {
             const int tk = o / (FT_ROWS / 4), rl = 4 * (o - tk * (FT_ROWS / 4)), ro = (tk * FT_RPITCH + rl) / 4;
             float4 sum = peer[0][ro];
@@ -291,7 +294,10 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
 } // namespace
 
 /* bytes of x's stage images (bcu_wg_code mode 3): a 16 KB image a (64-token tile, chunk) */
-static size_t ft_code_bytes(int64_t T, int64_t K) { return (size_t)((T + FT_TOK - 1) / FT_TOK) * (size_t)(K / 128) * FT_BSTAGE; }
+static size_t ft_code_bytes(int64_t T, int64_t K)
+{
+    return (size_t)((T + FT_TOK - 1) / FT_TOK) * (size_t)(K / 128) * FT_BSTAGE;
+}
 
 extern "C" size_t bcu_ft_scratch(int64_t T, int64_t K)
 {
