@@ -93,8 +93,14 @@ int main(void)
     if (te && *te) {
         nT = 0;
         for (const char *p = te; *p && nT < 16;) {
-            Ts[nT++] = (size_t)strtoul(p, (char **)&p, 10);
-            while (*p == ',') p++;
+            char *end;
+            const unsigned long v = strtoul(p, &end, 10);
+            if (end == p || v < 1 || v > 65536) {
+                fprintf(stderr, BENCH_NAME ": BENCH_FT_T: token counts 1 .. 65536, comma separated\n");
+                return 2;
+            }
+            Ts[nT++] = (size_t)v;
+            for (p = end; *p == ','; p++) {}
         }
     }
     be_backend *on = backend("1"), *off = backend("0");

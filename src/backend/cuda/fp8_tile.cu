@@ -53,10 +53,10 @@
 #define FT_WG 2                     /* warpgroups a block */
 #define FT_THREADS (128 * FT_WG)
 #define FT_ROWS (64 * FT_WG)         /* weight rows a block: the wgmma's m for each warpgroup */
-#define FT_TOK 64                    /* tokens a tile */
+#define FT_TOK BCU_FT_TOK            /* tokens a tile */
 #define FT_STAGES 3                  /* chunks in the ring: two loading while one is read */
 #define FT_WPITCH 144                /* bytes a weight row takes in a stage: 128 + 16 */
-#define FT_BSTAGE (2 * FT_TOK * 128) /* a chunk of B: [k atom 2][token 64][128 bytes, swizzled] */
+#define FT_BSTAGE BCU_FT_IMAGE       /* a chunk of B: [k atom 2][token 64][128 bytes, swizzled] */
 #define FT_WSTAGE (FT_ROWS * FT_WPITCH)
 #define FT_WCOPIES (FT_ROWS * 8 / FT_THREADS)    /* 16-byte copies a thread makes of a chunk of the weights */
 #define FT_RPITCH (FT_ROWS + 4)                  /* floats a token takes in the slices' sums */
@@ -82,9 +82,7 @@ template <int NN, int ACC> __device__ __forceinline__ void ft_mma(float (&d)[32]
     else if constexpr (NN == 48) FT_MMA(48);
     else FT_MMA(64);
 }
-#endif
 
-#if WG_ON
 /* an mbarrier in shared memory: count arrivals a phase */
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
 {
@@ -109,8 +107,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int ph)
 /* bytes (a multiple of 16) from global to shared memory by the copy engine, counted on the mbarrier bar */
 __device__ __forceinline__ void bulk_in(uint32_t dst, const void *src, int bytes, uint32_t bar)
 {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
 #endif
@@ -206,9 +204,10 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
             wg_fence();
             ft_mma<NN, 0>(dd, A[0], d0);
 #pragma unroll
-            for (int s = 1; s < 8; s++)
-                ft_mma<NN, 1>(dd, A[s],
-                              (uint64_t)dhi << 32 | (dlo + (uint32_t)(((s >> 2) * (FT_TOK * 128) + (s & 3) * 32) >> 4)));
+            for (int s = 1; s < 8; s++) {
+                const uint32_t off = (uint32_t)((s >> 2) * (FT_TOK * 128) + (s & 3) * 32) >> 4; /* in 16 bytes */
+                ft_mma<NN, 1>(dd, A[s], (uint64_t)dhi << 32 | (dlo + off));
+            }
             wg_commit();
             wg_wait<0>();
             wg_hold_all(dd);

@@ -14,6 +14,12 @@
 
 #include <cuda_runtime_api.h>
 
+/* x's stage images (bcu_wg_code mode 3 writes them, the tile kernel copies them whole): a tile of BCU_FT_TOK tokens
+ * and one 128-column chunk is a BCU_FT_IMAGE-byte image [k atom 2][token BCU_FT_TOK][128 bytes, 128B-swizzled] and
+ * BCU_FT_TOK floats of scales */
+#define BCU_FT_TOK 64
+#define BCU_FT_IMAGE (2 * BCU_FT_TOK * 128)
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/fp8_tile.h"
 #include "backend/cuda/mma_frag.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_ops.cuh"
@@ -49,7 +50,6 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/sm_count.cuh"
 #include "backend/cuda/wgmma.cuh"
-
 
 #define WG_THREADS 128 /* one warpgroup */
 #define WG_N 8         /* tokens a pass: the wgmma's n */
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(WG_THREADS) wg_probe_kernel(const uint32_t *a,
  * steps: step s holds the columns of parity s, k position 8h + 2q + i of a step is column 8q + 4h + 2i + s);
  * MODE = 2, the quantised values (code x scale, exact) as bf16 in the tiles' order (wt_kernel: a chunk is eight
  * k16 steps, k position 8h + 2q + j of step s is column 32q + 8(s / 2) + 2(s % 2) + h + 4j); MODE = 3, the codes'
- * values as f16 in fp8_tile.cu's B stage images, the scales [64-row tile][chunk][64] (below) */
+ * values as f16 in fp8_tile.h's stage images, the scales [tile][chunk][BCU_FT_TOK] (below) */
 /* chunk gw (row r, 128 columns c) of wg_code_kernel, its float4 v loaded */
 template <int MODE>
 __device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch, int64_t K, uint8_t *codes,
@@ -173,8 +173,10 @@ __device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch,
          * 32 q + 4 s + j of a chunk (q = lane / 8, s = lane % 8) is k position 2 q + j (j < 2) or 8 + 2 q + j - 2 of
          * k16 step s, which sits at byte 32 (s % 4) + 2 p of atom s / 4's row: pieces 2 (s % 4) and + 1, each at
          * 16-byte slot piece ^ (row % 8) */
-        const int q = lane >> 3, s = lane & 7, t = (int)(r & 63), p0 = 2 * (s & 3);
-        uint8_t *o = codes + (((r >> 6) * nch + c) << 14) + (s >> 2) * 8192 + t * 128 + 4 * q;
+        const uint64_t ur = (uint64_t)r; /* unsigned: the tile and row by a shift and a mask */
+        const int q = lane >> 3, s = lane & 7, t = (int)(ur % BCU_FT_TOK), p0 = 2 * (s & 3);
+        uint8_t *o = codes + ((int64_t)(ur / BCU_FT_TOK) * nch + c) * BCU_FT_IMAGE + (s >> 2) * (BCU_FT_IMAGE / 2) +
+                     t * 128 + 4 * q;
         *(uint32_t *)(o + ((p0 ^ (t & 7)) << 4)) = f16_of(c0) | f16_of(c1) << 16;
         *(uint32_t *)(o + (((p0 + 1) ^ (t & 7)) << 4)) = f16_of(c2) | f16_of(c3) << 16;
     } else if (MODE == 2) {
@@ -202,7 +204,11 @@ __device__ __forceinline__ void wg_code_chunk(float4 v, int64_t gw, int64_t nch,
         *(uint16_t *)o = (uint16_t)(c0 | c2 << 8);        /* even columns m0, m0 + 2 */
         *(uint16_t *)(o + 16) = (uint16_t)(c1 | c3 << 8); /* odd columns m0 + 1, m0 + 3 */
     }
-    if (lane == 0 && scales) scales[MODE == 3 ? ((r >> 6) * nch + c) * 64 + (r & 63) : r * nch + c] = sc;
+    if (lane == 0 && scales) {
+        const uint64_t ur = (uint64_t)r; /* mode 3: [tile][chunk][row of the tile] */
+        scales[MODE == 3 ? ((int64_t)(ur / BCU_FT_TOK) * nch + c) * BCU_FT_TOK + (int64_t)(ur % BCU_FT_TOK)
+                         : r * nch + c] = sc;
+    }
     if (wb)
         *(float4 *)(wb + r * K + c * 128 + 4 * lane) =
             make_float4(__fmul_rn(gr_dec_e4m3(c0), sc), __fmul_rn(gr_dec_e4m3(c1), sc),
@@ -215,8 +221,9 @@ template <int MODE>
 __global__ void wg_code_kernel(const float *x, int64_t R, int64_t K, uint8_t *codes, float *scales, float *wb)
 {
     pdl_enter();
-    /* mode 3 codes its last 64-row tile whole: the rows past R as zeros (their images are copied with the rest) */
-    const int64_t nch = K / 128, real = R * nch, total = (MODE == 3 ? (R + 63) / 64 * 64 : R) * nch,
+    /* mode 3 codes its last tile whole: the rows past R as zeros (their images are copied with the rest) */
+    const int64_t nch = K / 128, real = R * nch,
+                  total = (MODE == 3 ? (R + BCU_FT_TOK - 1) / BCU_FT_TOK * BCU_FT_TOK : R) * nch,
                   nw = (int64_t)gridDim.x * (blockDim.x >> 5);
     const int lane = threadIdx.x & 31;
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -651,7 +658,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) wt_kernel(bcu_wg_args a)
         wg_wait<0>();
         rd_cp_wait_group<0>(); /* the empty tail groups */
         wg_hold_all(acc);
-        wg_each_token<NN>(acc, q, ntk, [&](int tk, float vA, float vB) { wg_store<G>(a, r0 + tk, wr, vA, vB, rws[tk]); });
+        wg_each_token<NN>(acc, q, ntk,
+                          [&](int tk, float vA, float vB) { wg_store<G>(a, r0 + tk, wr, vA, vB, rws[tk]); });
     };
     switch ((ntk + 15) >> 4) { /* the wgmma's n */
     case 1: run(std::integral_constant<int, 16>{}); break;
@@ -962,8 +970,8 @@ extern "C" cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mod
     if (R < 0 || K <= 0 || K % 128 || !x || !codes || (mode != 2 && !scales) || mode < 0 || mode > 3)
         return cudaErrorInvalidValue;
     if (R == 0) return cudaSuccess;
-    const int64_t threads = (mode == 3 ? (R + 63) / 64 * 64 : R) * (K / 128) * 32, need = (threads + 255) / 256,
-                  fill = (int64_t)bcu_sm_count() * 8;
+    const int64_t rows = mode == 3 ? (R + BCU_FT_TOK - 1) / BCU_FT_TOK * BCU_FT_TOK : R; /* mode 3: whole tiles */
+    const int64_t threads = rows * (K / 128) * 32, need = (threads + 255) / 256, fill = (int64_t)bcu_sm_count() * 8;
     const unsigned grid = (unsigned)(need < fill ? need : fill); /* 8 blocks of 256: a full SM's warps */
     if (mode == 2) pdl_launch(wg_code_kernel<2>, grid, 256, 0, st, x, R, K, codes, (float *)NULL, writeback);
     else if (mode == 3) pdl_launch(wg_code_kernel<3>, grid, 256, 0, st, x, R, K, codes, scales, writeback);

@@ -45,10 +45,11 @@ typedef struct {
 int bcu_wg_available(void);
 
 /* act_quant (v4.c fq_fp8, blocks of 128) of rows x [R][K] into codes (mode 0: e4m3 bytes [R][K]; 1: their
- * values as f16 [R][K]; 2: the quantised values, code x scale, as bf16 [R][K] in bcu_wg_tiles' order; 3: the codes'
- * values as f16 in bcu_ft_linear's images: [ceil(R / 64) tiles][K / 128][16 KB]) and scales [R][K / 128] (modes 0 and 1;
- * mode 3: [ceil(R / 64) tiles][K / 128][64]; mode 2 takes NULL); writeback (may be NULL or x itself) gets the quantised values,
- * as bcu_fq_fp8 would leave them.  K % 128 == 0. */
+ * values as f16 [R][K]; 2: the quantised values, code x scale, as bf16 [R][K] in bcu_wg_tiles' order; 3: the
+ * codes' values as f16 in fp8_tile.h's stage images, [ceil(R / BCU_FT_TOK)][K / 128][BCU_FT_IMAGE bytes], the last
+ * tile's rows past R zeros) and scales [R][K / 128] (modes 0 and 1; mode 3: [tile][K / 128][BCU_FT_TOK]; mode 2
+ * takes NULL); writeback (may be NULL or x itself) gets the quantised values, as bcu_fq_fp8 would leave them.
+ * K % 128 == 0. */
 cudaError_t bcu_wg_code(const float *x, int64_t R, int64_t K, int mode, uint8_t *codes, float *scales,
                         float *writeback, cudaStream_t st);
 
