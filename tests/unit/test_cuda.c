@@ -1295,22 +1295,33 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
  * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (128 unless set); the same bits on a second call.  Shapes: the
  * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (odd slices)
  * and 32 (a cluster of 8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one
- * token row all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output. */
+ * token row all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output.  Two cases
+ * spread the scales: weight block scales 2^-27 .. 2^13 and a row's chunks 2^-15 .. 2^15 apart, where folding the
+ * scales into the f16 operands (one accumulator over K, tried in the thirtieth session) would round the small ones;
+ * the tiles scale each chunk's sums instead. */
 static void test_linear_fp8_tiles(void **st)
 {
     (void)st;
     be_backend *cpu = be_cpu_create(4);
-    const struct { int64_t n, K; size_t T; const char *ft_max; int want; } cs[] = {
-        {200, 640, 17, NULL, 1},   {200, 640, 33, NULL, 1},   {1000, 2048, 64, NULL, 1}, {1000, 2048, 100, NULL, 1},
-        {96, 4096, 65, NULL, 1},   {384, 1024, 256, "256", 1}, {384, 1024, 16, NULL, 0}, {384, 1024, 100, "64", 0},
-        {384, 1024, 129, NULL, 0}};
+    const struct { int64_t n, K; size_t T; const char *ft_max; int want, spread; } cs[] = {
+        {200, 640, 17, NULL, 1, 0},   {200, 640, 33, NULL, 1, 0},    {1000, 2048, 64, NULL, 1, 0},
+        {1000, 2048, 100, NULL, 1, 0}, {96, 4096, 65, NULL, 1, 0},    {384, 1024, 256, "256", 1, 0},
+        {384, 1024, 16, NULL, 0, 0},  {384, 1024, 100, "64", 0, 0},  {384, 1024, 129, NULL, 0, 0},
+        {1000, 2048, 48, NULL, 1, 1}, {256, 4096, 20, NULL, 1, 1}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         rweight r = make_fp8(cs[k].n, cs[k].K, 128, MD_F8_E8M0);
         const be_weight *w = &r.w;
         const size_t T = cs[k].T, K = (size_t)w->cols, n = (size_t)w->rows;
+        if (cs[k].spread) { /* weight block scales 2^-27 .. 2^13 */
+            const size_t ns = (size_t)(((n + 127) / 128) * (K / 128));
+            for (size_t i = 0; i < ns; i++) ((uint8_t *)r.scale)[i] = (uint8_t)(100 + rnd() % 41);
+        }
         float *x = rand_rows(T * K), *xq = malloc(T * K * sizeof *xq);
         for (size_t t = 0; t < T; t++)
-            for (size_t i = 0; i < K; i++) x[t * K + i] *= ldexpf(1.0f, (int)(t % 41) - 20);
+            for (size_t i = 0; i < K; i++) { /* spread: chunk c of a row times 2^((7 c) % 31 - 15) */
+                const int sp = cs[k].spread ? (int)((i / 128 * 7) % 31) - 15 : 0;
+                x[t * K + i] *= ldexpf(1.0f, (int)(t % 41) - 20 + sp);
+            }
         memset(x + (T / 2) * K, 0, K * sizeof *x);
         memcpy(xq, x, T * K * sizeof *xq);
         for (size_t t = 0; t < T; t++) aq_ref_row(xq + t * K, (int64_t)K, NULL);
