@@ -13,32 +13,39 @@
  *
  * The layout.  A block is two warpgroups: 128 weight rows (one 128-row scale block; 64 a warpgroup, the wgmma's
  * m) against up to 64 tokens (the wgmma's n, rounded up to 16), over a slice of the chunks, in a ring of three
- * chunks (two in flight while one is read; two blocks an SM).  The weight rows come in by cp.async, four whole
- * 128-byte rows a warp instruction, into rows 144 bytes apart, so that lane (g, q) reads 32 bytes of its rows g and
- * g + 8 without bank conflicts; those 32 bytes of a chunk row are the lane's A fragments for all eight k16 steps:
- * word s of them is columns 32 q + 4 s .. + 3, its low pair k positions 2 q, 2 q + 1 of step s (a0 / a1), its high
- * pair 8 + 2 q, 9 + 2 q (a2 / a3).  The activations follow that order: bcu_wg_code mode 3 writes each (64-token
- * tile, chunk) as the 16 KB stage image itself (step s at byte 32 (s % 4) of 128-byte swizzle atom s / 4, the
- * 128-byte swizzle applied, the tile's rows past T zeros) and its 64 scales, which thread 0 brings in with two bulk
- * copies onto the stage's mbarrier: no per-thread copies of B and no proxy fence before the wgmmas read it.  The
- * weights of the first chunks are asked for before the PDL wait (nothing writes them).
+ * chunks (two in flight while one is read; two blocks an SM).  Thread 0 fills a stage with three copies onto its
+ * mbarrier.  The weights come as one TMA box of 128 rows x 128 bytes (a tensor map of the weight, the 128-byte
+ * swizzle applied, rows past n zeros), so lane (g, q) reads the 32 bytes of its rows g and g + 8 as 16-byte pieces
+ * 2 q ^ g and 2 q + 1 ^ g without bank conflicts; those 32 bytes of a chunk row are the lane's A fragments for all
+ * eight k16 steps: word s of them is columns 32 q + 4 s .. + 3, its low pair k positions 2 q, 2 q + 1 of step s
+ * (a0 / a1), its high pair 8 + 2 q, 9 + 2 q (a2 / a3).  The activations follow that order: bcu_wg_code mode 3
+ * writes each (64-token tile, chunk) as the 16 KB stage image itself (step s at byte 32 (s % 4) of 128-byte swizzle
+ * atom s / 4, the swizzle applied, the tile's rows past T zeros) and its 64 scales, two bulk copies.  No thread
+ * copies anything else and no proxy fence comes before the wgmmas.  The weights of the first chunks are asked for
+ * before the PDL wait (nothing writes them).
  *
  * Measured on the way (H200, bench_gpu_fp8_tiles, T = 64): the first version (one warpgroup and 64 rows a block,
  * four stages, B copied by every thread from a row-major code buffer) took 56.8 us on wq_b and 59.3 on wo_b, now
- * 25.1 and 30.8; B's stage image copied by every thread with cp.async instead of the two bulk copies, 32 us on
- * wq_b; the weights as 128 bulk copies of a row instead of cp.async, 10-35% slower.  Not taken: the next chunk's
+ * 24.3 and 28.5; B's stage image copied by every thread with cp.async instead of the two bulk copies, 32 us on
+ * wq_b; the weights as 128 bulk copies of a row, 10-35% slower than the cp.async of every thread, which the TMA box
+ * beats by 3-13% (wq_b at T = 128 30.7 -> 27.4 us, wo_b 44.1 -> 39.5).  Not taken (docs/CUDA.md): the next chunk's
  * wgmmas running while the last one's sums are scaled (two accumulator sets: ptxas serialises wgmmas around any
  * read of an accumulator while another is in flight, warning C7514); the e4m3 -> f16 decode by bit logic instead
- * of cvt (measured no faster).
+ * of cvt (measured no faster); persistent clusters at one block an SM; the scales folded into the f16 operands so
+ * that one accumulator runs over K (no faster: the loads, not the maths, set a call's time).
  *
  * The grid: x = slices of K (a thread-block cluster of up to 8, so that a narrow weight still fills the GPU: the
  * slices' accumulators meet in distributed shared memory and are added in slice order), y = tiles of 64 tokens,
  * z = tiles of 128 rows; the token tiles of a row tile run side by side, so its weights come from HBM once. */
 #include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <stdint.h>
+
+#include <atomic>
 
 #include <type_traits>
 
@@ -55,13 +62,11 @@
 #define FT_ROWS (64 * FT_WG)         /* weight rows a block: the wgmma's m for each warpgroup */
 #define FT_TOK BCU_FT_TOK            /* tokens a tile */
 #define FT_STAGES 3                  /* chunks in the ring: two loading while one is read */
-#define FT_WPITCH 144                /* bytes a weight row takes in a stage: 128 + 16 */
 #define FT_BSTAGE BCU_FT_IMAGE       /* a chunk of B: [k atom 2][token 64][128 bytes, swizzled] */
-#define FT_WSTAGE (FT_ROWS * FT_WPITCH)
-#define FT_WCOPIES (FT_ROWS * 8 / FT_THREADS)    /* 16-byte copies a thread makes of a chunk of the weights */
-#define FT_RPITCH (FT_ROWS + 4)                  /* floats a token takes in the slices' sums */
-#define FT_MAXCH 512                             /* chunks a slice may have (K up to 65536) */
-#define FT_SMEM (FT_STAGES * (FT_BSTAGE + FT_TOK * 4 + FT_WSTAGE) + FT_MAXCH * 4 + FT_STAGES * 8 + 1024)
+#define FT_WSTAGE (FT_ROWS * 128)    /* a chunk of the weights: [row 128][128 bytes, 128B-swizzled] (one TMA box) */
+#define FT_RPITCH (FT_ROWS + 4)      /* floats a token takes in the slices' sums */
+#define FT_MAXCH 512                 /* chunks a slice may have (K up to 65536) */
+#define FT_SMEM (FT_STAGES * (FT_BSTAGE + FT_WSTAGE + FT_TOK * 4) + FT_MAXCH * 4 + FT_STAGES * 8 + 1024)
 static_assert(FT_STAGES * FT_BSTAGE >= FT_RPITCH * FT_TOK * 4, "the slices' sums reuse B's ring");
 
 namespace {
@@ -111,62 +116,58 @@ __device__ __forceinline__ void bulk_in(uint32_t dst, const void *src, int bytes
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
+/* the box at (column x, row y) of the tensor map tm into dst (1 KB aligned for the 128-byte swizzle), counted on bar */
+__device__ __forceinline__ void tma_in(uint32_t dst, const CUtensorMap *tm, int x, int y, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(tm), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
 #endif
 
 /* grid: x = K slices (the cluster), y = token tiles, z = row tiles */
-__global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
+__global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a, const __grid_constant__ CUtensorMap tw)
 {
 #if WG_ON
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t *bring = smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u); /* 128B-swizzle atoms: 1 KB aligned */
-    float *xring = (float *)(bring + FT_STAGES * FT_BSTAGE);   /* a chunk's activation scales, a float a token */
-    uint8_t *wring = (uint8_t *)(xring + FT_STAGES * FT_TOK);  /* a chunk of the block's weight rows */
-    float *swf = (float *)(wring + FT_STAGES * FT_WSTAGE);     /* the slice's weight scales, a float a chunk */
-    const uint32_t full = smem_u32(swf + FT_MAXCH);            /* a stage's mbarrier (8 bytes each): B and xs in */
+    uint8_t *wring = bring + FT_STAGES * FT_BSTAGE;               /* a chunk of the block's weight rows */
+    float *xring = (float *)(wring + FT_STAGES * FT_WSTAGE);      /* a chunk's activation scales, a float a token */
+    float *swf = xring + FT_STAGES * FT_TOK;                      /* the slice's weight scales, a float a chunk */
+    const uint32_t full = smem_u32(swf + FT_MAXCH);               /* a stage's mbarrier (8 bytes each) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int ks = (int)gridDim.x, kr = (int)blockIdx.x;
     const int64_t tile = blockIdx.y, t0 = tile * FT_TOK, r0 = (int64_t)blockIdx.z * FT_ROWS;
     const int ntk = a.T - t0 < FT_TOK ? (int)(a.T - t0) : FT_TOK;
     const int nch = (int)(a.K / 128), c0 = (int)((int64_t)kr * nch / ks), nc = (int)((int64_t)(kr + 1) * nch / ks) - c0;
 
-    /* the weights: piece v = tid + FT_THREADS k (k < 4) of a chunk is row v / 8's bytes 16 (v % 8) .., so a warp
-     * copies four whole 128-byte rows an instruction (rows past n read row n - 1) */
-    const uint8_t *wsrc[FT_WCOPIES];
-#pragma unroll
-    for (int k = 0; k < FT_WCOPIES; k++) {
-        const int64_t row = r0 + ((tid + FT_THREADS * k) >> 3);
-        wsrc[k] = a.w + (row < a.n ? row : a.n - 1) * a.K + (int64_t)c0 * 128 + 16 * (tid & 7);
-    }
-    const uint32_t wdst = smem_u32(wring) + (tid >> 3) * FT_WPITCH + 16 * (tid & 7);
-    auto issue_w = [&](int i, int st) {
-        const uint32_t s = wdst + st * FT_WSTAGE;
-#pragma unroll
-        for (int k = 0; k < FT_WCOPIES; k++) cp16(s + k * (FT_THREADS / 8) * FT_WPITCH, wsrc[k] + 128 * (int64_t)i);
-    };
-    /* B and the activation scales: the chunk's stage image and its 64 scales as bcu_wg_code mode 3 left them (the
-     * tile's rows past T are zeros), two bulk copies by thread 0 onto the stage's mbarrier */
-    const uint8_t *bsrc = (const uint8_t *)a.xc + ((tile * nch + c0) << 14);
+    /* A stage is one mbarrier phase for three copies by thread 0: the weights' 128 x 128-byte box by the tensor map
+     * (rows past n zeros), the 128-byte swizzle applied, so that lane (g, q)'s 32 bytes of rows g and g + 8 are
+     * pieces 2 q ^ g and 2 q + 1 ^ g, conflict-free; B's stage image and its 64 scales as bcu_wg_code mode 3 left
+     * them (the tile's rows past T are zeros).  The weights' copy is asked for first (before the PDL wait in the
+     * prologue: nothing writes them), with the phase's whole byte count. */
+    const uint8_t *bsrc = (const uint8_t *)a.xc + (tile * nch + c0) * FT_BSTAGE;
     const float *xsrc = a.xs + (tile * nch + c0) * FT_TOK;
+    auto issue_w = [&](int i, int st) {
+        mbar_expect(full + 8 * st, FT_WSTAGE + FT_BSTAGE + FT_TOK * 4);
+        tma_in(smem_u32(wring) + st * FT_WSTAGE, &tw, (c0 + i) * 128, (int)r0, full + 8 * st);
+    };
     auto issue_b = [&](int i, int st) {
-        if (tid) return;
-        mbar_expect(full + 8 * st, FT_BSTAGE + FT_TOK * 4);
-        bulk_in(smem_u32(bring) + st * FT_BSTAGE, bsrc + ((int64_t)i << 14), FT_BSTAGE, full + 8 * st);
+        bulk_in(smem_u32(bring) + st * FT_BSTAGE, bsrc + (int64_t)i * FT_BSTAGE, FT_BSTAGE, full + 8 * st);
         bulk_in(smem_u32(xring + st * FT_TOK), xsrc + (int64_t)i * FT_TOK, FT_TOK * 4, full + 8 * st);
     };
     constexpr int LA = FT_STAGES - 1; /* chunks asked for ahead of the one in use */
-    for (int i = 0; i < LA; i++)
-        if (i < nc) issue_w(i, i);
-    rd_cp_commit();
+    if (!tid) {
+        for (int i = 0; i < FT_STAGES; i++) mbar_init(full + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < LA && i < nc; i++) issue_w(i, i);
+    }
     const uint8_t *wsr = a.ws + (r0 / 128) * a.nsb + c0;
     for (int i = tid; i < nc; i += FT_THREADS) swf[i] = ue8m0(wsr[i]);
-    if (tid < FT_STAGES) mbar_init(full + 8 * tid, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    __syncthreads(); /* the mbarriers before any copy counts on them */
+    __syncthreads(); /* the mbarriers before anyone waits on them, the weight scales */
     pdl_enter();     /* x's codes and scales are the code kernel's */
-    for (int i = 0; i < LA; i++) {
-        if (i < nc) issue_b(i, i);
-        rd_cp_commit();
-    }
+    if (!tid)
+        for (int i = 0; i < LA && i < nc; i++) issue_b(i, i);
 
     auto run = [&](auto nn) {
         constexpr int NN = decltype(nn)::value;
@@ -174,19 +175,19 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
 #pragma unroll
         for (int i = 0; i < 32; i++) acc[i] = dd[i] = 0.0f;
         for (int i = 0, st = 0, ph = 0; i < nc; i++) { /* st: chunk i's stage, ph: the parity of its use */
-            rd_cp_wait_group<LA - 1>(); /* chunk i's weights, this thread's copies */
-            __syncthreads(); /* everyone's copies of chunk i's weights; everyone done with chunk i - 1's stage */
-            if (i + LA < nc) { /* into chunk i - 1's stage */
+            __syncthreads(); /* everyone done with chunk i - 1's stage */
+            if (!tid && i + LA < nc) { /* into chunk i - 1's stage */
                 const int sn = st ? st - 1 : FT_STAGES - 1;
                 issue_w(i + LA, sn);
                 issue_b(i + LA, sn);
             }
-            rd_cp_commit();
-            mbar_wait(full + 8 * st, ph); /* chunk i's B and scales */
-            /* lane (g, q)'s A fragments: bytes 32 q .. + 31 of its rows g and g + 8 (warp w: rows 16 w ..) */
-            const uint8_t *ws = wring + st * FT_WSTAGE + (16 * warp + g) * FT_WPITCH + 32 * q;
-            const uint4 u0 = *(const uint4 *)ws, u1 = *(const uint4 *)(ws + 16);
-            const uint4 v0 = *(const uint4 *)(ws + 8 * FT_WPITCH), v1 = *(const uint4 *)(ws + 8 * FT_WPITCH + 16);
+            mbar_wait(full + 8 * st, ph); /* chunk i's weights, B and scales */
+            /* lane (g, q)'s A fragments: bytes 32 q .. + 31 of its rows g and g + 8 (warp w: rows 16 w ..), 16-byte
+             * pieces 2 q and 2 q + 1 at slots piece ^ g (both rows are g mod 8) */
+            const uint8_t *ws = wring + st * FT_WSTAGE + (16 * warp + g) * 128;
+            const int p0 = ((2 * q) ^ g) << 4, p1 = ((2 * q + 1) ^ g) << 4;
+            const uint4 u0 = *(const uint4 *)(ws + p0), u1 = *(const uint4 *)(ws + p1);
+            const uint4 v0 = *(const uint4 *)(ws + 8 * 128 + p0), v1 = *(const uint4 *)(ws + 8 * 128 + p1);
             const uint32_t wa[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
             const uint32_t wb[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
             uint32_t A[8][4];
@@ -228,7 +229,6 @@ __global__ void __launch_bounds__(FT_THREADS, 2) ft_kernel(bcu_ft_args a)
                 ph ^= 1;
             }
         }
-        rd_cp_wait_group<0>(); /* the empty tail groups */
         const int64_t rA = r0 + 16 * warp + g, rB = rA + 8;
         if (ks == 1) {
             wg_each_token<NN>(acc, q, ntk, [&](int tk, float vA, float vB) {
@@ -312,6 +312,25 @@ extern "C" int bcu_ft_splits(int64_t T, int64_t n, int64_t K)
     return ks;
 }
 
+/* the driver's cuTensorMapEncodeTiled (through the runtime: no link to libcuda), NULL where there is none */
+static PFN_cuTensorMapEncodeTiled_v12000 ft_encoder(void)
+{
+    static std::atomic<int> done(0);
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    if (!done.load(std::memory_order_acquire)) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = NULL;
+        (void)cudaGetLastError();
+        fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        done.store(1, std::memory_order_release);
+    }
+    return fn;
+}
+
 extern "C" cudaError_t bcu_ft_launch(const bcu_ft_args *a, cudaStream_t st)
 {
     if (!a || a->T < 1 || a->n < 1 || a->K < 128 || a->K % 128 || a->ldy < a->n)
@@ -323,6 +342,16 @@ extern "C" cudaError_t bcu_ft_launch(const bcu_ft_args *a, cudaStream_t st)
         if (r != cudaSuccess) return r;
         attr_done = 1;
     }
+    /* the weights as a tensor of n rows of K bytes, in boxes of 128 x 128 (a chunk of a row tile) */
+    PFN_cuTensorMapEncodeTiled_v12000 enc = ft_encoder();
+    if (!enc || ((uintptr_t)a->w & 15u)) return cudaErrorNotSupported;
+    CUtensorMap tw;
+    const cuuint64_t dims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->n}, strides[1] = {(cuuint64_t)a->K};
+    const cuuint32_t box[2] = {128, FT_ROWS}, es[2] = {1, 1};
+    if (enc(&tw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)a->w, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return cudaErrorNotSupported;
     const int ks = bcu_ft_splits(a->T, a->n, a->K);
     if ((a->K / 128 + ks - 1) / ks > FT_MAXCH) return cudaErrorInvalidValue; /* a slice's weight scales */
     const int64_t tt = (a->T + FT_TOK - 1) / FT_TOK, rt = (a->n + FT_ROWS - 1) / FT_ROWS;
@@ -336,7 +365,7 @@ extern "C" cudaError_t bcu_ft_launch(const bcu_ft_args *a, cudaStream_t st)
     cfg.attrs = at;
     cfg.numAttrs = ks > 1; /* a cluster only where the slices meet */
     pdl_attr(&cfg, at);
-    const cudaError_t r = cudaLaunchKernelEx(&cfg, ft_kernel, *a);
+    const cudaError_t r = cudaLaunchKernelEx(&cfg, ft_kernel, *a, tw);
     return r != cudaSuccess ? r : cudaGetLastError();
 }
 
