@@ -374,7 +374,8 @@ extern "C" cudaError_t bcu_ft_linear(float *y, int64_t ldy, const float *x, int6
 {
     if (!y || !x || !w || !ws || !scratch || T < 1 || n < 1 || K < 128 || K % 128 || ((uintptr_t)x & 15u))
         return cudaErrorInvalidValue;
-    if (!bcu_wg_available()) return cudaErrorNotSupported;
+    /* where the weights' tensor map cannot be made, before any work */
+    if (!bcu_wg_available() || !ft_encoder() || ((uintptr_t)w & 15u)) return cudaErrorNotSupported;
     bcu_ft_args a = {};
     a.w = w;
     a.ws = ws;
