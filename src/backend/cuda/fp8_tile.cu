@@ -45,8 +45,6 @@
 
 #include <stdint.h>
 
-#include <atomic>
-
 #include <type_traits>
 
 #include "backend/cuda/fp8_tile.h"
@@ -312,12 +310,11 @@ extern "C" int bcu_ft_splits(int64_t T, int64_t n, int64_t K)
     return ks;
 }
 
-/* the driver's cuTensorMapEncodeTiled (through the runtime: no link to libcuda), NULL where there is none */
+/* the driver's cuTensorMapEncodeTiled (through the runtime: no link to libcuda), NULL where there is none; looked up
+ * once a process (a function-local static: thread-safe initialisation) */
 static PFN_cuTensorMapEncodeTiled_v12000 ft_encoder(void)
 {
-    static std::atomic<int> done(0);
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    if (!done.load(std::memory_order_acquire)) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
         void *p = NULL;
         cudaDriverEntryPointQueryResult q;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
@@ -325,9 +322,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 ft_encoder(void)
             q != cudaDriverEntryPointSuccess)
             p = NULL;
         (void)cudaGetLastError();
-        fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        done.store(1, std::memory_order_release);
-    }
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
     return fn;
 }
 
