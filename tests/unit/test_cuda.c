@@ -49,6 +49,7 @@
 #include "backend/cuda/attn.h"
 #include "backend/cuda/chain.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/fp8_tile.h"
 #include "model/dtype.h"
 #include "model/v4.h"
 
@@ -1293,8 +1294,8 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
 /* The FP8 tiles (fp8_tile.cu) for linear_aq on FP8 weights at decode batches: against the CPU's linear of the
  * act_quant'd x within 1e-5, as the dequantised GEMM they replace (DEEPINFER_CUDA_FT=0) is; taken from 17 tokens
  * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (128 unless set); the same bits on a second call.  Shapes: the
- * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (odd slices)
- * and 32 (a cluster of 8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one
+ * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (one slice by
+ * the rule; odd slices, 3 + 2, forced), 16 (4 slices; 8 slices of two chunks, forced) and 32 (8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one
  * token row all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output.  Two cases
  * spread the scales: weight block scales 2^-27 .. 2^13 and a row's chunks 2^-15 .. 2^15 apart, where folding the
  * scales into the f16 operands (one accumulator over K, tried in the thirtieth session) would round the small ones;
@@ -1303,11 +1304,12 @@ static void test_linear_fp8_tiles(void **st)
 {
     (void)st;
     be_backend *cpu = be_cpu_create(4);
-    const struct { int64_t n, K; size_t T; const char *ft_max; int want, spread; } cs[] = {
-        {200, 640, 17, NULL, 1, 0},   {200, 640, 33, NULL, 1, 0},    {1000, 2048, 64, NULL, 1, 0},
-        {1000, 2048, 100, NULL, 1, 0}, {96, 4096, 65, NULL, 1, 0},    {384, 1024, 256, "256", 1, 0},
-        {384, 1024, 16, NULL, 0, 0},  {384, 1024, 100, "64", 0, 0},  {384, 1024, 129, NULL, 0, 0},
-        {1000, 2048, 48, NULL, 1, 1}, {256, 4096, 20, NULL, 1, 1}};
+    const struct { int64_t n, K; size_t T; const char *ft_max; int want, spread, ks; } cs[] = {
+        {200, 640, 17, NULL, 1, 0, 0},    {200, 640, 33, NULL, 1, 0, 2},    {1000, 2048, 64, NULL, 1, 0, 0},
+        {1000, 2048, 64, NULL, 1, 0, 8},  {1000, 2048, 100, NULL, 1, 0, 0}, {96, 4096, 65, NULL, 1, 0, 0},
+        {384, 1024, 256, "256", 1, 0, 0}, {384, 1024, 16, NULL, 0, 0, 0},   {384, 1024, 100, "64", 0, 0, 0},
+        {384, 1024, 129, NULL, 0, 0, 0},  {1000, 2048, 48, NULL, 1, 1, 0},  {256, 4096, 20, NULL, 1, 1, 0},
+        {256, 4096, 20, NULL, 1, 1, 2}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         rweight r = make_fp8(cs[k].n, cs[k].K, 128, MD_F8_E8M0);
         const be_weight *w = &r.w;
@@ -1329,7 +1331,11 @@ static void test_linear_fp8_tiles(void **st)
         cpu->ops->linear(cpu, ref, xq, T, w);
         size_t con, coff;
         int same_on, same_off;
+        assert_int_equal(bcu_ft_force_splits(cs[k].ks), 0);
         float *yon = ft_run(NULL, cs[k].ft_max, w, x, T, &con, &same_on);
+        const int ks = bcu_ft_splits((int64_t)T, (int64_t)n, (int64_t)K);
+        assert_int_equal(bcu_ft_force_splits(0), 0);
+        if (cs[k].ks && ks != cs[k].ks) fail_msg("forced %d K slices, the tiles ran %d", cs[k].ks, ks);
         float *yoff = ft_run("0", NULL, w, x, T, &coff, &same_off);
         double eon = 0, eoff = 0; /* the worst token row's error relative to that row's largest output */
         for (size_t t = 0; t < T; t++) {
@@ -1338,10 +1344,10 @@ static void test_linear_fp8_tiles(void **st)
         }
         size_t diff = 0;
         for (size_t i = 0; i < T * n; i++) diff += memcmp(&yon[i], &yoff[i], 4) != 0;
-        printf("  fp8 tiles %lldx%lld T=%zu%s%s: %zu tile calls, %.2e vs the CPU (switch off: %.2e, %zu calls); %zu of "
+        printf("  fp8 tiles %lldx%lld T=%zu%s%s, %d K slices%s: %zu tile calls, %.2e vs the CPU (switch off: %.2e, %zu calls); %zu of "
                "%zu outputs differ from the dequantised GEMM; same bits twice: %d\n",
-               (long long)n, (long long)K, T, cs[k].ft_max ? " FT_MAX=" : "", cs[k].ft_max ? cs[k].ft_max : "", con,
-               eon, eoff, coff, diff, T * n, same_on);
+               (long long)n, (long long)K, T, cs[k].ft_max ? " FT_MAX=" : "", cs[k].ft_max ? cs[k].ft_max : "", ks,
+               cs[k].ks ? " (forced)" : "", con, eon, eoff, coff, diff, T * n, same_on);
         fflush(stdout);
         if (con != (size_t)(2 * cs[k].want) || coff)
             fail_msg("tile calls %zu (want %d), %zu with the switch off", con, 2 * cs[k].want, coff);

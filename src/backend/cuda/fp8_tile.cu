@@ -44,7 +44,9 @@
 #include <cuda_runtime.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "backend/cuda/fp8_tile.h"
@@ -301,12 +303,50 @@ extern "C" size_t bcu_ft_scratch(int64_t T, int64_t K)
     return ft_code_bytes(T, K) + (size_t)((T + FT_TOK - 1) / FT_TOK) * (size_t)(K / 128) * FT_TOK * 4;
 }
 
+/* The K split: the most slices (1, 2, 4 or 8) that keep at least four chunks a slice and a grid of at most two
+ * blocks an SM in clusters of one or two, one block an SM in clusters of four or eight.  Measured on the H200
+ * (bench_gpu_fp8_tiles with each split forced, docs/BENCHMARKS.md): clusters of four or eight past one block an SM
+ * ran 1.3-1.5x slower than half as many slices (wo_b at T = 256: 59.7 us in clusters of four, 43.3 in pairs), where
+ * pairs and single blocks gain from the second block an SM (wo_b at T = 256 alone: 69.0 us); and the old rule (split
+ * while under two blocks an SM) cut wq_b at T = 17 into pairs, 19.5 us against 14.6.  DEEPINFER_CUDA_FT_KS = 1, 2, 4
+ * or 8 forces the split wherever K has that many chunks (read at the first call; bcu_ft_force_splits sets it later). */
+static int ft_ks_valid(int k)
+{
+    return k == 1 || k == 2 || k == 4 || k == 8;
+}
+static std::atomic<int> ft_forced{-1}; /* -1: DEEPINFER_CUDA_FT_KS not read yet */
+static int ft_force_ks(void)
+{
+    int k = ft_forced.load(std::memory_order_relaxed);
+    if (k < 0) {
+        const char *e = getenv("DEEPINFER_CUDA_FT_KS");
+        const int v = e ? atoi(e) : 0;
+        int expect = -1;
+        ft_forced.compare_exchange_strong(expect, ft_ks_valid(v) ? v : 0);
+        k = ft_forced.load(std::memory_order_relaxed);
+    }
+    return k;
+}
+
+extern "C" int bcu_ft_force_splits(int ks)
+{
+    if (ks != 0 && !ft_ks_valid(ks)) return -1;
+    ft_forced.store(ks, std::memory_order_relaxed);
+    return 0;
+}
+
 extern "C" int bcu_ft_splits(int64_t T, int64_t n, int64_t K)
 {
     const int64_t blocks = ((T + FT_TOK - 1) / FT_TOK) * ((n + FT_ROWS - 1) / FT_ROWS), nch = K / 128;
-    const int64_t fill = 2 * (int64_t)bcu_sm_count(); /* two blocks an SM */
-    int ks = 1;
-    while (ks < 8 && blocks * ks < fill && nch >= 4 * ks) ks *= 2;
+    const int64_t sms = bcu_sm_count();
+    int ks = ft_force_ks();
+    if (ks) {
+        while (ks > 1 && nch < ks) ks /= 2;
+        return ks;
+    }
+    ks = 1;
+    for (int k = 2; k <= 8; k *= 2)
+        if (nch >= 4 * (int64_t)k && blocks * k <= (k >= 4 ? 1 : 2) * sms) ks = k;
     return ks;
 }
 

@@ -40,9 +40,13 @@ typedef struct {
 /* bytes of scratch bcu_ft_linear needs for x's codes and scales */
 size_t bcu_ft_scratch(int64_t T, int64_t K);
 
-/* the K slices a call of this shape runs in (a cluster of 1 .. 8 blocks: the row and token tiles alone would not
- * give two blocks an SM) */
+/* the K slices a call of this shape runs in (a cluster of 1 .. 8 blocks, where the row and token tiles alone would
+ * leave SMs idle; the rule in fp8_tile.cu) */
 int bcu_ft_splits(int64_t T, int64_t n, int64_t K);
+
+/* every later call in this process in ks = 1, 2, 4 or 8 slices (fewer where K has fewer chunks), or by the rule again
+ * (ks = 0), as DEEPINFER_CUDA_FT_KS does; for tests and benchmarks.  Returns 0, or -1 for another ks */
+int bcu_ft_force_splits(int ks);
 
 /* the tile kernel alone, on codes already made; cudaErrorNotSupported where the sm_90a kernels do not run */
 cudaError_t bcu_ft_launch(const bcu_ft_args *a, cudaStream_t st);
