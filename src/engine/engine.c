@@ -50,7 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "base/pool.h"
 #include "engine/sampler.h"
 
 enum { SLOT_WAITING, SLOT_DEAD, SLOT_RUNNING };
@@ -106,9 +108,24 @@ struct engine {
     int32_t *b_top1v;
     float *lbuf;             /* logits rows of one step */
     size_t lbuf_rows;
-    eng_sample_scratch ws;
+    eng_sample_scratch *ws;  /* one a sampling task */
+    rc_pool *spool;          /* the sampling threads (NULL: the engine thread alone) */
+    int s_threads;
+    size_t *s_rows;          /* the step's items that draw on the host */
+    size_t s_n, s_nt;        /* their count; the step's sampling tasks */
     pthread_t thread;
 };
+
+/* sampling task t of a step: the host-drawn rows t, t + s_nt, .. with scratch t */
+static void sample_task(void *arg, size_t t)
+{
+    engine *e = arg;
+    for (size_t r = t; r < e->s_n; r += e->s_nt) {
+        const size_t i = e->s_rows[r];
+        eng_slot *s = e->b_slot[i];
+        e->b_tok[i] = eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws[t]);
+    }
+}
 
 static double now_s(void)
 {
@@ -318,19 +335,26 @@ static void *loop(void *arg)
             continue;
         }
 
-        /* 6. sample all, publish the counters, then report: whoever sees an
-         * on_token / on_done of this step already sees its counts */
+        /* 6. sample all (the rows that draw on the host over the sampling threads: each row's rng is its own, so
+         * the tokens do not depend on the split), publish the counters, then report: whoever sees an on_token /
+         * on_done of this step already sees its counts */
         uint64_t completion = 0;
+        e->s_n = 0;
         for (size_t i = 0; i < p.items; i++) {
             eng_slot *s = e->b_slot[i];
             if (e->b_prefill[i]) { s->n_fed += e->b_n[i]; p.prompt_tokens += e->b_n[i]; }
             if (!e->b_want[i]) continue;
             int32_t f = e->be.forced ? e->be.forced(e->be.impl, e->b_seqs[i]) : -1;
-            e->b_tok[i] = f >= 0           ? f
-                          : e->b_top1[i] ? *e->b_top1[i]
-                                         : eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws);
-            completion += e->b_tok[i] >= 0;
+            if (f >= 0) e->b_tok[i] = f;
+            else if (e->b_top1[i]) e->b_tok[i] = *e->b_top1[i];
+            else e->s_rows[e->s_n++] = i;
         }
+        if (e->s_n) {
+            e->s_nt = e->spool && e->s_n > 1 ? (e->s_n < (size_t)e->s_threads ? e->s_n : (size_t)e->s_threads) : 1;
+            if (e->s_nt > 1) rc_pool_run(e->spool, e->s_nt, sample_task, e);
+            else sample_task(e, 0);
+        }
+        for (size_t i = 0; i < p.items; i++) completion += e->b_want[i] && e->b_tok[i] >= 0;
         pthread_mutex_lock(&e->mu);
         e->st.steps++;
         e->st.prompt_tokens += p.prompt_tokens;
@@ -391,8 +415,18 @@ engine *eng_create(const eng_backend *be, const eng_cfg *cfg, rc_err *err)
     e->b_tok = calloc(n, sizeof *e->b_tok);
     e->b_top1 = calloc(n, sizeof *e->b_top1);
     e->b_top1v = calloc(n, sizeof *e->b_top1v);
+    e->s_rows = calloc(n, sizeof *e->s_rows);
+    int st = c.sample_threads;
+    if (st <= 0) {
+        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        st = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
+    }
+    if (st > c.max_running) st = c.max_running;
+    e->s_threads = st;
+    e->ws = calloc((size_t)st, sizeof *e->ws);
+    if (st > 1) e->spool = rc_pool_create(st);
     if (!e->run || !e->b_seqs || !e->b_ids || !e->b_n || !e->b_logits || !e->b_slot || !e->b_prefill ||
-        !e->b_want || !e->b_tok || !e->b_top1 || !e->b_top1v) {
+        !e->b_want || !e->b_tok || !e->b_top1 || !e->b_top1v || !e->s_rows || !e->ws || (st > 1 && !e->spool)) {
         rc_errf(err, RC_ENOMEM, "out of memory for %d running sequences", c.max_running);
         goto fail;
     }
@@ -408,6 +442,8 @@ engine *eng_create(const eng_backend *be, const eng_cfg *cfg, rc_err *err)
     }
     return e;
 fail:
+    rc_pool_destroy(e->spool);
+    free(e->ws); free(e->s_rows);
     free(e->run); free(e->b_seqs); free(e->b_ids); free(e->b_n); free(e->b_logits); free(e->b_slot);
     free(e->b_prefill); free(e->b_want); free(e->b_tok); free(e->b_top1); free(e->b_top1v);
     free(e);
@@ -543,7 +579,9 @@ void eng_destroy(engine *e)
     pthread_cond_destroy(&e->joined_cv);
     pthread_cond_destroy(&e->work);
     pthread_mutex_destroy(&e->mu);
-    eng_sample_scratch_free(&e->ws);
+    for (int t = 0; t < e->s_threads; t++) eng_sample_scratch_free(&e->ws[t]);
+    rc_pool_destroy(e->spool);
+    free(e->ws); free(e->s_rows);
     free(e->lbuf);
     free(e->run); free(e->b_seqs); free(e->b_ids); free(e->b_n); free(e->b_logits); free(e->b_slot);
     free(e->b_prefill); free(e->b_want); free(e->b_tok); free(e->b_top1); free(e->b_top1v);

@@ -88,6 +88,8 @@ typedef struct {
     int max_batch_tokens;    /* tokens per forward (prefill chunks + decodes); default 2048 */
     int max_running;         /* sequences decoding at once; default 256 */
     int max_waiting;         /* queue depth; beyond: eng_submit returns RC_EBUSY (-> 429) */
+    int sample_threads;      /* threads (the engine's own among them) that sample a step's rows; 0: one per online
+                              * CPU up to 16; 1: the engine thread alone.  The tokens do not depend on it. */
 } eng_cfg;
 
 enum { ENG_EBUSY = -20 };

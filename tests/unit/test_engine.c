@@ -295,6 +295,75 @@ static void test_top_p_matches_full_sort(void **st)
     eng_sample_scratch_free(&ws);
 }
 
+/* The fast paths (the skipped low-weight tokens with certified margins, top_k from a heap) against the full
+ * computation (eng_sample_set_prune(0)): the same token for the same random number, over rows that make the
+ * margins bite.  Bounds 2 and 6 bits skip far more than the default 24 (tau = 2^-bits / V), so many draws sit
+ * inside a margin and must fall back; the counters show both paths ran. */
+static void fast_row(float *l, int V, int kind, uint64_t seed)
+{
+    fill_logits(l, V, seed);
+    for (int i = 0; i < V; i++) {
+        const double g = (double)(eng_rng_next(&seed) >> 11) * 0x1.0p-53;
+        switch (kind) {
+        case 0: break;                                             /* flat, 8 nats wide */
+        case 1: l[i] = l[i] * 6.0f + (i % 211 == 0 ? 25.0f : 0.0f); break; /* a peaked head over a wide tail */
+        case 2: l[i] = (float)(-60.0 * g); if (i == 17) l[i] = 0.0f; break; /* one token, a tail down to -60 */
+        case 3: l[i] = (i % 3 == 0) ? 2.0f : (float)(-30.0 * g); break; /* ties on top */
+        case 4: l[i] = (float)(-40.0 * g * g); if (i % 97 == 5) l[i] = NAN; if (i % 89 == 7) l[i] = -INFINITY; break;
+        }
+    }
+}
+
+static void test_fast_path_matches_full(void **st)
+{
+    (void)st;
+    enum { V = 3000 };
+    static float l[V];
+    eng_sample_scratch ws = {0};
+    const double temps[] = {0.25, 0.7, 1, 1.9}, tps[] = {1, 0.5, 0.9, 0.999}, mps[] = {0, 1e-12, 0.02};
+    const int tks[] = {0, 1, 20, V - 1, V, 2 * V};
+    const int bits[] = {24, 6, 2};
+    uint64_t f0, u0;
+    eng_sample_counts(&f0, &u0);
+    long draws = 0;
+    for (int row = 0; row < 20; row++) {
+        fast_row(l, V, row % 5, 900 + (uint64_t)row);
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 4; b++)
+                for (size_t m = 0; m < 3; m++)
+                    for (size_t k = 0; k < 6; k++)
+                        for (size_t bi = 0; bi < 3; bi++) {
+                            if ((a + b + m + k + bi + (size_t)row) % 3) continue; /* a third of the grid a row */
+                            eng_sampling s = samp(temps[a]);
+                            s.top_p = tps[b];
+                            s.min_p = mps[m];
+                            s.top_k = tks[k];
+                            uint64_t r1 = (uint64_t)row * 7919 + a * 1000 + b * 100 + m * 10 + k, r2 = r1;
+                            for (int d = 0; d < 4; d++) {
+                                assert_int_equal(eng_sample_set_prune(bits[bi]), 0);
+                                const int x = eng_sample_ws(l, V, &s, &r1, &ws);
+                                assert_int_equal(eng_sample_set_prune(0), 0);
+                                const int y = eng_sample_ws(l, V, &s, &r2, &ws);
+                                if (x != y)
+                                    fail_msg("row %d (kind %d) T %g top_p %g min_p %g top_k %d bits %d: fast %d, full %d", row,
+                                             row % 5, temps[a], tps[b], mps[m], tks[k], bits[bi], x, y);
+                                draws++;
+                            }
+                        }
+    }
+    assert_int_equal(eng_sample_set_prune(24), 0);
+    uint64_t f1, u1;
+    eng_sample_counts(&f1, &u1);
+    /* every draw ran once on each setting: the full ones are the prune(0) half plus the fallbacks */
+    const uint64_t fast = f1 - f0, fallback = u1 - u0 - (uint64_t)draws;
+    printf("  sampler fast path: %ld draws, %llu certified, %llu fell back\n", draws, (unsigned long long)fast,
+           (unsigned long long)fallback);
+    assert_int_equal(fast + fallback, (uint64_t)draws);
+    assert_true(fast > (uint64_t)draws / 2);
+    assert_true(fallback > 50);
+    eng_sample_scratch_free(&ws);
+}
+
 /* ================================================================ jobs */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1142,6 +1211,7 @@ int main(void)
         cmocka_unit_test(test_filters_exclude),
         cmocka_unit_test(test_top_k_set),
         cmocka_unit_test(test_top_p_matches_full_sort),
+        cmocka_unit_test(test_fast_path_matches_full),
     };
     const struct CMUnitTest fake_tests[] = {
         cmocka_unit_test(test_fake_chunking),
