@@ -12,7 +12,7 @@
  * of 64 sampled requests) on 1 thread and on the threads the engine would use (eng_cfg.sample_threads = 0: one an
  * online CPU up to 16), fast path, as a ratio.
  *
- *   bench_sampler [--threads N]
+ *   bench_sampler [--threads N] [--bits B]      (B: the fast path's bound, eng_sample_set_prune)
  */
 #include <math.h>
 #include <stdio.h>
@@ -91,11 +91,12 @@ static void par_task(void *arg, size_t t)
 
 int main(int argc, char **argv)
 {
-    int threads = 0;
+    int threads = 0, bits = ENG_SAMPLE_PRUNE_BITS;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bits") && i + 1 < argc) bits = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_sampler [--threads N]\n");
+            fprintf(stderr, "usage: bench_sampler [--threads N] [--bits B]\n");
             return 2;
         }
     }
@@ -125,13 +126,18 @@ int main(int argc, char **argv)
     eng_sample_scratch ws = {0};
     int *ta = malloc(NROUND * NDRAW * sizeof *ta), *tb = malloc(NROUND * NDRAW * sizeof *tb);
     int bad = 0;
-    printf("bench_sampler: V = %d, %d rows a kind, %d draws a round, median of %d rounds\n\n", V, NROW, NDRAW, NROUND);
+    if (eng_sample_set_prune(bits)) {
+        fprintf(stderr, "bench_sampler: --bits takes 1..60\n");
+        return 2;
+    }
+    printf("bench_sampler: V = %d, %d rows a kind, %d draws a round, median of %d rounds; fast path bits %d\n\n", V,
+           NROW, NDRAW, NROUND, bits);
     printf("| rows | sampling | full us | fast us | full / fast | same tokens |\n| --- | --- | ---: | ---: | ---: | --- |\n");
     for (int k = 0; k < 3; k++)
         for (int c = 0; c < nset; c++) {
             eng_sample_set_prune(0);
             const double full = time_path(rows[k], &set[c].s, &ws, ta);
-            eng_sample_set_prune(24);
+            eng_sample_set_prune(bits);
             const double fast = time_path(rows[k], &set[c].s, &ws, tb);
             const int same = !memcmp(ta, tb, NROUND * NDRAW * sizeof *ta);
             bad |= !same;

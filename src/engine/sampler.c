@@ -21,27 +21,29 @@
  * nucleus_bound).  Without top_p the draw walks the candidates in id order and
  * nothing is sorted.
  *
- * The fast path (pruning).  A row's exp() calls cost ~1.3 ms at a 129k
- * vocabulary, so tokens whose weight is provably below tau = 2^-b / vocab
- * (b = 24 unless eng_sample_set_prune says otherwise; their total under 2^-b
- * of the argmax's weight 1) are first skipped by one comparison of their float
- * logit against a threshold.  The result is then certified to be the one the
- * full computation gives, bit for bit, or the full computation runs:
- *   - nothing skipped, or min_p >= tau (the skipped tokens fail min_p anyway):
- *     the candidate list is the full one;
+ * The fast path (pruning).  A row's exp() calls cost ~1 ms at a 129k
+ * vocabulary, so tokens whose weight is provably below tau = 2^-b (b =
+ * ENG_SAMPLE_PRUNE_BITS unless eng_sample_set_prune says otherwise) are
+ * skipped by one comparison of their float logit against a threshold, and
+ * their total weight is bounded from a histogram of their logits in half-nat
+ * bins (no exp() each).  The result is then certified to be the one the full
+ * computation gives, bit for bit, or the full computation runs:
+ *   - nothing of weight skipped, or min_p >= tau (the skipped tokens fail
+ *     min_p anyway): the candidate list is the full one;
  *   - top_k (below the vocabulary) skips no token: the k + 1 best logits come
  *     from a heap and only they are weighed (draw_top_k), exactly;
  *   - top_p, or the plain draw: the sums differ by at most the skipped mass
- *     plus rounding (M below); the nucleus's cut and the drawn token's cumulative
- *     interval must clear that margin on both sides.
- * With b = 24 a row falls back with a probability of about 2^-22; the tests
- * check the fast path against the full computation with b as low as 2, where
- * most rows fall back.
+ *     plus rounding (M below); the nucleus's cut and the drawn token's
+ *     cumulative interval must clear that margin on both sides.
+ * A row falls back with a probability of a few times its skipped mass; the
+ * tests check the fast path against the full computation with b as low as 2,
+ * where many rows fall back, and bench_sampler measures both.
  *
  * Not here: penalties, logit bias, logprobs - none exist in eng_sampling yet. */
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -195,7 +197,7 @@ static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int s
     return c[n - 1].id;  /* u rounded up to the total */
 }
 
-static int prune_bits = 24; /* eng_sample_set_prune */
+static int prune_bits = ENG_SAMPLE_PRUNE_BITS; /* eng_sample_set_prune */
 static _Atomic uint64_t n_fast, n_full; /* eng_sample_counts */
 
 void eng_sample_counts(uint64_t *fast, uint64_t *full)
@@ -211,19 +213,41 @@ int eng_sample_set_prune(int bits)
     return 0;
 }
 
-/* The candidates of tokens at or above the float threshold lf, in id order, into c; *skipped: the tokens below it.
- * Every skipped token has w < tau (see the caller). */
-static size_t survivors(const float *logits, int vocab, float lf, float lmax, double invT, double min_p, cand *c,
-                        size_t *skipped)
+/* A bound on the skipped tokens' weights without exp() each: a token's -2 d = 2 (lmax - l) / T in float, floored
+ * to k, puts its weight under exp(-(k - 1) / 2) (the one half-nat of slack covers the float rounding, ~1e-7 of d).
+ * btab[k] holds those bounds; k from NBIN - 1 on (d below -799) weighs exactly 0 in double. */
+#define NBIN 1600
+static double btab[NBIN];
+static pthread_once_t btab_once = PTHREAD_ONCE_INIT;
+static void btab_init(void)
 {
-    size_t n = 0, p = 0;
+    for (int k = 0; k < NBIN; k++) btab[k] = exp(-0.5 * (k - 1));
+}
+
+/* The candidates of tokens at or above the float threshold lf, in id order, into c; *skipped_mass: a bound on the
+ * weight of the tokens below it (each under tau, see the caller) */
+static size_t survivors(const float *logits, int vocab, float lf, float lmax, double invT, double min_p, cand *c,
+                        double *skipped_mass)
+{
+    uint32_t hist[NBIN] = {0};
+    const float s2 = (float)(2.0 * invT);
+    size_t n = 0;
     for (int i = 0; i < vocab; i++) {
         const float l = logits[i];
-        if (!(l >= lf)) { p++; continue; } /* NaN lands here: its weight is 0 on both paths */
+        if (!(l >= lf)) { /* NaN and -inf weigh 0 on both paths */
+            if (l > -INFINITY) {
+                const float e = (lmax - l) * s2;
+                hist[e < (float)(NBIN - 1) ? (int)e : NBIN - 1]++;
+            }
+            continue;
+        }
         const double w = exp(((double)l - (double)lmax) * invT);
         if (w > 0 && w >= min_p) c[n++] = (cand){w, l, i};
     }
-    *skipped = p;
+    double m = 0;
+    for (int k = 0; k < NBIN; k++)
+        if (hist[k]) m += (double)hist[k] * btab[k];
+    *skipped_mass = m * (1 + 0x1.0p-40);
     return n;
 }
 
@@ -270,7 +294,8 @@ static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, do
     /* from here top_k takes nothing: it is off, or at least the vocabulary */
     const double invT = 1.0 / s->temperature;
     const double min_p = s->min_p > 0 ? s->min_p : 0;
-    const double tau = ldexp(1.0, -prune_bits) / (double)vocab;
+    const double tau = ldexp(1.0, -prune_bits);
+    pthread_once(&btab_once, btab_init);
     /* skip l < lf, lf a float with lf - lmax <= L = (ln tau - 1e-3) / invT: then (l - lmax) rounds to at most L,
      * times invT to at most ln tau - 1e-3 (give or take an ulp), and exp of that is below tau */
     const double L = (log(tau) - 1e-3) / invT;
@@ -278,14 +303,19 @@ static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, do
     if (!(t > -3.0e38)) return -1; /* a threshold below every float: nothing to skip */
     float lf = (float)t;
     while ((double)lf > t || (double)lf - (double)lmax > L) lf = nextafterf(lf, -INFINITY);
-    size_t skipped;
+    double skipped;
     size_t n = survivors(logits, vocab, lf, lmax, invT, min_p, c, &skipped);
-    if (!skipped || min_p >= tau) return draw_full(c, n, s, u01, 0); /* the full candidate list */
+    if (!(skipped > 0) || min_p >= tau) return draw_full(c, n, s, u01, 0); /* the full candidate list */
     /* the full list's sums differ from these by at most the skipped mass and the rounding of two running sums of at
      * most vocab terms each: M, as a bound on every prefix sum, the total and so u */
     double total = 0;
     for (size_t i = 0; i < n; i++) total += c[i].w;
-    const double M = (double)skipped * tau + 4.0 * ((double)vocab + 2) * 0x1.0p-53 * total;
+    const double M = skipped + 4.0 * ((double)vocab + 2) * 0x1.0p-53 * total;
+    /* a draw fails its margins with a probability of about sum min(w, 4 M) / total (u or the cut within a margin of
+     * an interval's end): past 1/4, go straight to the full computation */
+    double risk = 0;
+    for (size_t i = 0; i < n; i++) risk += c[i].w < 4 * M ? c[i].w : 4 * M;
+    if (risk > 0.25 * total) return -1;
     if (s->top_p > 0 && s->top_p < 1) {
         const double need = s->top_p * total, m = s->top_p * M + 0x1.0p-50 * need;
         size_t b = n > 1 ? nucleus_bound(c, n, need) : n;

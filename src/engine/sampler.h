@@ -39,9 +39,10 @@ int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_
  * greedy one (base/greedy.h) and the rng stream does not move. */
 static inline int eng_sampling_greedy(const eng_sampling *s) { return !(s->temperature >= 1e-5); }
 
-/* The fast path's bound (sampler.c): tokens of weight below 2^-bits / vocab are skipped wherever the draw can be
- * certified without them (bits 24 by default; 1..60; 0 turns the fast paths off, for tests and benchmarks).  The
- * token drawn is the same either way.  Process-wide; returns 0 or RC_EINVAL. */
+/* The fast path's bound (sampler.c): tokens of weight below 2^-bits of the argmax's are skipped wherever the draw
+ * can be certified without them (bits ENG_SAMPLE_PRUNE_BITS by default; 1..60; 0 turns the fast paths off, for tests
+ * and benchmarks).  The token drawn is the same either way.  Process-wide; returns 0 or RC_EINVAL. */
+#define ENG_SAMPLE_PRUNE_BITS 24
 int eng_sample_set_prune(int bits);
 /* Draws so far in this process that the fast path certified, and that ran the full computation (greedy ones and
  * those with nothing to weigh count in neither). */
