@@ -42,6 +42,8 @@ static const char help[] =
     "scheduling\n"
     "  --max-batch-tokens N    tokens per forward step: decodes + prefill chunks (default 2048)\n"
     "  --max-running N         sequences decoding at once (default 64)\n"
+    "  --sample-threads N      threads that draw a step's sampled tokens (temperature > 0) on the host;\n"
+    "                          the tokens do not depend on it (default: one a CPU, at most 16)\n"
     "  --max-waiting N         queued requests; beyond it requests get 429 (default 256)\n"
     "  --context-length N      prompt + output tokens per request (default 65536)\n"
     "  --max-tokens-default N  max_tokens when a request gives none (default 1024)\n"
@@ -109,7 +111,7 @@ int cmd_serve(int argc, char **argv)
     const char *model_dir = NULL, *model_name = NULL, *backend = "cpu", *scripts = NULL, *tok_path = NULL;
     md_semantics sem = MD_SEM_OFFICIAL;
     rc_encoding enc = RC_ENC_V4;
-    long threads = 0, max_batch = 2048, max_running = 64, max_waiting = 256, ctx = 65536, mt_def = 1024,
+    long threads = 0, sample_threads = 0, max_batch = 2048, max_running = 64, max_waiting = 256, ctx = 65536, mt_def = 1024,
          mt_lim = 65536, port = 8000, max_body = 8 << 20, max_header = 16 << 10, max_conn = 8192,
          header_to = 10000, ka = 15000, step_ms = 0;
     int quiet = 0, kv_on = 1;
@@ -141,6 +143,7 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--port")) bad = cli_int(a, v, 0, 65535, &port);
         else if (!strcmp(a, "--max-batch-tokens")) bad = cli_int(a, v, 1, 1 << 20, &max_batch);
         else if (!strcmp(a, "--max-running")) bad = cli_int(a, v, 1, 1 << 16, &max_running);
+        else if (!strcmp(a, "--sample-threads")) bad = cli_int(a, v, 1, 1024, &sample_threads);
         else if (!strcmp(a, "--max-waiting")) bad = cli_int(a, v, 0, 1 << 20, &max_waiting);
         else if (!strcmp(a, "--context-length")) bad = cli_int(a, v, 2, 1 << 24, &ctx);
         else if (!strcmp(a, "--max-tokens-default")) bad = cli_int(a, v, 1, 1 << 24, &mt_def);
@@ -245,7 +248,8 @@ int cmd_serve(int argc, char **argv)
     }
     if (eb.max_context > ctx || eb.max_context <= 0) eb.max_context = (int)ctx;
     else ctx = eb.max_context;
-    eng_cfg ec = {.max_batch_tokens = (int)max_batch, .max_running = (int)max_running, .max_waiting = (int)max_waiting};
+    eng_cfg ec = {.max_batch_tokens = (int)max_batch, .max_running = (int)max_running, .max_waiting = (int)max_waiting,
+                  .sample_threads = (int)sample_threads};
     engine *e = eng_create(&eb, &ec, &err);
     if (!e) { fprintf(stderr, "serve: engine: %s\n", err.msg); return 1; }
     if (!scripted_be) eng_set_state_bytes_fn(e, eng_model_seq_bytes);

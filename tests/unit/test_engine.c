@@ -963,7 +963,9 @@ static engine *model_engine(model_fix *fx, int mbt, int mr, int mw)
 {
     fx->mi = (eng_model_impl){.m = fx->m};
     eng_backend be = eng_model_backend(&fx->mi);
-    eng_cfg cfg = {.max_batch_tokens = mbt, .max_running = mr, .max_waiting = mw};
+    /* three sampling threads whatever the machine: a step's sampled rows are split over them (a request alone
+     * samples on the engine thread), and test_model_batch_invariance compares the two */
+    eng_cfg cfg = {.max_batch_tokens = mbt, .max_running = mr, .max_waiting = mw, .sample_threads = 3};
     rc_err err = {0};
     engine *e = eng_create(&be, &cfg, &err);
     if (!e) fail_msg("eng_create: %s", err.msg);
