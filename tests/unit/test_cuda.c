@@ -1293,7 +1293,7 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
 
 /* The FP8 tiles (fp8_tile.cu) for linear_aq on FP8 weights at decode batches: against the CPU's linear of the
  * act_quant'd x within 1e-5, as the dequantised GEMM they replace (DEEPINFER_CUDA_FT=0) is; taken from 17 tokens
- * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (128 unless set); the same bits on a second call.  Shapes: the
+ * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (256 unless set); the same bits on a second call.  Shapes: the
  * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (one slice by
  * the rule; odd slices, 3 + 2, forced), 16 (4 slices; 8 slices of two chunks, forced) and 32 (8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one
  * token row all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output.  Two cases
@@ -1308,7 +1308,7 @@ static void test_linear_fp8_tiles(void **st)
         {200, 640, 17, NULL, 1, 0, 0},    {200, 640, 33, NULL, 1, 0, 2},    {1000, 2048, 64, NULL, 1, 0, 0},
         {1000, 2048, 64, NULL, 1, 0, 8},  {1000, 2048, 100, NULL, 1, 0, 0}, {96, 4096, 65, NULL, 1, 0, 0},
         {384, 1024, 256, "256", 1, 0, 0}, {384, 1024, 16, NULL, 0, 0, 0},   {384, 1024, 100, "64", 0, 0, 0},
-        {384, 1024, 129, NULL, 0, 0, 0},  {1000, 2048, 48, NULL, 1, 1, 0},  {256, 4096, 20, NULL, 1, 1, 0},
+        {384, 1024, 257, NULL, 0, 0, 0},  {1000, 2048, 48, NULL, 1, 1, 0},  {256, 4096, 20, NULL, 1, 1, 0},
         {256, 4096, 20, NULL, 1, 1, 2}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         rweight r = make_fp8(cs[k].n, cs[k].K, 128, MD_F8_E8M0);
@@ -1368,7 +1368,7 @@ static float *fp8_gemm_run(bcu_math m, const char *env, const be_weight *w, cons
 {
     if (env) setenv("DEEPINFER_CUDA_FP8GEMM", env, 1);
     else unsetenv("DEEPINFER_CUDA_FP8GEMM");
-    setenv("DEEPINFER_CUDA_FT", "0", 1); /* where the FP8 tensor cores do not run, the FP8 tiles would take T <= 128
+    setenv("DEEPINFER_CUDA_FT", "0", 1); /* where the FP8 tensor cores do not run, the FP8 tiles would take T <= 256
                                           * (test_linear_fp8_tiles): this test is about the other two paths */
     be_backend *g = cuda(m);
     unsetenv("DEEPINFER_CUDA_FP8GEMM");

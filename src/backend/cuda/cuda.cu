@@ -223,7 +223,7 @@ typedef struct {
     size_t aq_bf16_calls;
     int ft;        /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from deq_T to ft_max tokens through the
                     * FP8 tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
-    size_t ft_max; /* DEEPINFER_CUDA_FT_MAX (128) */
+    size_t ft_max; /* DEEPINFER_CUDA_FT_MAX (256: the tiles beat the dequantised GEMM on every V4 shape to 256 tokens) */
     size_t ft_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
     float *win_dev;
@@ -2949,7 +2949,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->f16x2 = env_size("DEEPINFER_CUDA_F16X2", 1) != 0;
     c->aq_bf16 = env_size("DEEPINFER_CUDA_AQ_BF16", 1) != 0;
     c->ft = env_size("DEEPINFER_CUDA_FT", 1) != 0;
-    c->ft_max = env_size("DEEPINFER_CUDA_FT_MAX", 128);
+    c->ft_max = env_size("DEEPINFER_CUDA_FT_MAX", 256);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
     c->lanes_on = env_size("DEEPINFER_CUDA_LANES", 1) != 0;
