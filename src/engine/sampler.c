@@ -46,6 +46,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/greedy.h"
 
@@ -86,6 +87,41 @@ static int cmp_cand(const void *pa, const void *pb)
 {
     const cand *a = pa, *b = pb;
     return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+/* c[0..n) into (logit desc, id asc) order, the order cmp_cand gives (the keys are unique, so any correct sort gives
+ * the same array).  Past a few thousand candidates (a flat row's nucleus can be most of the vocabulary) an LSD radix
+ * sort on the 64-bit key (the logit's bits made order-preserving and inverted, then the id) through tmp[0..n), with
+ * the bytes that no two keys differ in skipped; qsort below that. */
+static inline uint64_t cand_key(const cand *x)
+{
+    union { float f; uint32_t u; } b = {.f = x->l == 0 ? 0.0f : x->l}; /* -0 ties +0, as in before() */
+    const uint32_t asc = b.u & 0x80000000u ? ~b.u : b.u | 0x80000000u;
+    return (uint64_t)~asc << 32 | (uint32_t)x->id;
+}
+
+static void sort_cands(cand *c, size_t n, cand *tmp)
+{
+    if (n < 4096 || !tmp) {
+        qsort(c, n, sizeof *c, cmp_cand);
+        return;
+    }
+    static _Thread_local uint32_t hist[8][256];
+    memset(hist, 0, sizeof hist);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t k = cand_key(&c[i]);
+        for (int d = 0; d < 8; d++) hist[d][(k >> (8 * d)) & 255]++;
+    }
+    cand *src = c, *dst = tmp;
+    for (int d = 0; d < 8; d++) {
+        uint32_t *h = hist[d];
+        if (h[(cand_key(&src[0]) >> (8 * d)) & 255] == n) continue; /* one value of this byte: nothing moves */
+        uint32_t pos = 0;
+        for (int b = 0; b < 256; b++) { const uint32_t t = h[b]; h[b] = pos; pos += t; }
+        for (size_t i = 0; i < n; i++) dst[h[(cand_key(&src[i]) >> (8 * d)) & 255]++] = src[i];
+        cand *t = src; src = dst; dst = t;
+    }
+    if (src != c) memcpy(c, src, n * sizeof *c);
 }
 
 /* Min-heap on rank: h[0] is the worst of the k kept so far. */
@@ -156,7 +192,7 @@ static int greedy(const float *logits, int vocab) { return (int)rc_greedy(logits
 
 /* The filters and the draw on the candidates c[0..n): every token with w > 0 and w >= min_p in id order
  * (sorted = 0), or (sorted = 1) the k best of them, sorted, where top_k took k of more. */
-static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int sorted)
+static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int sorted, cand *tmp)
 {
     if (!sorted && s->top_k > 0 && (size_t)s->top_k < n) {
         size_t k = (size_t)s->top_k;
@@ -165,7 +201,7 @@ static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int s
         for (size_t i = k; i < n; i++)
             if (before(&c[i], &c[0])) { c[0] = c[i]; heap_down(c, k, 0); }
         n = k;
-        qsort(c, n, sizeof *c, cmp_cand);
+        sort_cands(c, n, tmp);
         sorted = 1;
     }
     if (s->top_p > 0 && s->top_p < 1 && n > 1) {
@@ -175,11 +211,11 @@ static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int s
         size_t m = n;
         if (!sorted) {
             m = nucleus_bound(c, n, need);
-            qsort(c, m, sizeof *c, cmp_cand);
+            sort_cands(c, m, tmp);
         }
         size_t keep = top_p_prefix(c, m, need);
         if (keep > m) { /* rounding left the bound short: sort everything */
-            qsort(c, n, sizeof *c, cmp_cand);
+            sort_cands(c, n, tmp);
             keep = top_p_prefix(c, n, need);
             if (keep > n) keep = n;
         }
@@ -255,7 +291,8 @@ static size_t survivors(const float *logits, int vocab, float lf, float lmax, do
  * weights.  w is monotone in the logit, so the tokens that pass w > 0 and min_p are an upper set of that order: if
  * the (k + 1)-th passes, the full list has more than k candidates and top_k keeps these k best; if not, every
  * candidate is among these k, and the full list (in id order) is the passing ones.  Exact, no margin. */
-static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, double u01, float lmax, cand *c)
+static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, double u01, float lmax, cand *c,
+                      cand *tmp)
 {
     const double invT = 1.0 / s->temperature;
     const double min_p = s->min_p > 0 ? s->min_p : 0;
@@ -268,7 +305,7 @@ static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, dou
         const cand x = {0, logit_at(logits, i), i};
         if (before(&x, &c[0])) { c[0] = x; heap_down(c, h, 0); }
     }
-    qsort(c, h, sizeof *c, cmp_cand);
+    sort_cands(c, h, tmp);
     size_t n = 0;
     for (size_t i = 0; i < h; i++) {
         const double w = exp(((double)c[i].l - (double)lmax) * invT);
@@ -276,7 +313,7 @@ static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, dou
         c[i].w = w;
         n++;
     }
-    if (n == h) return draw_full(c, h - 1, s, u01, 1);
+    if (n == h) return draw_full(c, h - 1, s, u01, 1, tmp);
     /* at most k candidates in all: top_k keeps them all, in id order */
     for (size_t i = 1; i < n; i++) { /* insertion sort by id (n <= k) */
         cand x = c[i];
@@ -284,13 +321,14 @@ static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, dou
         for (; j > 0 && c[j - 1].id > x.id; j--) c[j] = c[j - 1];
         c[j] = x;
     }
-    return draw_full(c, n, s, u01, 0);
+    return draw_full(c, n, s, u01, 0, tmp);
 }
 
 /* The fast path (header): the token, or -1 where it cannot be certified and the full computation must run. */
-static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, double u01, float lmax, cand *c)
+static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, double u01, float lmax, cand *c,
+                       cand *tmp)
 {
-    if (s->top_k > 0 && s->top_k < vocab) return draw_top_k(logits, vocab, s, u01, lmax, c);
+    if (s->top_k > 0 && s->top_k < vocab) return draw_top_k(logits, vocab, s, u01, lmax, c, tmp);
     /* from here top_k takes nothing: it is off, or at least the vocabulary */
     const double invT = 1.0 / s->temperature;
     const double min_p = s->min_p > 0 ? s->min_p : 0;
@@ -305,7 +343,7 @@ static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, do
     while ((double)lf > t || (double)lf - (double)lmax > L) lf = nextafterf(lf, -INFINITY);
     double skipped;
     size_t n = survivors(logits, vocab, lf, lmax, invT, min_p, c, &skipped);
-    if (!(skipped > 0) || min_p >= tau) return draw_full(c, n, s, u01, 0); /* the full candidate list */
+    if (!(skipped > 0) || min_p >= tau) return draw_full(c, n, s, u01, 0, tmp); /* the full candidate list */
     /* the full list's sums differ from these by at most the skipped mass and the rounding of two running sums of at
      * most vocab terms each: M, as a bound on every prefix sum, the total and so u */
     double total = 0;
@@ -319,7 +357,7 @@ static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, do
     if (s->top_p > 0 && s->top_p < 1) {
         const double need = s->top_p * total, m = s->top_p * M + 0x1.0p-50 * need;
         size_t b = n > 1 ? nucleus_bound(c, n, need) : n;
-        qsort(c, b, sizeof *c, cmp_cand);
+        sort_cands(c, b, tmp);
         /* the shortest prefix reaching need + m; the one before it must stay under need - m */
         double cum = 0, prev = 0;
         size_t keep = 0;
@@ -358,15 +396,15 @@ int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_
     const double u01 = (double)(eng_rng_next(rng_state) >> 11) * 0x1.0p-53;
     if (!isfinite(lmax)) return amax;  /* all -inf, or +inf present: nothing to weigh */
 
-    if (ws->cap < (size_t)vocab) {
-        void *p = realloc(ws->buf, (size_t)vocab * sizeof(cand));
+    if (ws->cap < 2 * (size_t)vocab) { /* the candidates, then the radix sort's buffer */
+        void *p = realloc(ws->buf, 2 * (size_t)vocab * sizeof(cand));
         if (!p) return RC_ENOMEM;
         ws->buf = p;
-        ws->cap = (size_t)vocab;
+        ws->cap = 2 * (size_t)vocab;
     }
-    cand *c = ws->buf;
+    cand *c = ws->buf, *tmp = c + vocab;
     if (prune_bits > 0) {
-        const int id = draw_pruned(logits, vocab, s, u01, lmax, c);
+        const int id = draw_pruned(logits, vocab, s, u01, lmax, c, tmp);
         if (id >= 0) { n_fast++; return id; }
     }
     n_full++;
@@ -381,7 +419,7 @@ int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_
         if (w > 0 && w >= min_p) c[n++] = (cand){w, l, i};
     }
     /* n >= 1: the argmax has w = 1 */
-    return draw_full(c, n, s, u01, 0);
+    return draw_full(c, n, s, u01, 0, tmp);
 }
 
 int eng_sample(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state)

@@ -295,6 +295,40 @@ static void test_top_p_matches_full_sort(void **st)
     eng_sample_scratch_free(&ws);
 }
 
+/* A nucleus of most of a large vocabulary (flat rows, high temperature): the sampler sorts it with a radix sort past
+ * a few thousand candidates; the same tokens as the reference's qsort, with ties, -0 against +0 and -inf among the
+ * logits, on both the fast path and the full computation. */
+static void test_top_p_large_nucleus(void **st)
+{
+    (void)st;
+    enum { V = 30000 };
+    static float l[V];
+    static ref_cand rc[V];
+    eng_sample_scratch ws = {0};
+    const double tps[] = {0.95, 0.999}, temps[] = {1, 1.7};
+    for (int row = 0; row < 6; row++) {
+        fill_logits(l, V, 500 + (uint64_t)row);
+        if (row % 2) /* ties: a quarter of the row on a few values, zeros of both signs, some -inf */
+            for (int i = 0; i < V; i += 4) l[i] = (i % 3 == 0) ? 0.0f : (i % 3 == 1) ? -0.0f : 1.25f;
+        if (row == 5)
+            for (int i = 1; i < V; i += 50) l[i] = -INFINITY;
+        for (size_t a = 0; a < 2; a++)
+            for (size_t b = 0; b < 2; b++)
+                for (int bits = 0; bits <= 24; bits += 24) {
+                    eng_sampling s = samp(temps[b]);
+                    s.top_p = tps[a];
+                    uint64_t r1 = (uint64_t)row * 100 + a * 10 + b, r2 = r1;
+                    assert_int_equal(eng_sample_set_prune(bits), 0);
+                    for (int k = 0; k < 3; k++) {
+                        const int x = eng_sample_ws(l, V, &s, &r1, &ws), y = ref_top_p(l, V, temps[b], tps[a], 0, &r2, rc);
+                        if (x != y) fail_msg("row %d top_p %g T %g bits %d: %d vs reference %d", row, tps[a], temps[b], bits, x, y);
+                    }
+                }
+    }
+    assert_int_equal(eng_sample_set_prune(ENG_SAMPLE_PRUNE_BITS), 0);
+    eng_sample_scratch_free(&ws);
+}
+
 /* The fast paths (the skipped low-weight tokens with certified margins, top_k from a heap) against the full
  * computation (eng_sample_set_prune(0)): the same token for the same random number, over rows that make the
  * margins bite.  Bounds 2 and 6 bits skip far more than the default 24 (tau = 2^-bits / V), so many draws sit
@@ -351,7 +385,7 @@ static void test_fast_path_matches_full(void **st)
                             }
                         }
     }
-    assert_int_equal(eng_sample_set_prune(24), 0);
+    assert_int_equal(eng_sample_set_prune(ENG_SAMPLE_PRUNE_BITS), 0);
     uint64_t f1, u1;
     eng_sample_counts(&f1, &u1);
     /* every draw ran once on each setting: the full ones are the prune(0) half plus the fallbacks */
@@ -1214,6 +1248,7 @@ int main(void)
         cmocka_unit_test(test_top_k_set),
         cmocka_unit_test(test_top_p_matches_full_sort),
         cmocka_unit_test(test_fast_path_matches_full),
+        cmocka_unit_test(test_top_p_large_nucleus),
     };
     const struct CMUnitTest fake_tests[] = {
         cmocka_unit_test(test_fake_chunking),
