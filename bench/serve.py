@@ -12,6 +12,10 @@ Three measurements, each against a reference taken in the same run:
     1, 16 and 64 concurrent streams.  Reference: the model's own decode step
     time at batch 1 (bench_model_cpu), so TPOT/step says what serving and
     batching add.
+    Then 64 sampled streams (temperature 1, top_p 0.95): the server as
+    shipped against the same server drawing every token through the
+    sampler's full computation on one thread (DEEPINFER_SAMPLE_PRUNE=0
+    --sample-threads 1, how it sampled before the fast paths), same run.
  3. open SSE streams held at once (target >= 5000), each receiving its
     headers and keep-alive comments.
 """
@@ -36,8 +40,9 @@ TOKEN_RE = re.compile(rb'"content":"[^"]')
 BIN = ROOT / "build" / "deepinfer"
 
 
-def start(*args):
-    p = subprocess.Popen([str(BIN), "serve", "--port", "0", "--quiet", *args], stderr=subprocess.PIPE, text=True)
+def start(*args, env=None):
+    p = subprocess.Popen([str(BIN), "serve", "--port", "0", "--quiet", *args], stderr=subprocess.PIPE, text=True,
+                         env=env)
     for line in p.stderr:
         m = re.search(r"on http://[\d.]+:(\d+)", line)
         if m:
@@ -121,22 +126,28 @@ def model_latency(quick):
                           capture_output=True, text=True, check=True).stdout
     row = [l for l in step.splitlines() if l.startswith("tiny")][0].split()
     step_ms = float(row[4])
-    p, port = start("--model", str(d), "--max-running", "64", "--max-batch-tokens", "2048")
-    out = []
-    for conc in (1, 16, 64):
-        n = conc * (1 if quick else 2)
-        body = lambda i: {"model": "DeepSeek-V4-Pro", "stream": True, "temperature": 0, "max_tokens": 32,
+    def run(port, conc, n, sampled):
+        samp = {"temperature": 1, "top_p": 0.95, "seed": 7} if sampled else {"temperature": 0}
+        body = lambda i: {"model": "DeepSeek-V4-Pro", "stream": True, "max_tokens": 32, **samp,
                           "thinking": {"type": "disabled"},
                           "messages": [{"role": "user", "content": f"prompt {i}: " + "words " * 20}]}
         with cf.ThreadPoolExecutor(conc) as ex:
             res = list(ex.map(lambda i: stream_request(port, body(i)), range(n)))
         ttft = [r[0] * 1e3 for r in res if r[0] is not None]
         tpot = [(t[-1] - t[0]) / (len(t) - 1) * 1e3 for _, t in res if len(t) > 1]
-        out.append({"concurrency": conc, "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
-                    "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
-                    "tpot_over_step": pct(tpot, 50) / step_ms, "tokens_per_s": conc / (pct(tpot, 50) / 1e3)})
+        return {"concurrency": conc, "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
+                "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
+                "tpot_over_step": pct(tpot, 50) / step_ms, "tokens_per_s": conc / (pct(tpot, 50) / 1e3)}
+
+    args = ("--model", str(d), "--max-running", "64", "--max-batch-tokens", "2048")
+    p, port = start(*args)
+    out = [run(port, conc, conc * (1 if quick else 2), False) for conc in (1, 16, 64)]
+    sampled = {"shipped": run(port, 64, 64 if quick else 128, True)}
     stop(p)
-    return step_ms, out
+    p, port = start(*args, "--sample-threads", "1", env={**os.environ, "DEEPINFER_SAMPLE_PRUNE": "0"})
+    sampled["full, 1 thread"] = run(port, 64, 64 if quick else 128, True)
+    stop(p)
+    return step_ms, out, sampled
 
 
 def held_streams(target):
@@ -183,12 +194,17 @@ def main():
     print(f"   {o['tokens']} tokens streamed in {o['wall_s']:.2f} s; server CPU {o['server_cpu_s']:.2f} s")
     print(f"   overhead {o['us_per_token']:.2f} us/token = {o['ratio_to_20us']:.2f} x target; "
           f"short requests {o['short_requests_per_s']:.0f} req/s\n")
-    step_ms, rows = model_latency(a.quick)
+    step_ms, rows, sampled = model_latency(a.quick)
     print(f"2. tiny model (reference: one decode step at batch 1 = {step_ms:.2f} ms, bench_model_cpu)")
     print(f"   {'streams':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'TPOT/step':>9} {'tok/s':>8}")
     for r in rows:
         print(f"   {r['concurrency']:>7} {r['ttft_p50_ms']:>8.1f}m {r['ttft_p99_ms']:>8.1f}m {r['tpot_p50_ms']:>8.2f}m "
               f"{r['tpot_p99_ms']:>8.2f}m {r['tpot_over_step']:>9.2f} {r['tokens_per_s']:>8.0f}")
+    ref = sampled["full, 1 thread"]["tokens_per_s"]
+    print(f"   64 sampled streams (temperature 1, top_p 0.95; reference: the full computation on one thread)")
+    for name, r in sampled.items():
+        print(f"   {name:>15}: TPOT p50 {r['tpot_p50_ms']:.2f} ms, p99 {r['tpot_p99_ms']:.2f} ms, "
+              f"{r['tokens_per_s']:.0f} tok/s = {r['tokens_per_s'] / ref:.2f} x the reference")
     n = held_streams(a.streams)
     print(f"\n3. open SSE streams held: {n} of {a.streams} (target >= 5000) = {n / 5000:.2f} x target")
 

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "engine/scripted.h"
 #include "kv/blockkey.h"
 #include "kv/cache.h"
@@ -43,7 +44,8 @@ static const char help[] =
     "  --max-batch-tokens N    tokens per forward step: decodes + prefill chunks (default 2048)\n"
     "  --max-running N         sequences decoding at once (default 64)\n"
     "  --sample-threads N      threads that draw a step's sampled tokens (temperature > 0) on the host;\n"
-    "                          the tokens do not depend on it (default: one a CPU, at most 16)\n"
+    "                          the tokens do not depend on it (default: one a CPU, at most 16;\n"
+    "                          DEEPINFER_SAMPLE_PRUNE=0 turns the sampler's fast paths off, for measurement)\n"
     "  --max-waiting N         queued requests; beyond it requests get 429 (default 256)\n"
     "  --context-length N      prompt + output tokens per request (default 65536)\n"
     "  --max-tokens-default N  max_tokens when a request gives none (default 1024)\n"
@@ -248,6 +250,11 @@ int cmd_serve(int argc, char **argv)
     }
     if (eb.max_context > ctx || eb.max_context <= 0) eb.max_context = (int)ctx;
     else ctx = eb.max_context;
+    const char *prune = getenv("DEEPINFER_SAMPLE_PRUNE"); /* the sampler's fast-path bound in bits (0: off) */
+    if (prune && *prune && eng_sample_set_prune(atoi(prune))) {
+        fprintf(stderr, "serve: DEEPINFER_SAMPLE_PRUNE takes 0..60, got '%s'\n", prune);
+        return 2;
+    }
     eng_cfg ec = {.max_batch_tokens = (int)max_batch, .max_running = (int)max_running, .max_waiting = (int)max_waiting,
                   .sample_threads = (int)sample_threads};
     engine *e = eng_create(&eb, &ec, &err);

@@ -92,7 +92,8 @@ static int cmp_cand(const void *pa, const void *pb)
 /* c[0..n) into (logit desc, id asc) order, the order cmp_cand gives (the keys are unique, so any correct sort gives
  * the same array).  Past a few thousand candidates (a flat row's nucleus can be most of the vocabulary) an LSD radix
  * sort on the 64-bit key (the logit's bits made order-preserving and inverted, then the id) through tmp[0..n), with
- * the bytes that no two keys differ in skipped; qsort below that. */
+ * the bytes that no two keys differ in skipped (and the id's, where c is in id order: the passes are stable); qsort
+ * below that. */
 static inline uint64_t cand_key(const cand *x)
 {
     union { float f; uint32_t u; } b = {.f = x->l == 0 ? 0.0f : x->l}; /* -0 ties +0, as in before() */
@@ -100,20 +101,22 @@ static inline uint64_t cand_key(const cand *x)
     return (uint64_t)~asc << 32 | (uint32_t)x->id;
 }
 
-static void sort_cands(cand *c, size_t n, cand *tmp)
+static void sort_cands(cand *c, size_t n, cand *tmp, int idorder)
 {
     if (n < 4096 || !tmp) {
         qsort(c, n, sizeof *c, cmp_cand);
         return;
     }
+    /* c already in id order: the logit's four bytes, the passes being stable */
+    const int d0 = idorder ? 4 : 0;
     static _Thread_local uint32_t hist[8][256];
     memset(hist, 0, sizeof hist);
     for (size_t i = 0; i < n; i++) {
         const uint64_t k = cand_key(&c[i]);
-        for (int d = 0; d < 8; d++) hist[d][(k >> (8 * d)) & 255]++;
+        for (int d = d0; d < 8; d++) hist[d][(k >> (8 * d)) & 255]++;
     }
     cand *src = c, *dst = tmp;
-    for (int d = 0; d < 8; d++) {
+    for (int d = d0; d < 8; d++) {
         uint32_t *h = hist[d];
         if (h[(cand_key(&src[0]) >> (8 * d)) & 255] == n) continue; /* one value of this byte: nothing moves */
         uint32_t pos = 0;
@@ -165,14 +168,19 @@ static size_t top_p_prefix(const cand *c, size_t n, double need)
  * that reaches need picks the set, moved to the front of c.  Returns its size.
  * Its sorted prefix sums are the full sort's, bit for bit; the caller falls
  * back to the full sort in the (rounding) case where they still fall short. */
+/* the binade of w in (0, 1]: 1 - the exponent frexp gives, read from the bits (0 for w = 1; w subnormal: 1023) */
+static inline int binade(double w)
+{
+    union { double d; uint64_t u; } b = {.d = w};
+    return 1023 - (int)((b.u >> 52) & 0x7ff);
+}
+
 static size_t nucleus_bound(cand *c, size_t n, double need)
 {
     enum { NB = 64 };
     double mass[NB] = {0};
     for (size_t i = 0; i < n; i++) {
-        int ex;
-        frexp(c[i].w, &ex); /* w = f * 2^ex, f in [0.5, 1): w = 1 -> ex 1 */
-        int b = 1 - ex;
+        const int b = binade(c[i].w);
         mass[b < NB ? b : NB - 1] += c[i].w;
     }
     int B = 0;
@@ -180,11 +188,8 @@ static size_t nucleus_bound(cand *c, size_t n, double need)
     while (cum < need && B < NB - 1) cum += mass[++B];
     if (B == NB - 1) return n;
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int ex;
-        frexp(c[i].w, &ex);
-        if (1 - ex <= B) { cand t = c[m]; c[m++] = c[i]; c[i] = t; }
-    }
+    for (size_t i = 0; i < n; i++)
+        if (binade(c[i].w) <= B) { cand t = c[m]; c[m++] = c[i]; c[i] = t; }
     return m;
 }
 
@@ -201,7 +206,7 @@ static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int s
         for (size_t i = k; i < n; i++)
             if (before(&c[i], &c[0])) { c[0] = c[i]; heap_down(c, k, 0); }
         n = k;
-        sort_cands(c, n, tmp);
+        sort_cands(c, n, tmp, 0);
         sorted = 1;
     }
     if (s->top_p > 0 && s->top_p < 1 && n > 1) {
@@ -210,12 +215,12 @@ static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int s
         const double need = s->top_p * total;
         size_t m = n;
         if (!sorted) {
-            m = nucleus_bound(c, n, need);
-            sort_cands(c, m, tmp);
+            m = nucleus_bound(c, n, need); /* its set stays in id order */
+            sort_cands(c, m, tmp, 1);
         }
         size_t keep = top_p_prefix(c, m, need);
         if (keep > m) { /* rounding left the bound short: sort everything */
-            sort_cands(c, n, tmp);
+            sort_cands(c, n, tmp, 0);
             keep = top_p_prefix(c, n, need);
             if (keep > n) keep = n;
         }
@@ -305,7 +310,7 @@ static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, dou
         const cand x = {0, logit_at(logits, i), i};
         if (before(&x, &c[0])) { c[0] = x; heap_down(c, h, 0); }
     }
-    sort_cands(c, h, tmp);
+    sort_cands(c, h, tmp, 0);
     size_t n = 0;
     for (size_t i = 0; i < h; i++) {
         const double w = exp(((double)c[i].l - (double)lmax) * invT);
@@ -357,7 +362,7 @@ static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, do
     if (s->top_p > 0 && s->top_p < 1) {
         const double need = s->top_p * total, m = s->top_p * M + 0x1.0p-50 * need;
         size_t b = n > 1 ? nucleus_bound(c, n, need) : n;
-        sort_cands(c, b, tmp);
+        sort_cands(c, b, tmp, 1);
         /* the shortest prefix reaching need + m; the one before it must stay under need - m */
         double cum = 0, prev = 0;
         size_t keep = 0;
