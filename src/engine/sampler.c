@@ -91,9 +91,9 @@ static int cmp_cand(const void *pa, const void *pb)
 
 /* c[0..n) into (logit desc, id asc) order, the order cmp_cand gives (the keys are unique, so any correct sort gives
  * the same array).  Past a few thousand candidates (a flat row's nucleus can be most of the vocabulary) an LSD radix
- * sort on the 64-bit key (the logit's bits made order-preserving and inverted, then the id) through tmp[0..n), with
- * the bytes that no two keys differ in skipped (and the id's, where c is in id order: the passes are stable); qsort
- * below that. */
+ * sort on the 64-bit key (the logit's bits made order-preserving and inverted, then the id) through tmp[0..2n),
+ * the bytes that no two keys differ in skipped.  Where c is in id order (idorder) only 8-byte keys move, over the
+ * logit's bytes alone (the passes are stable), and the candidates are gathered once.  qsort below that. */
 static inline uint64_t cand_key(const cand *x)
 {
     union { float f; uint32_t u; } b = {.f = x->l == 0 ? 0.0f : x->l}; /* -0 ties +0, as in before() */
@@ -107,16 +107,35 @@ static void sort_cands(cand *c, size_t n, cand *tmp, int idorder)
         qsort(c, n, sizeof *c, cmp_cand);
         return;
     }
-    /* c already in id order: the logit's four bytes, the passes being stable */
-    const int d0 = idorder ? 4 : 0;
     static _Thread_local uint32_t hist[8][256];
     memset(hist, 0, sizeof hist);
+    if (idorder) {
+        /* c in id order: sort 8-byte keys (the logit's key, then the position in c) on the logit's bytes alone (the
+         * passes are stable), then gather; tmp holds the two key buffers, tmp + n the gathered candidates */
+        uint64_t *k = (uint64_t *)tmp, *k2 = k + n;
+        for (size_t i = 0; i < n; i++) {
+            k[i] = (cand_key(&c[i]) & ~(uint64_t)0xffffffffu) | (uint64_t)i;
+            for (int d = 4; d < 8; d++) hist[d][(k[i] >> (8 * d)) & 255]++;
+        }
+        for (int d = 4; d < 8; d++) {
+            uint32_t *h = hist[d];
+            if (h[(k[0] >> (8 * d)) & 255] == n) continue;
+            uint32_t pos = 0;
+            for (int b = 0; b < 256; b++) { const uint32_t t = h[b]; h[b] = pos; pos += t; }
+            for (size_t i = 0; i < n; i++) k2[h[(k[i] >> (8 * d)) & 255]++] = k[i];
+            uint64_t *t = k; k = k2; k2 = t;
+        }
+        cand *out = tmp + n;
+        for (size_t i = 0; i < n; i++) out[i] = c[(uint32_t)k[i]];
+        memcpy(c, out, n * sizeof *c);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         const uint64_t k = cand_key(&c[i]);
-        for (int d = d0; d < 8; d++) hist[d][(k >> (8 * d)) & 255]++;
+        for (int d = 0; d < 8; d++) hist[d][(k >> (8 * d)) & 255]++;
     }
     cand *src = c, *dst = tmp;
-    for (int d = d0; d < 8; d++) {
+    for (int d = 0; d < 8; d++) {
         uint32_t *h = hist[d];
         if (h[(cand_key(&src[0]) >> (8 * d)) & 255] == n) continue; /* one value of this byte: nothing moves */
         uint32_t pos = 0;
@@ -401,11 +420,11 @@ int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_
     const double u01 = (double)(eng_rng_next(rng_state) >> 11) * 0x1.0p-53;
     if (!isfinite(lmax)) return amax;  /* all -inf, or +inf present: nothing to weigh */
 
-    if (ws->cap < 2 * (size_t)vocab) { /* the candidates, then the radix sort's buffer */
-        void *p = realloc(ws->buf, 2 * (size_t)vocab * sizeof(cand));
+    if (ws->cap < 3 * (size_t)vocab) { /* the candidates, then the radix sort's two (sort_cands) */
+        void *p = realloc(ws->buf, 3 * (size_t)vocab * sizeof(cand));
         if (!p) return RC_ENOMEM;
         ws->buf = p;
-        ws->cap = 2 * (size_t)vocab;
+        ws->cap = 3 * (size_t)vocab;
     }
     cand *c = ws->buf, *tmp = c + vocab;
     if (prune_bits > 0) {
