@@ -257,7 +257,7 @@ static int draw_full(cand *c, size_t n, const eng_sampling *s, double u01, int s
     return c[n - 1].id;  /* u rounded up to the total */
 }
 
-static int prune_bits = ENG_SAMPLE_PRUNE_BITS; /* eng_sample_set_prune */
+static _Atomic int prune_bits = ENG_SAMPLE_PRUNE_BITS; /* eng_sample_set_prune */
 static _Atomic uint64_t n_fast, n_full; /* eng_sample_counts */
 
 void eng_sample_counts(uint64_t *fast, uint64_t *full)
@@ -350,13 +350,13 @@ static int draw_top_k(const float *logits, int vocab, const eng_sampling *s, dou
 
 /* The fast path (header): the token, or -1 where it cannot be certified and the full computation must run. */
 static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, double u01, float lmax, cand *c,
-                       cand *tmp)
+                       cand *tmp, int bits)
 {
     if (s->top_k > 0 && s->top_k < vocab) return draw_top_k(logits, vocab, s, u01, lmax, c, tmp);
     /* from here top_k takes nothing: it is off, or at least the vocabulary */
     const double invT = 1.0 / s->temperature;
     const double min_p = s->min_p > 0 ? s->min_p : 0;
-    const double tau = ldexp(1.0, -prune_bits);
+    const double tau = ldexp(1.0, -bits);
     pthread_once(&btab_once, btab_init);
     /* skip l < lf, lf a float with lf - lmax <= L = (ln tau - 1e-3) / invT: then (l - lmax) rounds to at most L,
      * times invT to at most ln tau - 1e-3 (give or take an ulp), and exp of that is below tau */
@@ -427,8 +427,9 @@ int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_
         ws->cap = 3 * (size_t)vocab;
     }
     cand *c = ws->buf, *tmp = c + vocab;
-    if (prune_bits > 0) {
-        const int id = draw_pruned(logits, vocab, s, u01, lmax, c, tmp);
+    const int bits = prune_bits;
+    if (bits > 0) {
+        const int id = draw_pruned(logits, vocab, s, u01, lmax, c, tmp, bits);
         if (id >= 0) { n_fast++; return id; }
     }
     n_full++;

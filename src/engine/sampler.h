@@ -20,8 +20,10 @@
 
 #include "engine/engine.h"
 
-/* Work space for one vocabulary; reused across calls to avoid a malloc per
- * token.  Zero-initialise, free with eng_sample_scratch_free. */
+/* Work space for one vocabulary (3 x vocab candidates of 16 bytes: ~6 MB at
+ * 129k; the candidates and a radix sort's buffers); reused across calls to
+ * avoid a malloc per token.  Zero-initialise, free with eng_sample_scratch_free.
+ * One per thread that samples. */
 typedef struct eng_sample_scratch {
     void *buf;
     size_t cap;  /* entries */
