@@ -1,11 +1,11 @@
 /* gpu_fp8_tiles.c - bench_gpu_fp8_tiles: official semantics' FP8 linears at decode batches (linear_aq on an FP8
  * weight with ue8m0 128 x 128 scales), the FP8 tiles (fp8_tile.cu, DEEPINFER_CUDA_FT=1) against what they replace
  * in the same run: the weight dequantised to a bf16 copy, x act_quant'd into its bf16 plane, one cuBLAS GEMM
- * (DEEPINFER_CUDA_FT=0).  Both on one bf16x3 backend each, on device pointers, as the device graph calls them.
+ * (DEEPINFER_CUDA_FT=0; below DEEPINFER_CUDA_DEQUANT_T, 17 tokens, the decode row-dot instead).  Both on one bf16x3 backend each, on device pointers, as the device graph calls them.
  *
  * Ceilings first: the device-to-device copy bandwidth and the bf16 GEMM peak (bench_util.h).  Then per V4-Flash
  * FP8 linear (wq_a, wq_b, wkv, wo_b, the shared expert's w1 / w3 and w2) and token count T:
- *   tiles us, deq us   one call (act_quant of x included), CUDA events over 20 calls rotating over enough
+ *   tiles us, deq us   one call (act_quant of x included; "deq" is the row-dot below 17 tokens), CUDA events over 20 calls rotating over enough
  *                      copies of the weight that it comes from HBM, median of 7 repetitions
  *   ratio              deq / tiles (above 1: the tiles are faster)
  *   floor us           max(weight + x + y bytes / copy bandwidth, 2 T n K / bf16 peak)
@@ -35,9 +35,11 @@ static be_backend *backend(const char *ft)
 {
     char err[256] = "";
     setenv("DEEPINFER_CUDA_FT", ft, 1);
-    setenv("DEEPINFER_CUDA_FT_MAX", "1000000", 1); /* every T of the table: the backend's threshold is what it picks */
+    setenv("DEEPINFER_CUDA_FT_MIN", "1", 1); /* every T of the table: the backend's thresholds are what it picks */
+    setenv("DEEPINFER_CUDA_FT_MAX", "1000000", 1);
     be_backend *be = bcu_create(0, 2, BCU_MATH_BF16X3, err, sizeof err);
     unsetenv("DEEPINFER_CUDA_FT");
+    unsetenv("DEEPINFER_CUDA_FT_MIN");
     unsetenv("DEEPINFER_CUDA_FT_MAX");
     if (!be) {
         fprintf(stderr, BENCH_NAME ": bcu_create: %s\n", err);

@@ -1292,8 +1292,9 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
 }
 
 /* The FP8 tiles (fp8_tile.cu) for linear_aq on FP8 weights at decode batches: against the CPU's linear of the
- * act_quant'd x within 1e-5, as the dequantised GEMM they replace (DEEPINFER_CUDA_FT=0) is; taken from 17 tokens
- * (16 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (256 unless set); the same bits on a second call.  Shapes: the
+ * act_quant'd x within 1e-5, as the dequantised GEMM or the row-dot they replace (DEEPINFER_CUDA_FT=0) is; taken
+ * from DEEPINFER_CUDA_FT_MIN (9 unless set; 8 is the row-dot's) up to DEEPINFER_CUDA_FT_MAX (256 unless set); the
+ * same bits on a second call.  Shapes: the
  * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (one slice by
  * the rule; odd slices, 3 + 2, forced), 16 (4 slices; 8 slices of two chunks, forced) and 32 (8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one
  * token row all zeros, rows from 2^-20 to 2^20, each row's error relative to its own largest output.  Two cases
@@ -1307,7 +1308,8 @@ static void test_linear_fp8_tiles(void **st)
     const struct { int64_t n, K; size_t T; const char *ft_max; int want, spread, ks; } cs[] = {
         {200, 640, 17, NULL, 1, 0, 0},    {200, 640, 33, NULL, 1, 0, 2},    {1000, 2048, 64, NULL, 1, 0, 0},
         {1000, 2048, 64, NULL, 1, 0, 8},  {1000, 2048, 100, NULL, 1, 0, 0}, {96, 4096, 65, NULL, 1, 0, 0},
-        {384, 1024, 256, "256", 1, 0, 0}, {384, 1024, 16, NULL, 0, 0, 0},   {384, 1024, 100, "64", 0, 0, 0},
+        {384, 1024, 256, "256", 1, 0, 0}, {384, 1024, 8, NULL, 0, 0, 0},    {384, 1024, 100, "64", 0, 0, 0},
+        {384, 1024, 9, NULL, 1, 0, 0},    {1000, 2048, 16, NULL, 1, 0, 0},
         {384, 1024, 257, NULL, 0, 0, 0},  {1000, 2048, 48, NULL, 1, 1, 0},  {256, 4096, 20, NULL, 1, 1, 0},
         {256, 4096, 20, NULL, 1, 1, 2}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {

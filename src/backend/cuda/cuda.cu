@@ -221,8 +221,9 @@ typedef struct {
     int aq_bf16; /* DEEPINFER_CUDA_AQ_BF16 (default 1): linear_aq at the dequantised GEMM's sizes act_quants x straight
                   * into its bf16 plane (bcu_aq_bf16), where it made a copy, quantised it in place and split it */
     size_t aq_bf16_calls;
-    int ft;        /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from deq_T to ft_max tokens through the
+    int ft;        /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from ft_min to ft_max tokens through the
                     * FP8 tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
+    size_t ft_min; /* DEEPINFER_CUDA_FT_MIN (9: from 9 tokens the tiles beat the decode row-dot, 2x on wq_b / wo_b) */
     size_t ft_max; /* DEEPINFER_CUDA_FT_MAX (256: the tiles beat the dequantised GEMM on every V4 shape to 256 tokens) */
     size_t ft_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
@@ -602,6 +603,15 @@ static int dequant_gemm(const cuda_be *c, const be_weight *w, size_t T, int64_t 
     return (w->fmt == BE_W_FP8 || w->fmt == BE_W_FP4) && w->scale_dtype == MD_F8_E8M0 && c->math != BCU_MATH_FP32 &&
            T >= c->deq_T && c0 == 0 && K == w->cols && K % 32 == 0 && w->block >= 16 &&
            !(w->block & (w->block - 1)) && (w->fmt == BE_W_FP8 || (w->block <= 64 && K % w->block == 0));
+}
+
+/* linear_aq on the FP8 tiles (fp8_tile.cu): FP8 weights with ue8m0 128 x 128 scales, ft_min to ft_max tokens, outside
+ * the fp32 maths (whose linears stay on the fp32 row-dot), x 16-byte aligned */
+static int ft_ok(const cuda_be *c, const be_weight *w, size_t T, const float *x)
+{
+    return c->ft && c->x8_kernel && T >= c->ft_min && T <= c->ft_max && w->fmt == BE_W_FP8 &&
+           w->scale_dtype == MD_F8_E8M0 && c->math != BCU_MATH_FP32 && w->block == 128 && w->cols % 128 == 0 &&
+           !((uintptr_t)x & 15u) && bcu_wg_available();
 }
 
 /* the FP8 tensor-core GEMM (fp8_gemm.cu) for act_quant'd x on rows [r0, r0 + n), whole rows, of an FP8 weight
@@ -2176,7 +2186,8 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
     DV_ENTER(w->fmt == BE_W_FP8 ? BCU_PROF_LINEAR_FP8 : w->fmt == BE_W_FP4 ? BCU_PROF_LINEAR_FP4 : BCU_PROF_LINEAR_BF16);
     const wentry *e = T ? weight(c, w) : NULL;
     int done = !T;
-    if (e && c->aq_fuse && c->x8_kernel && c->xq_dec && w->fmt == BE_W_FP8 && !dequant_gemm(c, w, T, 0, w->cols)) {
+    if (e && c->aq_fuse && c->x8_kernel && c->xq_dec && w->fmt == BE_W_FP8 && !dequant_gemm(c, w, T, 0, w->cols) &&
+        !ft_ok(c, w, T, x)) {
         bcu_rowdot_args a = bcu_rowdot_for(w, e->d, e->ds, 0, w->rows, 0, x, (int64_t)T, y);
         a.xq = 2;
         if (bcu_rowdot_aq_ok(&a)) {
@@ -2191,11 +2202,10 @@ static void dv_linear_aq(be_backend *be, float *y, const float *x, size_t T, con
         if (!scratch(c, core_tmp_bytes(c, w, T, w->rows, w->cols) + 256))
             done = fp8_try(c, e, w, y, x, T, 0, w->rows, w->cols, c->scratch) <= 0;
     }
-    if (e && !done && !c->failed && c->ft && c->x8_kernel && T <= c->ft_max && w->fmt == BE_W_FP8 &&
-        w->block == 128 && w->cols % 128 == 0 && !((uintptr_t)x & 15u) && dequant_gemm(c, w, T, 0, w->cols) &&
-        bcu_wg_available()) {
+    if (e && !done && !c->failed && ft_ok(c, w, T, x)) {
         /* decode batches on the FP8 tiles: x act_quant'd into f16 codes, the weight's codes straight into wgmma
-         * (after the FP8 tensor cores, which only the bf16 maths takes by default) */
+         * (after the FP8 tensor cores, which only the bf16 maths takes by default, at the dequantised GEMM's sizes;
+         * below those, ahead of the decode row-dot) */
         if (!scratch(c, bcu_ft_scratch((int64_t)T, w->cols) + 256)) {
             const cudaError_t r = bcu_ft_linear(y, w->rows, x, (int64_t)T, w->cols, (const uint8_t *)e->d,
                                                 (const uint8_t *)e->ds, w->rows, c->scratch, c->st);
@@ -2949,6 +2959,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->f16x2 = env_size("DEEPINFER_CUDA_F16X2", 1) != 0;
     c->aq_bf16 = env_size("DEEPINFER_CUDA_AQ_BF16", 1) != 0;
     c->ft = env_size("DEEPINFER_CUDA_FT", 1) != 0;
+    c->ft_min = env_size("DEEPINFER_CUDA_FT_MIN", 9);
     c->ft_max = env_size("DEEPINFER_CUDA_FT_MAX", 256);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
