@@ -106,6 +106,32 @@ def test_64_concurrent_streams_equal_their_solo_runs(model_server):
         assert t == solo[p], p
 
 
+def test_seeded_sampling_is_the_same_on_threads_and_on_the_fast_path(model_server):
+    """Seeded sampled requests give the same text whether a step's rows are drawn over several threads with the
+    sampler's fast paths (the default server) or on the engine thread alone through the full computation
+    (--sample-threads 1, DEEPINFER_SAMPLE_PRUNE=0), and whether they ran together or alone."""
+    reqs = [dict(temperature=t, top_p=tp, seed=sd, extra_body={"thinking": {"type": "disabled"}, **kx})
+            for sd, (t, tp, kx) in enumerate([(1.0, 1.0, {}), (0.7, 0.9, {}), (1.3, 0.95, {}), (1.0, 1.0, {"top_k": 20}),
+                                              (0.8, 0.5, {"min_p": 0.05}), (1.0, 0.99, {"top_k": 500})] * 2)]
+
+    def run(server, i):
+        r = oa(server).chat.completions.create(model=server.model, max_tokens=12,
+                                               messages=[{"role": "user", "content": f"sample {i}"}], **reqs[i])
+        return r.choices[0].message.content
+
+    full = Server("--model", str(FIXTURES / "e2e-v4vocab"), "--threads", "2", "--sample-threads", "1",
+                  env={"DEEPINFER_SAMPLE_PRUNE": "0"})
+    try:
+        alone = [run(full, i) for i in range(len(reqs))]
+    finally:
+        assert full.stop() == 0, "".join(full.log[-20:])
+    with cf.ThreadPoolExecutor(len(reqs)) as ex:
+        together = list(ex.map(lambda i: run(model_server, i), range(len(reqs))))
+    assert all(isinstance(t, str) and t for t in alone)
+    assert together == alone
+    assert len(set(alone)) > 1  # the seeds and settings differ, and so do the texts
+
+
 # ------------------------------------------------------------ scripted output
 
 def test_reasoning_parses_in_sdk_types(scripted):
