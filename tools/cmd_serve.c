@@ -251,7 +251,9 @@ int cmd_serve(int argc, char **argv)
     if (eb.max_context > ctx || eb.max_context <= 0) eb.max_context = (int)ctx;
     else ctx = eb.max_context;
     const char *prune = getenv("DEEPINFER_SAMPLE_PRUNE"); /* the sampler's fast-path bound in bits (0: off) */
-    if (prune && *prune && eng_sample_set_prune(atoi(prune))) {
+    char *pend = NULL;
+    const long pbits = prune && *prune ? strtol(prune, &pend, 10) : 0;
+    if (prune && *prune && (*pend || eng_sample_set_prune((int)(pbits < -1 ? -1 : pbits > 61 ? 61 : pbits)))) {
         fprintf(stderr, "serve: DEEPINFER_SAMPLE_PRUNE takes 0..60, got '%s'\n", prune);
         return 2;
     }
