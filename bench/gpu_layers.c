@@ -357,7 +357,7 @@ static md_seq *state_at(long P)
     free(blk);
     int32_t ids[MD_BLOCK_TOKENS];
     random_ids(ids, MD_BLOCK_TOKENS);
-    md_segment sg = {s, ids, MD_BLOCK_TOKENS, NULL, 0, NULL};
+    md_segment sg = {s, ids, MD_BLOCK_TOKENS, NULL, 0, NULL, NULL};
     if (md_forward(M, &sg, 1, &err)) {
         fprintf(stderr, BENCH_NAME ": filling the window: %s\n", err.msg);
         exit(1);
@@ -367,6 +367,9 @@ static md_seq *state_at(long P)
 
 /* decode steps ask for the greedy token only (md_segment.top1) instead of the logits: --top1 1 */
 static int TOP1;
+/* decode steps draw each row's token with temperature 1 and no filters (the API's defaults): on the device where the
+ * backend can (md_segment.draw), else from the logits: --draw 1 */
+static int DRAW;
 static int DISTINCT; /* --distinct 1: each sequence its own context (state_at), not a clone sharing the base's blocks */
 
 static void run_decode(md_seq *base, result *r, int reps)
@@ -376,7 +379,8 @@ static void run_decode(md_seq *base, result *r, int reps)
     md_segment *sg = calloc((size_t)B, sizeof *sg);
     int32_t *ids = malloc((size_t)B * sizeof *ids);
     float *lg = malloc((size_t)B * (size_t)V * sizeof(float));
-    if (!cl || !sg || !ids || !lg) {
+    rc_draw *dr = calloc((size_t)B, sizeof *dr);
+    if (!cl || !sg || !ids || !lg || !dr) {
         snprintf(r->skipped, sizeof r->skipped, "out of host memory");
         goto out;
     }
@@ -386,7 +390,9 @@ static void run_decode(md_seq *base, result *r, int reps)
             goto out;
         }
         /* --top1: the greedy token only (what the engine asks for greedy requests), else the logits */
-        sg[b] = (md_segment){cl[b], &ids[b], 1, TOP1 ? NULL : lg + (size_t)b * V, 0, TOP1 ? &ids[b] : NULL};
+        dr[b] = (rc_draw){.temperature = 1.0, .u01 = (b + 0.5) / B, .token = -1};
+        sg[b] = (md_segment){cl[b], &ids[b], 1, TOP1 ? NULL : lg + (size_t)b * V, 0, TOP1 ? &ids[b] : NULL,
+                             DRAW && !TOP1 ? &dr[b] : NULL};
     }
     double t0[MAXREP], t1[MAXREP];
     int n = 0;
@@ -476,6 +482,7 @@ out:
     free(sg);
     free(ids);
     free(lg);
+    free(dr);
 }
 
 static void run_prefill(result *r)
@@ -496,17 +503,17 @@ static void run_prefill(result *r)
     {
         md_seq *w = md_seq_create(M);
         rc_err err = {0};
-        md_segment wg = {w, ids, (size_t)r->P, lg, 0, NULL};
+        md_segment wg = {w, ids, (size_t)r->P, lg, 0, NULL, NULL};
         if (!w || md_forward(M, &wg, 1, &err)) fprintf(stderr, BENCH_NAME ": warm-up prefill failed: %s\n", err.msg);
         if (w) md_seq_free(w);
     }
-    md_segment sg = {s, ids, (size_t)r->P, lg, 0, NULL};
+    md_segment sg = {s, ids, (size_t)r->P, lg, 0, NULL, NULL};
     double t0, t1;
     int rc = forward_timed(&sg, 1, &ST[0], &t0, &t1);
     {
         /* the profiled prefill: its ops wait for the device one by one, so it is not the timed one */
         md_seq *w = md_seq_create(M);
-        md_segment wg = {w, ids, (size_t)r->P, lg, 0, NULL};
+        md_segment wg = {w, ids, (size_t)r->P, lg, 0, NULL, NULL};
         stamps ps;
         double a, z;
         prof_start();
@@ -611,13 +618,16 @@ static const char usage[] =
     "usage: bench_gpu_layers MODEL_DIR [--hf HF.json] [--out FILE] [--batches 1,8,64,256]\n"
     "                        [--contexts 4096,32768,131072] [--prefill 4096,16384] [--reps 8]\n"
     "                        [--budget-s 420] [--semantics official|transformers] [--threads N]\n"
-    "                        [--backend cuda|cpu] [--top1 0|1] [--distinct 0|1]\n\n"
+    "                        [--backend cuda|cpu] [--top1 0|1] [--draw 0|1] [--distinct 0|1]\n\n"
     "Per-layer decode and prefill times of the V4 forward on the CUDA backend (GPU 0), beside the\n"
     "bandwidth and FLOP floors measured in the same run and transformers' eager numbers (--hf, from\n"
     "bench/gpu_layers_hf.py).  MODEL_DIR: deepinfer make-tiny-model DIR --preset v4-flash.\n"
     "Cases past --budget-s of wall time are reported as skipped.  --backend cpu is a dry run of the\n"
     "harness on the CPU backend (no GPU, no floors).  --top1 1: decode steps ask for the greedy token\n"
     "only (md_segment.top1, as the engine does for greedy requests) instead of every row's logits.\n"
+    "--draw 1: decode steps offer each row's draw (temperature 1, no filters) to the backend\n"
+    "(md_segment.draw, as the engine does for sampled requests): the CUDA backend draws on the device\n"
+    "and sends down the ids (DEEPINFER_CUDA_SAMPLE=0: the logits, as without --draw).\n"
     "--distinct 1: the B sequences of a decode case each get a context of their own (their own KV\n"
     "blocks, as distinct requests have), not clones of one context sharing its blocks (the default,\n"
     "as requests sharing a prefix would); B times the host and device memory for the blocks.\n"
@@ -647,6 +657,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--backend")) on_gpu = strcmp(v, "cpu") != 0;
         else if (!strcmp(a, "--budget-s")) budget = atof(v);
         else if (!strcmp(a, "--top1")) TOP1 = atoi(v) != 0;
+        else if (!strcmp(a, "--draw")) DRAW = atoi(v) != 0;
         else if (!strcmp(a, "--distinct")) DISTINCT = atoi(v) != 0;
         else if (!strcmp(a, "--semantics")) {
             if (md_semantics_parse(v, &sem)) { fprintf(stderr, BENCH_NAME ": --semantics official|transformers\n"); return 2; }
@@ -694,7 +705,7 @@ int main(int argc, char **argv)
         md_seq *s = md_seq_create(M);
         int32_t ids[512];
         random_ids(ids, 512);
-        md_segment sg = {s, ids, 512, NULL, 0, NULL};
+        md_segment sg = {s, ids, 512, NULL, 0, NULL, NULL};
         double a, z;
         stamps st;
         tw = bench_now();

@@ -144,6 +144,16 @@ typedef struct be_ops {
 } be_ops;
 
 /* mHC parameters of one site (v4.c hc_pre_task); fn, base, scale are the model's host arrays */
+/* One sampled row's draw on the device (be_dev_ops.sample): engine/sampler.h's rules, with the uniform given */
+typedef struct be_draw {
+    uint32_t row;    /* the row of the logits */
+    int32_t top_k;   /* <= 0: off */
+    double inv_t;    /* 1 / temperature (> 0), as the host sampler computes it */
+    double top_p;    /* off unless in (0, 1) */
+    double min_p;    /* <= 0: off */
+    double u01;      /* the draw's uniform, [0, 1) */
+} be_draw;
+
 typedef struct be_hc {
     int n, D, iters;
     float hc_eps, rms_eps;
@@ -272,6 +282,10 @@ typedef struct be_dev_ops {
      * the head, so that they and the host's state updates run while the device computes the logits. */
     int (*down_start)(be_backend *be, int k, const void *src, size_t bytes);
     const void *(*down_take)(be_backend *be, int k);
+    /* Optional (NULL: the caller draws on the host).  ids[i] = the token engine/sampler.h's rules draw from row
+     * d[i].row of x [.., V] with d[i]'s parameters and uniform, or -1 where the backend leaves that draw to the host
+     * (the caller then needs the row's logits); ids, x and d device. */
+    void (*sample)(be_backend *be, int32_t *ids, const float *x, size_t V, const be_draw *d, size_t n);
 } be_dev_ops;
 
 enum { BE_DOWN_SLOTS = 256 };

@@ -106,6 +106,8 @@ struct engine {
     int *b_tok;              /* item i's sampled token (< 0: sampling failed) */
     int32_t **b_top1;        /* item i's greedy token only (forward_top1): &b_top1v[i], else NULL */
     int32_t *b_top1v;
+    rc_draw **b_draw;        /* item i's draw offered to the backend (forward_draw): &b_drawv[i], else NULL */
+    rc_draw *b_drawv;
     float *lbuf;             /* logits rows of one step */
     size_t lbuf_rows;
     eng_sample_scratch *ws;  /* one a sampling task */
@@ -123,7 +125,8 @@ static void sample_task(void *arg, size_t t)
     for (size_t r = t; r < e->s_n; r += e->s_nt) {
         const size_t i = e->s_rows[r];
         eng_slot *s = e->b_slot[i];
-        e->b_tok[i] = eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws[t]);
+        e->b_tok[i] = e->b_draw[i] ? eng_sample_u01(e->b_logits[i], e->be.vocab, &s->sp, e->b_draw[i]->u01, &e->ws[t])
+                                   : eng_sample_ws(e->b_logits[i], e->be.vocab, &s->sp, &s->rng, &e->ws[t]);
     }
 }
 
@@ -312,6 +315,16 @@ static void *loop(void *arg)
                 e->b_want[i] && e->be.forward_top1 && !e->be.forced && eng_sampling_greedy(&e->b_slot[i]->sp);
             e->b_top1[i] = top1 ? &e->b_top1v[i] : NULL;
             rows += (size_t)(e->b_want[i] && !top1);
+            /* a sampled item offers its draw to the backend: its uniform is taken now, once, as the host draw would */
+            e->b_draw[i] = NULL;
+            if (e->b_want[i] && !top1 && e->be.forward_draw && !e->be.forced &&
+                !eng_sampling_greedy(&e->b_slot[i]->sp)) {
+                const eng_sampling *sp = &e->b_slot[i]->sp;
+                e->b_drawv[i] = (rc_draw){.temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+                                          .top_k = sp->top_k, .u01 = eng_sample_uniform(&e->b_slot[i]->rng),
+                                          .token = -1};
+                e->b_draw[i] = &e->b_drawv[i];
+            }
         }
         rc_err err = {0};
         int rc = 0;
@@ -323,7 +336,9 @@ static void *loop(void *arg)
         if (!rc) {
             for (size_t i = 0, r = 0; i < p.items; i++)
                 if (e->b_want[i] && !e->b_top1[i]) e->b_logits[i] = e->lbuf + (r++) * (size_t)e->be.vocab;
-            rc = e->be.forward_top1 ? e->be.forward_top1(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits,
+            rc = e->be.forward_draw ? e->be.forward_draw(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits,
+                                                          e->b_top1, e->b_draw, p.items, &err)
+                 : e->be.forward_top1 ? e->be.forward_top1(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits,
                                                           e->b_top1, p.items, &err)
                                     : e->be.forward(e->be.impl, e->b_seqs, e->b_ids, e->b_n, e->b_logits, p.items,
                                                     &err);
@@ -347,6 +362,7 @@ static void *loop(void *arg)
             int32_t f = e->be.forced ? e->be.forced(e->be.impl, e->b_seqs[i]) : -1;
             if (f >= 0) e->b_tok[i] = f;
             else if (e->b_top1[i]) e->b_tok[i] = *e->b_top1[i];
+            else if (e->b_draw[i] && e->b_draw[i]->token >= 0) e->b_tok[i] = e->b_draw[i]->token;
             else e->s_rows[e->s_n++] = i;
         }
         if (e->s_n) {
@@ -415,6 +431,8 @@ engine *eng_create(const eng_backend *be, const eng_cfg *cfg, rc_err *err)
     e->b_tok = calloc(n, sizeof *e->b_tok);
     e->b_top1 = calloc(n, sizeof *e->b_top1);
     e->b_top1v = calloc(n, sizeof *e->b_top1v);
+    e->b_draw = calloc(n, sizeof *e->b_draw);
+    e->b_drawv = calloc(n, sizeof *e->b_drawv);
     e->s_rows = calloc(n, sizeof *e->s_rows);
     int st = c.sample_threads;
     if (st <= 0) {
@@ -426,7 +444,8 @@ engine *eng_create(const eng_backend *be, const eng_cfg *cfg, rc_err *err)
     e->ws = calloc((size_t)st, sizeof *e->ws);
     if (st > 1) e->spool = rc_pool_create(st);
     if (!e->run || !e->b_seqs || !e->b_ids || !e->b_n || !e->b_logits || !e->b_slot || !e->b_prefill ||
-        !e->b_want || !e->b_tok || !e->b_top1 || !e->b_top1v || !e->s_rows || !e->ws || (st > 1 && !e->spool)) {
+        !e->b_want || !e->b_tok || !e->b_top1 || !e->b_top1v || !e->b_draw || !e->b_drawv || !e->s_rows || !e->ws ||
+        (st > 1 && !e->spool)) {
         rc_errf(err, RC_ENOMEM, "out of memory for %d running sequences", c.max_running);
         goto fail;
     }
@@ -446,6 +465,7 @@ fail:
     free(e->ws); free(e->s_rows);
     free(e->run); free(e->b_seqs); free(e->b_ids); free(e->b_n); free(e->b_logits); free(e->b_slot);
     free(e->b_prefill); free(e->b_want); free(e->b_tok); free(e->b_top1); free(e->b_top1v);
+    free(e->b_draw); free(e->b_drawv);
     free(e);
     return NULL;
 }
@@ -585,6 +605,7 @@ void eng_destroy(engine *e)
     free(e->lbuf);
     free(e->run); free(e->b_seqs); free(e->b_ids); free(e->b_n); free(e->b_logits); free(e->b_slot);
     free(e->b_prefill); free(e->b_want); free(e->b_tok); free(e->b_top1); free(e->b_top1v);
+    free(e->b_draw); free(e->b_drawv);
     free(e);
 }
 

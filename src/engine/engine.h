@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/draw.h"
 #include "base/err.h"
 
 /* What the engine runs: the real model, or a test backend. */
@@ -40,6 +41,12 @@ typedef struct eng_backend {
      * instead of the vocabulary). */
     int (*forward_top1)(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
                         int32_t **top1, size_t count, rc_err *err);
+    /* optional: forward_top1, where an item with draw[i] not NULL (a sampled one, logits[i] its row's buffer) may
+     * have its token drawn by the backend from draw[i]'s parameters and uniform (base/draw.h): draw[i]->token >= 0
+     * is that token and logits[i] is unwritten; -1 (the engine's value) leaves logits[i] written and the draw to the
+     * engine, with the same uniform.  A GPU backend then copies 4 bytes a sampled row instead of the vocabulary. */
+    int (*forward_draw)(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                        int32_t **top1, rc_draw **draw, size_t count, rc_err *err);
     /* optional, for test backends that know their output: after forward, a
      * value >= 0 is the sequence's next token and its logits are not read
      * (the scripted backend then skips writing them: serving overhead can be

@@ -74,8 +74,8 @@ static size_t cuts(int64_t p0, size_t n, int every, size_t *cut, size_t cap)
 
 enum { MAX_PIECES = 64 };
 
-static int mb_forward_top1(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
-                           int32_t **top1, size_t count, rc_err *err)
+static int mb_forward_draw(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                           int32_t **top1, rc_draw **draw, size_t count, rc_err *err)
 {
     eng_model_impl *mi = impl;
     md_segment *seg = calloc(count ? count : 1, sizeof *seg);
@@ -104,7 +104,7 @@ static int mb_forward_top1(void *impl, void **seqs, const int32_t **ids, const s
             mb_seq *q = seqs[i];
             const int last = k + 1 == npc[i];
             seg[ns++] = (md_segment){.seq = q->s, .ids = ids[i] + a, .n = e - a, .logits = last ? logits[i] : NULL,
-                                     .top1 = last && top1 ? top1[i] : NULL};
+                                     .top1 = last && top1 ? top1[i] : NULL, .draw = last && draw ? draw[i] : NULL};
         }
         rc = md_forward(mi->m, seg, ns, err);
         for (size_t i = 0; !rc && i < count; i++) {
@@ -119,10 +119,16 @@ out:
     return rc;
 }
 
+static int mb_forward_top1(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                           int32_t **top1, size_t count, rc_err *err)
+{
+    return mb_forward_draw(impl, seqs, ids, n, logits, top1, NULL, count, err);
+}
+
 static int mb_forward(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits, size_t count,
                       rc_err *err)
 {
-    return mb_forward_top1(impl, seqs, ids, n, logits, NULL, count, err);
+    return mb_forward_draw(impl, seqs, ids, n, logits, NULL, NULL, count, err);
 }
 
 size_t eng_model_seq_bytes(void *impl, void *seq) { return seq ? md_seq_bytes(((mb_seq *)seq)->s) : 0; }
@@ -139,6 +145,7 @@ eng_backend eng_model_backend(eng_model_impl *impl)
         .seq_free = mb_seq_free,
         .forward = mb_forward,
         .forward_top1 = mb_forward_top1,
+        .forward_draw = mb_forward_draw,
         .prefix_attach = impl->kv ? mb_prefix_attach : NULL,
     };
 }

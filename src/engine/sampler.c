@@ -410,14 +410,22 @@ static int draw_pruned(const float *logits, int vocab, const eng_sampling *s, do
     return -1;
 }
 
+double eng_sample_uniform(uint64_t *rng_state) { return (double)(eng_rng_next(rng_state) >> 11) * 0x1.0p-53; }
+
 int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state,
                   eng_sample_scratch *ws)
 {
     if (!logits || vocab <= 0 || !s || !rng_state || !ws) return RC_EINVAL;
+    if (eng_sampling_greedy(s)) return greedy(logits, vocab);
+    return eng_sample_u01(logits, vocab, s, eng_sample_uniform(rng_state), ws);
+}
+
+int eng_sample_u01(const float *logits, int vocab, const eng_sampling *s, double u01, eng_sample_scratch *ws)
+{
+    if (!logits || vocab <= 0 || !s || !ws) return RC_EINVAL;
     const int amax = greedy(logits, vocab);
     if (eng_sampling_greedy(s)) return amax;
     const float lmax = logit_at(logits, amax);
-    const double u01 = (double)(eng_rng_next(rng_state) >> 11) * 0x1.0p-53;
     if (!isfinite(lmax)) return amax;  /* all -inf, or +inf present: nothing to weigh */
 
     if (ws->cap < 3 * (size_t)vocab) { /* the candidates, then the radix sort's two (sort_cands) */

@@ -37,6 +37,13 @@ int eng_sample(const float *logits, int vocab, const eng_sampling *s, uint64_t *
 int eng_sample_ws(const float *logits, int vocab, const eng_sampling *s, uint64_t *rng_state,
                   eng_sample_scratch *ws);
 
+/* The uniform in [0, 1) a draw takes from the request's stream, which it advances by one step ((next >> 11) 2^-53). */
+double eng_sample_uniform(uint64_t *rng_state);
+/* eng_sample_ws with the draw's uniform given: the token eng_sample_ws gives where eng_sample_uniform would yield
+ * u01 (for a draw whose uniform was taken before its logits existed: engine.h's forward_draw).  Greedy settings
+ * ignore u01. */
+int eng_sample_u01(const float *logits, int vocab, const eng_sampling *s, double u01, eng_sample_scratch *ws);
+
 /* Whether s draws nothing: temperature below 1e-5 (vLLM's _SAMPLING_EPS; 0 and NaN too), the token is the
  * greedy one (base/greedy.h) and the rng stream does not move. */
 static inline int eng_sampling_greedy(const eng_sampling *s) { return !(s->temperature >= 1e-5); }

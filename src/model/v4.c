@@ -2335,10 +2335,25 @@ static void lg_copy_task(void *arg, size_t i)
     memcpy(p->dst, p->src, p->n * sizeof(float));
 }
 
-static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, const float *lg, size_t V)
+/* a segment whose row the device graph draws from (md_segment.draw), so its logits stay on the device */
+static int seg_draws(const md_segment *sg, const be_dev_ops *dv)
+{
+    return sg->logits && sg->draw && !sg->all_logits && dv->sample;
+}
+
+/* the logits of the segments that want them (those drawn on the device left out: dv) from lg, in segment order */
+static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, const float *lg, size_t V,
+                       const be_dev_ops *dv)
 {
     const size_t piece = ((size_t)1 << 20) / sizeof(float);
     size_t np = 0, total = 0;
+    md_segment *keep = malloc((nseg ? nseg : 1) * sizeof *keep);
+    if (!keep) return -1;
+    size_t nk = 0;
+    for (size_t s = 0; s < nseg; s++)
+        if (segs[s].logits && !seg_draws(&segs[s], dv)) keep[nk++] = segs[s];
+    segs = keep;
+    nseg = nk;
     for (size_t s = 0; s < nseg; s++)
         if (segs[s].logits) {
             const size_t n = (segs[s].all_logits ? segs[s].n : 1) * V;
@@ -2352,10 +2367,11 @@ static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, cons
                 memcpy(segs[s].logits, lg, n * sizeof(float));
                 lg += n;
             }
+        free(keep);
         return 0;
     }
     lg_piece *ps = malloc(np * sizeof *ps);
-    if (!ps) return -1;
+    if (!ps) { free(keep); return -1; }
     size_t k = 0;
     for (size_t s = 0; s < nseg; s++) {
         if (!segs[s].logits) continue;
@@ -2365,6 +2381,7 @@ static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, cons
     }
     be_cpu_parallel(be, np, lg_copy_task, ps);
     free(ps);
+    free(keep);
     return 0;
 }
 
@@ -2480,52 +2497,73 @@ static int forward_dev(md_model *m, be_backend *be, md_segment *segs, size_t nse
     if (!rc && m->hook) m->hook(m->hook_arg, c->n_layers, 0);
     if (!rc) late_start(&x, nseg);
 
-    /* logits for the rows asked for: the logits segments' rows, then one row per top1 segment, whose greedy
-     * token is taken on the device (only the ids come back) */
-    size_t nlog = 0, ntop = 0;
+    /* logits for the rows asked for: the logits segments' rows, then one row per segment drawn on the device, then
+     * one per top1 segment, whose greedy token is taken on the device (only the ids come back, and the drawn rows'
+     * logits where the device leaves the draw to the host) */
+    size_t nlog = 0, ndraw = 0, ntop = 0;
     for (size_t s = 0; s < nseg; s++)
-        if (segs[s].logits) nlog += segs[s].all_logits ? segs[s].n : 1;
+        if (seg_draws(&segs[s], dv)) ndraw++;
+        else if (segs[s].logits) nlog += segs[s].all_logits ? segs[s].n : 1;
         else if (segs[s].top1) ntop++;
-    const size_t nl = nlog + ntop;
+    const size_t nl = nlog + ndraw + ntop, nid = ndraw + ntop;
     if (!rc && nl) {
         int32_t *src = malloc(nl * sizeof(int32_t));
         int32_t *dsrc = dalloc(&x, nl * sizeof(int32_t));
         float *hx = dalloc(&x, nl * (size_t)n * D * sizeof(float));
         float *y = dalloc(&x, nl * (size_t)D * sizeof(float));
         float *dl = dalloc(&x, nl * (size_t)V * sizeof(float));
-        int32_t *dtop = ntop ? dalloc(&x, ntop * sizeof(int32_t)) : NULL;
-        int32_t *htop = ntop ? malloc(ntop * sizeof(int32_t)) : NULL;
-        if (!src || x.oom || (ntop && !htop)) {
+        int32_t *did = nid ? dalloc(&x, nid * sizeof(int32_t)) : NULL; /* the drawn ids, then the top1 ones */
+        be_draw *hdr = ndraw ? malloc(ndraw * sizeof *hdr) : NULL;
+        be_draw *ddr = ndraw ? dalloc(&x, ndraw * sizeof *ddr) : NULL;
+        int32_t *hid = nid ? malloc(nid * sizeof(int32_t)) : NULL;
+        if (!src || x.oom || (nid && !hid) || (ndraw && !hdr)) {
             rc = RC_ENOMEM;
         } else {
             size_t k = 0;
-            for (int top = 0; top < 2; top++)
+            for (int g = 0; g < 3; g++) /* g: 0 the logits rows, 1 the drawn rows, 2 the top1 rows */
                 for (size_t s = 0; s < nseg; s++) {
-                    if (top ? segs[s].logits || !segs[s].top1 : !segs[s].logits) continue;
-                    size_t a = segs[s].all_logits && !top ? rw->seg_start[s] : rw->seg_start[s + 1] - 1;
+                    const int dr = seg_draws(&segs[s], dv);
+                    if (g == 0 ? !segs[s].logits || dr : g == 1 ? !dr : segs[s].logits || !segs[s].top1) continue;
+                    if (g == 1)
+                        hdr[k - nlog] = (be_draw){.row = (uint32_t)k, .top_k = segs[s].draw->top_k,
+                                                  .inv_t = 1.0 / segs[s].draw->temperature, .top_p = segs[s].draw->top_p,
+                                                  .min_p = segs[s].draw->min_p, .u01 = segs[s].draw->u01};
+                    size_t a = segs[s].all_logits && g == 0 ? rw->seg_start[s] : rw->seg_start[s + 1] - 1;
                     for (size_t r = a; r < rw->seg_start[s + 1]; r++) src[k++] = (int32_t)r;
                 }
             dv->upload(be, dsrc, src, nl * sizeof(int32_t));
+            if (ndraw) dv->upload(be, ddr, hdr, ndraw * sizeof *hdr);
             dv->gather(be, hx, X, dsrc, nl, (size_t)n * D);
             be_hc h = hc_params(c, m->hc_head_fn, m->hc_head_base, m->hc_head_scale);
             dhc_pre_norm(&x, &h, 1, hx, nl, y, NULL, NULL, m->norm, NULL);
             dv->linear(be, dl, y, nl, &m->head);
-            if (ntop) dv->argmax(be, dtop, dl + nlog * (size_t)V, ntop, (size_t)V);
+            if (ndraw) dv->sample(be, did, dl, (size_t)V, ddr, ndraw);
+            if (ntop) dv->argmax(be, did + ndraw, dl + (nlog + ndraw) * (size_t)V, ntop, (size_t)V);
             /* the state updates no layer had to wait for, while the device computes the logits (late_start) */
             rc = late_state(&x, segs, nseg);
             if (!rc && nlog) {
                 const float *lg = dv->view(be, dl, nlog * (size_t)V * sizeof(float));
                 if (!lg) rc = RC_EIO;
-                else if (logits_copy(be, segs, nseg, lg, (size_t)V)) rc = RC_ENOMEM;
+                else if (logits_copy(be, segs, nseg, lg, (size_t)V, dv)) rc = RC_ENOMEM;
             }
-            if (!rc && ntop) {
-                if (dv->download(be, htop, dtop, ntop * sizeof(int32_t))) rc = RC_EIO;
-                for (size_t s = 0, j = 0; !rc && s < nseg; s++)
-                    if (!segs[s].logits && segs[s].top1) *segs[s].top1 = htop[j++];
-            }
+            if (!rc && nid && dv->download(be, hid, did, nid * sizeof(int32_t))) rc = RC_EIO;
+            /* the rows left to the host come down in one copy of the drawn rows' range */
+            size_t nback = 0;
+            for (size_t j = 0; !rc && j < ndraw; j++) nback += hid[j] < 0;
+            const float *back = nback ? dv->view(be, dl + nlog * (size_t)V, ndraw * (size_t)V * sizeof(float)) : NULL;
+            if (nback && !back) rc = RC_EIO;
+            for (size_t s = 0, j = 0, t = ndraw; !rc && s < nseg; s++)
+                if (seg_draws(&segs[s], dv)) {
+                    if (hid[j] >= 0) segs[s].draw->token = hid[j];
+                    else memcpy(segs[s].logits, back + j * (size_t)V, (size_t)V * sizeof(float));
+                    j++;
+                } else if (!segs[s].logits && segs[s].top1) {
+                    *segs[s].top1 = hid[t++];
+                }
         }
         free(src);
-        free(htop);
+        free(hid);
+        free(hdr);
     } else if (!rc) {
         /* no logits: still wait for the device, so that a failure is seen here */
         float probe;
@@ -2689,6 +2727,13 @@ static void hd_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows,
 {
     (void)be;
     for (size_t r = 0; r < rows; r++) ids[r] = (int32_t)rc_greedy(x + r * V, V);
+}
+/* draws nothing: every drawn row's logits go to the caller (the fallback that the CUDA kernel takes for the rows it
+ * cannot hold), so the host-dev graph runs that path */
+static void hd_sample(be_backend *be, int32_t *ids, const float *x, size_t V, const be_draw *d, size_t n)
+{
+    (void)be; (void)x; (void)V; (void)d;
+    for (size_t i = 0; i < n; i++) ids[i] = -1;
 }
 static void hd_linear(be_backend *be, float *y, const float *x, size_t T, const be_weight *w)
 {
@@ -2990,7 +3035,7 @@ static const be_dev_ops hd_dev = {
     .route = hd_route, .gather = hd_gather, .scatter_add = hd_scatter_add, .moe = hd_moe,
     .attention = hd_attention, .comp_pool = hd_comp_pool, .linear_aq = hd_linear_aq,
     .mark = hd_mark, .release = hd_release, .alloc_keep = hd_alloc_keep,
-    .down_start = hd_down_start, .down_take = hd_down_take,
+    .down_start = hd_down_start, .down_take = hd_down_take, .sample = hd_sample,
 };
 
 static void hd_destroy(be_backend *be)

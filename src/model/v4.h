@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "base/draw.h"
 #include "base/err.h"
 #include "model/config.h"
 
@@ -149,6 +150,10 @@ typedef struct md_segment {
      * (base/greedy.h's rule), and the logits never leave the backend (on a
      * GPU: 4 bytes instead of a vocabulary of floats per row) */
     int32_t *top1;
+    /* with logits (one row, not all_logits): a sampled draw the backend may take itself where it holds the logits
+     * on a device (base/draw.h): draw->token >= 0 is the token and the logits were not written; else (-1, set by
+     * the caller) the logits were written and the caller draws.  NULL: the logits only. */
+    rc_draw *draw;
 } md_segment;
 
 int md_forward(md_model *m, md_segment *segs, size_t nseg, rc_err *err);

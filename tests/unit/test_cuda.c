@@ -50,6 +50,7 @@
 #include "backend/cuda/chain.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fp8_tile.h"
+#include "engine/sampler.h"
 #include "model/dtype.h"
 #include "model/v4.h"
 
@@ -1863,6 +1864,94 @@ static void test_device_graph_vs_host_graph(void **st)
     }
 }
 
+/* Sampled rows drawn by the device graph (md_segment.draw, be_dev_ops.sample): a batch of sequences, each
+ * prefilled and then stepped with a draw of its own parameters, once on a backend that draws on the device and once
+ * on one that leaves every draw to the host (DEEPINFER_CUDA_SAMPLE=0: the logits come down).  The same forwards
+ * give the same logits, so every device token must be the one the host sampler draws from the second run's row
+ * with the same uniform; and the second run must hand every row back. */
+static void draws_run(const char *fx, const char *on, rc_draw *dr, float *lg, int NS)
+{
+    setenv("DEEPINFER_CUDA_SAMPLE", on, 1);
+    be_backend *be = cuda(BCU_MATH_BF16X3);
+    unsetenv("DEEPINFER_CUDA_SAMPLE");
+    md_model *m = load(fixture(fx), be);
+    const int V = md_model_config(m)->vocab_size;
+    md_seq **sq = calloc((size_t)NS, sizeof *sq);
+    md_segment *sg = calloc((size_t)NS, sizeof *sg);
+    rc_err err = {0};
+    for (int step = 0; step < 2; step++) { /* a prefill of 9 tokens, then a decode step */
+        const size_t n = step ? 1 : 9;
+        int32_t *ids = make_ids(n * (size_t)NS, V, 500 + (uint64_t)step);
+        for (int k = 0; k < NS; k++) {
+            if (!step) sq[k] = md_seq_create(m);
+            rc_draw *d = &dr[step * NS + k];
+            d->token = -1;
+            /* every third row plain logits (no draw): the three kinds of rows apart in one batch */
+            sg[k] = (md_segment){.seq = sq[k], .ids = ids + (size_t)k * n, .n = n,
+                                 .logits = lg + ((size_t)step * NS + k) * V, .draw = k % 3 == 2 ? NULL : d};
+        }
+        if (md_forward(m, sg, (size_t)NS, &err)) fail_msg("%s: md_forward: %s", fx, err.msg);
+        free(ids);
+    }
+    for (int k = 0; k < NS; k++) md_seq_free(sq[k]);
+    free(sq);
+    free(sg);
+    md_model_free(m);
+    be_cuda_destroy(be);
+}
+
+static void test_model_draws(void **st)
+{
+    (void)st;
+    rng_seed_test(__func__);
+    const char *fx[] = {"e2e-v4vocab", "tiny-mixed"};
+    enum { NS = 12 };
+    for (int f = 0; f < 2; f++) {
+        be_backend *probe = cuda(BCU_MATH_BF16X3);
+        md_model *pm = load(fixture(fx[f]), probe);
+        const int V = md_model_config(pm)->vocab_size;
+        md_model_free(pm);
+        be_cuda_destroy(probe);
+        rc_draw on[2 * NS], off[2 * NS];
+        for (int i = 0; i < 2 * NS; i++) {
+            const double T[] = {1.0, 0.7, 1.3};
+            on[i] = (rc_draw){.temperature = T[i % 3], .top_p = i % 4 == 1 ? 0.9 : 0, .top_k = i % 5 == 3 ? 20 : 0,
+                              .min_p = i % 7 == 4 ? 0.02 : 0, .u01 = unif01(), .token = -1};
+            off[i] = on[i];
+        }
+        float *lg_on = malloc(2 * NS * (size_t)V * sizeof(float)), *lg_off = malloc(2 * NS * (size_t)V * sizeof(float));
+        draws_run(fx[f], "1", on, lg_on, NS);
+        draws_run(fx[f], "0", off, lg_off, NS);
+        eng_sample_scratch ws = {0};
+        int drawn = 0;
+        for (int i = 0; i < 2 * NS; i++) {
+            if (i % NS % 3 == 2) continue; /* a logits-only row */
+            assert_int_equal(off[i].token, -1);
+            const eng_sampling sp = {.temperature = on[i].temperature, .top_p = on[i].top_p, .top_k = on[i].top_k,
+                                     .min_p = on[i].min_p};
+            const int want = eng_sample_u01(lg_off + (size_t)i * V, V, &sp, on[i].u01, &ws);
+            if (on[i].token >= 0) {
+                drawn++;
+                if (on[i].token != want) fail_msg("%s draw %d: device %d, host %d", fx[f], i, on[i].token, want);
+            } else {
+                /* left to the host: its logits came down, the same as the other run's */
+                if (memcmp(lg_on + (size_t)i * V, lg_off + (size_t)i * V, (size_t)V * sizeof(float)))
+                    fail_msg("%s draw %d: the row left to the host differs between the runs", fx[f], i);
+            }
+        }
+        /* the logits-only rows are the same in both runs (the draws did not move them) */
+        for (int i = 2; i < 2 * NS; i += 3)
+            if (i % NS % 3 == 2 && memcmp(lg_on + (size_t)i * V, lg_off + (size_t)i * V, (size_t)V * sizeof(float)))
+                fail_msg("%s row %d: logits differ between the runs", fx[f], i);
+        printf("  %-12s %d of %d sampled rows drawn on the device, each the host sampler's token\n", fx[f], drawn,
+               2 * NS - 2 * (NS / 3));
+        assert_true(drawn > 0);
+        eng_sample_scratch_free(&ws);
+        free(lg_on);
+        free(lg_off);
+    }
+}
+
 /* decode steps of a state, all logits */
 static float *decode_steps(md_model *m, md_seq *s, const int32_t *ids, size_t n)
 {
@@ -2369,6 +2458,7 @@ int main(void)
         cmocka_unit_test(test_decode_graphs),
         cmocka_unit_test(test_attn_flags_fail_forward),
         cmocka_unit_test(test_attn_launches),
+        cmocka_unit_test(test_model_draws),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1090,6 +1090,31 @@ static int counting_top1(void *impl, void **seqs, const int32_t **ids, const siz
     return inner.forward_top1(inner.impl, seqs, ids, n, logits, top1, count, err);
 }
 
+/* the model backend's forward_draw, as a device would answer it: every other offered draw taken by the backend
+ * (the host sampler on the row, with the draw's uniform; the row then scribbled over, as a device leaves it
+ * unwritten), the others handed back with their logits */
+static size_t draw_offered, draw_taken;
+static int scribbling_draw(void *impl, void **seqs, const int32_t **ids, const size_t *n, float **logits,
+                           int32_t **top1, rc_draw **draw, size_t count, rc_err *err)
+{
+    (void)impl;
+    eng_backend inner = eng_model_backend(top1_inner);
+    const int rc = inner.forward_draw(inner.impl, seqs, ids, n, logits, top1, draw, count, err);
+    eng_sample_scratch ws = {0};
+    for (size_t i = 0; !rc && i < count; i++) {
+        if (!draw || !draw[i]) continue;
+        assert_int_equal(draw[i]->token, -1); /* the CPU model writes the logits */
+        if (draw_offered++ % 2) continue;
+        const eng_sampling sp = {.temperature = draw[i]->temperature, .top_p = draw[i]->top_p,
+                                 .top_k = draw[i]->top_k, .min_p = draw[i]->min_p};
+        draw[i]->token = eng_sample_u01(logits[i], inner.vocab, &sp, draw[i]->u01, &ws);
+        for (int v = 0; v < inner.vocab; v++) logits[i][v] = NAN;
+        draw_taken++;
+    }
+    eng_sample_scratch_free(&ws);
+    return rc;
+}
+
 /* Greedy requests take only their token from the backend (forward_top1: on a GPU the argmax is taken on the
  * device and the logits stay there); the tokens equal those of the logits path (forward_top1 removed), for
  * greedy and seeded requests in one batch. */
@@ -1105,6 +1130,7 @@ static void test_model_top1(void **st)
         eng_backend be = eng_model_backend(&fx->mi);
         if (pass) be.forward_top1 = counting_top1;
         else be.forward_top1 = NULL; /* the logits path */
+        be.forward_draw = NULL;
         eng_cfg cfg = {.max_batch_tokens = 64};
         rc_err err = {0};
         engine *e = eng_create(&be, &cfg, &err);
@@ -1132,6 +1158,56 @@ static void test_model_top1(void **st)
     /* the greedy ones (9 of 12, 8 tokens each) came as tokens */
     assert_true(top1_calls > 0);
     assert_int_equal(top1_items, (size_t)(9 * OUT));
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < N; i++) job_fini(&js[pass][i]);
+}
+
+/* Sampled requests offer their draws to the backend (forward_draw): the uniform is taken from the request's stream
+ * before the forward, once, so a draw the backend takes and one it hands back give the tokens of the plain logits
+ * path (forward_draw and forward_top1 removed), for seeded requests under several settings beside greedy ones. */
+static void test_model_draw(void **st)
+{
+    model_fix *fx = *st;
+    const int V = md_model_config(fx->m)->vocab_size;
+    const int N = 12, OUT = 8;
+    job js[2][12];
+    draw_offered = draw_taken = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        fx->mi = (eng_model_impl){.m = fx->m};
+        top1_inner = &fx->mi;
+        eng_backend be = eng_model_backend(&fx->mi);
+        be.forward_top1 = NULL;
+        be.forward_draw = pass ? scribbling_draw : NULL;
+        eng_cfg cfg = {.max_batch_tokens = 64};
+        rc_err err = {0};
+        engine *e = eng_create(&be, &cfg, &err);
+        if (!e) fail_msg("eng_create: %s", err.msg);
+        for (int i = 0; i < N; i++) {
+            int32_t *p = make_ids((size_t)(3 + 5 * i), V, 700 + (uint64_t)i);
+            eng_sampling s = greedy_n(OUT);
+            s.ignore_eos = 1;
+            if (i % 4) {
+                s.temperature = i % 3 ? 0.8 : 1.2;
+                s.top_p = i % 5 == 1 ? 0.9 : 0;
+                s.top_k = i % 5 == 2 ? 7 : 0;
+                s.min_p = i % 5 == 3 ? 0.05 : 0;
+                s.seed = 91 + (uint64_t)i;
+                s.has_seed = 1;
+            }
+            job_init(&js[pass][i], p, (size_t)(3 + 5 * i), s);
+            free(p);
+            assert_int_equal(eng_submit(e, &js[pass][i].req, &err), 0);
+        }
+        WAIT_UNTIL(all_done(js[pass], (size_t)N));
+        eng_destroy(e);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(js[0][i].n_toks, (size_t)OUT);
+        assert_memory_equal(js[0][i].toks, js[1][i].toks, (size_t)OUT * sizeof(int32_t));
+    }
+    /* the sampled ones (9 of 12, 8 tokens each) were offered; half of the offers taken */
+    assert_int_equal(draw_offered, (size_t)(9 * OUT));
+    assert_int_equal(draw_taken, (size_t)(9 * OUT / 2));
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < N; i++) job_fini(&js[pass][i]);
 }
@@ -1262,6 +1338,7 @@ int main(void)
     const struct CMUnitTest model_tests[] = {
         cmocka_unit_test(test_model_batch_invariance),
         cmocka_unit_test(test_model_top1),
+        cmocka_unit_test(test_model_draw),
         cmocka_unit_test(test_model_cancel_running),
         cmocka_unit_test(test_model_stops),
     };

@@ -339,7 +339,8 @@ static void same_steps(md_model *m, const char *what, float *out[2], size_t step
     free(out[1]);
 }
 
-/* A decode batch of many sequences through the device graph run on the host, on more host threads than one:
+/* A decode batch of many sequences through the device graph run on the host, on more host threads than one (a third
+ * of them offering draws, which the host ops hand back as logits):
  * comp_dev stages each segment's compressor state and late_state updates each segment's state as tasks over the
  * threads (one segment a task).  Twenty sequences at lengths 0 .. 57, then 12 steps of one token each, every
  * step completing CSA and HCA entries for some of them: the logits are the host graph's, bit for bit. */
@@ -369,10 +370,16 @@ static void test_host_dev_graph_many_sequences(void **st)
                 }
             }
             for (int t = 0; t < STEPS; t++) {
-                for (int k = 0; k < NS; k++)
+                /* every third sequence offers a draw (md_segment.draw): the host ops take none, so its logits come
+                 * down through the drawn rows' path (the rows the device graph puts after the logits rows) */
+                rc_draw dr[NS];
+                for (int k = 0; k < NS; k++) {
+                    dr[k] = (rc_draw){.temperature = 0.8, .top_p = 0.9, .u01 = 0.5, .token = -1};
                     sg[k] = (md_segment){.seq = q[k], .ids = ids + NS * 3 + 64 + t * NS + k, .n = 1,
-                                         .logits = out[dev] + ((size_t)t * NS + k) * V};
+                                         .logits = out[dev] + ((size_t)t * NS + k) * V, .draw = k % 3 == 1 ? &dr[k] : NULL};
+                }
                 if (md_forward(m, sg, NS, &err)) fail_msg("step %d: %s", t, err.msg);
+                for (int k = 0; k < NS; k++) assert_int_equal(dr[k].token, -1);
             }
             for (int k = 0; k < NS; k++) md_seq_free(q[k]);
         }

@@ -47,6 +47,7 @@
 #include "backend/cuda/moe_wg.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/profile.h"
+#include "backend/cuda/sample.h"
 #include "backend/f16x2.h"
 #include "backend/kv_mirror.h"
 #include "backend/part_slots.h"
@@ -223,6 +224,7 @@ typedef struct {
     size_t aq_bf16_calls;
     int ft;        /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from ft_min to ft_max tokens through the
                     * FP8 tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
+    int dev_sample; /* DEEPINFER_CUDA_SAMPLE (1): be_dev_ops.sample draws on the device; 0: every draw on the host */
     size_t ft_min; /* DEEPINFER_CUDA_FT_MIN (17; from 9 the tiles beat the decode row-dot a call, 2x on wq_b / wo_b at 12-16
                     * tokens, but the slice's batch-16 and 24 steps ran 1.0 ms slower: docs/CUDA.md) */
     size_t ft_max; /* DEEPINFER_CUDA_FT_MAX (256: the tiles beat the dequantised GEMM on every V4 shape to 256 tokens) */
@@ -2729,6 +2731,15 @@ static void dv_graph_end(be_backend *be)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* sampled rows drawn on the device (sample.cu); DEEPINFER_CUDA_SAMPLE=0 leaves every draw to the host (all -1) */
+static void dv_sample(be_backend *be, int32_t *ids, const float *x, size_t V, const be_draw *d, size_t n)
+{
+    DV_ENTER(BCU_PROF_GRAPH);
+    if (c->dev_sample) DV_CU(bcu_sample(ids, x, V, d, n, c->st));
+    else DV_CU(cudaMemsetAsync(ids, 0xff, n * sizeof(int32_t), c->st));
+    DV_LEAVE;
+}
+
 static const be_dev_ops cuda_dev_ops = {
     /* .reset = */ dv_reset,
     /* .alloc = */ dv_alloc,
@@ -2772,6 +2783,7 @@ static const be_dev_ops cuda_dev_ops = {
     /* .hc_post_add = */ dv_hc_post_add,
     /* .down_start = */ dv_down_start,
     /* .down_take = */ dv_down_take,
+    /* .sample = */ dv_sample,
 };
 
 extern "C" void be_cuda_destroy(be_backend *be);
@@ -2961,6 +2973,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->aq_bf16 = env_size("DEEPINFER_CUDA_AQ_BF16", 1) != 0;
     c->ft = env_size("DEEPINFER_CUDA_FT", 1) != 0;
     c->ft_min = env_size("DEEPINFER_CUDA_FT_MIN", 17);
+    c->dev_sample = env_size("DEEPINFER_CUDA_SAMPLE", 1) != 0;
     c->ft_max = env_size("DEEPINFER_CUDA_FT_MAX", 256);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
     c->graphs = env_size("DEEPINFER_CUDA_GRAPHS", 1) != 0;
