@@ -48,6 +48,9 @@ pack() {
     # the grouped FP4 routed-expert FFN (moe.cu): its test and benchmark
     ninja -C "$b" test_cuda_moe bench_gpu_moe
     cp "$b/test_cuda_moe" "$b/bench_gpu_moe" .carry/bin/
+    # sampled tokens drawn on the device (sample.cu) against the host sampler
+    ninja -C "$b" test_cuda_sample
+    cp "$b/test_cuda_sample" .carry/bin/
     # the FP8 tiles for decode batches' FP8 linears (fp8_tile.cu) against the dequantised GEMM
     ninja -C "$b" bench_gpu_fp8_tiles
     cp "$b/bench_gpu_fp8_tiles" .carry/bin/
@@ -105,7 +108,7 @@ SUM=$OUTDIR/gpu_check.txt
 say() { echo "$*" | tee -a "$SUM"; }
 section() { say ""; say "== $*"; }
 
-# GPU_CHECK_ONLY="kernels unit cli serve linear attn moe chain sanitizer sanmodel sangraph layers" picks sections (default: all;
+# GPU_CHECK_ONLY="kernels unit cli serve linear sample attn moe chain sanitizer sanmodel sangraph layers" picks sections (default: all;
 # unit includes kernels: test_cuda_graph and test_cuda_dequant)
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 
@@ -288,6 +291,25 @@ if want linear; then
 section "bench_cuda_linear"
 timeout 200 "$BIN/bench_cuda_linear" 2>&1 | tee "$OUTDIR/bench.txt" | tee -a "$SUM"
 say "bench exit status: $?"
+
+fi
+if want sample; then
+section "unit_cuda_sample (test_cuda_sample: draws on the device vs the host sampler), memcheck and racecheck"
+if [ -x "$BIN/test_cuda_sample" ]; then
+    timeout 300 "$BIN/test_cuda_sample" > "$OUTDIR/unit_cuda_sample.txt" 2>&1
+    rc=$?
+    grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_sample.txt" | tee -a "$SUM"
+    say "test_cuda_sample exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+    if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
+        for tool in memcheck racecheck; do
+            timeout 300 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/test_cuda_sample" \
+                > "$OUTDIR/${tool}_sample.txt" 2>&1
+            say "$tool exit status: $? -- $(grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUTDIR/${tool}_sample.txt" | tail -1)"
+        done
+    fi
+else
+    say "test_cuda_sample: not built"
+fi
 
 fi
 if want attn; then

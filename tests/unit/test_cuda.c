@@ -1270,11 +1270,9 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
 {
     if (ft) setenv("DEEPINFER_CUDA_FT", ft, 1);
     if (ft_max) setenv("DEEPINFER_CUDA_FT_MAX", ft_max, 1);
-    if (T < 17) setenv("DEEPINFER_CUDA_FT_MIN", "9", 1); /* the tiles below their default minimum of 17 */
     be_backend *g = cuda(BCU_MATH_BF16X3);
     unsetenv("DEEPINFER_CUDA_FT");
     unsetenv("DEEPINFER_CUDA_FT_MAX");
-    unsetenv("DEEPINFER_CUDA_FT_MIN");
     const be_dev_ops *dv = g->ops->dev;
     const size_t K = (size_t)w->cols, n = (size_t)w->rows;
     dv->reset(g);
@@ -1296,7 +1294,7 @@ static float *ft_run(const char *ft, const char *ft_max, const be_weight *w, con
 
 /* The FP8 tiles (fp8_tile.cu) for linear_aq on FP8 weights at decode batches: against the CPU's linear of the
  * act_quant'd x within 1e-5, as the dequantised GEMM or the row-dot they replace (DEEPINFER_CUDA_FT=0) is; taken
- * from DEEPINFER_CUDA_FT_MIN (17 unless set; set to 9 here for the cases under 17 tokens, so 8 is the row-dot's) up to
+ * from DEEPINFER_CUDA_FT_MIN (9 unless set, so 8 is the row-dot's) up to
  * DEEPINFER_CUDA_FT_MAX (256 unless set); the same bits on a second call.  Shapes: the
  * last 128-row tile (one scale block) ragged (200, 1000 rows; 96 rows, one partial tile), K / 128 of 5 (one slice by
  * the rule; odd slices, 3 + 2, forced), 16 (4 slices; 8 slices of two chunks, forced) and 32 (8 slices), token tiles of 16 .. 64 and a ragged last one (100 = 64 + 36, 256 = four); one

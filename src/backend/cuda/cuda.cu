@@ -225,8 +225,8 @@ typedef struct {
     int ft;        /* DEEPINFER_CUDA_FT (default 1): linear_aq on FP8 weights from ft_min to ft_max tokens through the
                     * FP8 tiles (fp8_tile.cu: the weight read once as FP8, no bf16 copy) */
     int dev_sample; /* DEEPINFER_CUDA_SAMPLE (1): be_dev_ops.sample draws on the device; 0: every draw on the host */
-    size_t ft_min; /* DEEPINFER_CUDA_FT_MIN (17; from 9 the tiles beat the decode row-dot a call, 2x on wq_b / wo_b at 12-16
-                    * tokens, but the slice's batch-16 and 24 steps ran 1.0 ms slower: docs/CUDA.md) */
+    size_t ft_min; /* DEEPINFER_CUDA_FT_MIN (9: from 9 tokens the tiles beat the decode row-dot, 2x a call on wq_b / wo_b
+                    * at 12-16, the slice's batch 9-16 steps 2-8% shorter in three rounds; docs/CUDA.md) */
     size_t ft_max; /* DEEPINFER_CUDA_FT_MAX (256: the tiles beat the dequantised GEMM on every V4 shape to 256 tokens) */
     size_t ft_calls;
     /* the device graph's copies of window rings, by (state key, layer): win_n slots of win_W x win_d floats */
@@ -2972,7 +2972,7 @@ extern "C" be_backend *bcu_create(int device, int threads, bcu_math math, char *
     c->f16x2 = env_size("DEEPINFER_CUDA_F16X2", 1) != 0;
     c->aq_bf16 = env_size("DEEPINFER_CUDA_AQ_BF16", 1) != 0;
     c->ft = env_size("DEEPINFER_CUDA_FT", 1) != 0;
-    c->ft_min = env_size("DEEPINFER_CUDA_FT_MIN", 17);
+    c->ft_min = env_size("DEEPINFER_CUDA_FT_MIN", 9);
     c->dev_sample = env_size("DEEPINFER_CUDA_SAMPLE", 1) != 0;
     c->ft_max = env_size("DEEPINFER_CUDA_FT_MAX", 256);
     c->attn_mma = bf16_class_path("DEEPINFER_CUDA_ATTN_MMA", math);
