@@ -143,7 +143,6 @@ typedef struct be_ops {
     const struct be_dev_ops *dev;
 } be_ops;
 
-/* mHC parameters of one site (v4.c hc_pre_task); fn, base, scale are the model's host arrays */
 /* One sampled row's draw on the device (be_dev_ops.sample): engine/sampler.h's rules, with the uniform given */
 typedef struct be_draw {
     uint32_t row;    /* the row of the logits */
@@ -154,6 +153,7 @@ typedef struct be_draw {
     double u01;      /* the draw's uniform, [0, 1) */
 } be_draw;
 
+/* mHC parameters of one site (v4.c hc_pre_task); fn, base, scale are the model's host arrays */
 typedef struct be_hc {
     int n, D, iters;
     float hc_eps, rms_eps;

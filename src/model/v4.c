@@ -2728,8 +2728,8 @@ static void hd_argmax(be_backend *be, int32_t *ids, const float *x, size_t rows,
     (void)be;
     for (size_t r = 0; r < rows; r++) ids[r] = (int32_t)rc_greedy(x + r * V, V);
 }
-/* draws nothing: every drawn row's logits go to the caller (the fallback that the CUDA kernel takes for the rows it
- * cannot hold), so the host-dev graph runs that path */
+/* draws nothing: every offered row's logits go to the caller, who draws (the CUDA backend's path under
+ * DEEPINFER_CUDA_SAMPLE=0), so the host-dev graph runs the handed-back rows' path in CI */
 static void hd_sample(be_backend *be, int32_t *ids, const float *x, size_t V, const be_draw *d, size_t n)
 {
     (void)be; (void)x; (void)V; (void)d;

@@ -1115,101 +1115,95 @@ static int scribbling_draw(void *impl, void **seqs, const int32_t **ids, const s
     return rc;
 }
 
-/* Greedy requests take only their token from the backend (forward_top1: on a GPU the argmax is taken on the
- * device and the logits stay there); the tokens equal those of the logits path (forward_top1 removed), for
- * greedy and seeded requests in one batch. */
-static void test_model_top1(void **st)
+/* Twelve requests of 8 tokens (request i's sampling: want(i)) through two engines on the model backend: pass 0 on
+ * the plain logits path (forward_top1 and forward_draw removed), pass 1 with setup's hooks.  Each request's tokens
+ * must be the same in both. */
+enum { TP_N = 12, TP_OUT = 8 };
+static void two_passes(model_fix *fx, void (*setup)(eng_backend *be), eng_sampling (*want)(int i), uint64_t seed)
 {
-    model_fix *fx = *st;
     const int V = md_model_config(fx->m)->vocab_size;
-    const int N = 12, OUT = 8;
-    job js[2][12];
-    for (int pass = 0; pass < 2; pass++) {
-        fx->mi = (eng_model_impl){.m = fx->m};
-        top1_inner = &fx->mi;
-        eng_backend be = eng_model_backend(&fx->mi);
-        if (pass) be.forward_top1 = counting_top1;
-        else be.forward_top1 = NULL; /* the logits path */
-        be.forward_draw = NULL;
-        eng_cfg cfg = {.max_batch_tokens = 64};
-        rc_err err = {0};
-        engine *e = eng_create(&be, &cfg, &err);
-        if (!e) fail_msg("eng_create: %s", err.msg);
-        for (int i = 0; i < N; i++) {
-            int32_t *p = make_ids((size_t)(3 + 5 * i), V, 500 + (uint64_t)i);
-            eng_sampling s = greedy_n(OUT);
-            s.ignore_eos = 1;
-            if (i % 4 == 3) {
-                s.temperature = 0.7;
-                s.seed = 77 + (uint64_t)i;
-                s.has_seed = 1;
-            }
-            job_init(&js[pass][i], p, (size_t)(3 + 5 * i), s);
-            free(p);
-            assert_int_equal(eng_submit(e, &js[pass][i].req, &err), 0);
-        }
-        WAIT_UNTIL(all_done(js[pass], (size_t)N));
-        eng_destroy(e);
-    }
-    for (int i = 0; i < N; i++) {
-        assert_int_equal(js[0][i].n_toks, (size_t)OUT);
-        assert_memory_equal(js[0][i].toks, js[1][i].toks, (size_t)OUT * sizeof(int32_t));
-    }
-    /* the greedy ones (9 of 12, 8 tokens each) came as tokens */
-    assert_true(top1_calls > 0);
-    assert_int_equal(top1_items, (size_t)(9 * OUT));
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < N; i++) job_fini(&js[pass][i]);
-}
-
-/* Sampled requests offer their draws to the backend (forward_draw): the uniform is taken from the request's stream
- * before the forward, once, so a draw the backend takes and one it hands back give the tokens of the plain logits
- * path (forward_draw and forward_top1 removed), for seeded requests under several settings beside greedy ones. */
-static void test_model_draw(void **st)
-{
-    model_fix *fx = *st;
-    const int V = md_model_config(fx->m)->vocab_size;
-    const int N = 12, OUT = 8;
-    job js[2][12];
-    draw_offered = draw_taken = 0;
+    job js[2][TP_N];
     for (int pass = 0; pass < 2; pass++) {
         fx->mi = (eng_model_impl){.m = fx->m};
         top1_inner = &fx->mi;
         eng_backend be = eng_model_backend(&fx->mi);
         be.forward_top1 = NULL;
-        be.forward_draw = pass ? scribbling_draw : NULL;
+        be.forward_draw = NULL;
+        if (pass) setup(&be);
         eng_cfg cfg = {.max_batch_tokens = 64};
         rc_err err = {0};
         engine *e = eng_create(&be, &cfg, &err);
         if (!e) fail_msg("eng_create: %s", err.msg);
-        for (int i = 0; i < N; i++) {
-            int32_t *p = make_ids((size_t)(3 + 5 * i), V, 700 + (uint64_t)i);
-            eng_sampling s = greedy_n(OUT);
-            s.ignore_eos = 1;
-            if (i % 4) {
-                s.temperature = i % 3 ? 0.8 : 1.2;
-                s.top_p = i % 5 == 1 ? 0.9 : 0;
-                s.top_k = i % 5 == 2 ? 7 : 0;
-                s.min_p = i % 5 == 3 ? 0.05 : 0;
-                s.seed = 91 + (uint64_t)i;
-                s.has_seed = 1;
-            }
-            job_init(&js[pass][i], p, (size_t)(3 + 5 * i), s);
+        for (int i = 0; i < TP_N; i++) {
+            int32_t *p = make_ids((size_t)(3 + 5 * i), V, seed + (uint64_t)i);
+            job_init(&js[pass][i], p, (size_t)(3 + 5 * i), want(i));
             free(p);
             assert_int_equal(eng_submit(e, &js[pass][i].req, &err), 0);
         }
-        WAIT_UNTIL(all_done(js[pass], (size_t)N));
+        WAIT_UNTIL(all_done(js[pass], (size_t)TP_N));
         eng_destroy(e);
     }
-    for (int i = 0; i < N; i++) {
-        assert_int_equal(js[0][i].n_toks, (size_t)OUT);
-        assert_memory_equal(js[0][i].toks, js[1][i].toks, (size_t)OUT * sizeof(int32_t));
+    for (int i = 0; i < TP_N; i++) {
+        assert_int_equal(js[0][i].n_toks, (size_t)TP_OUT);
+        assert_memory_equal(js[0][i].toks, js[1][i].toks, (size_t)TP_OUT * sizeof(int32_t));
     }
-    /* the sampled ones (9 of 12, 8 tokens each) were offered; half of the offers taken */
-    assert_int_equal(draw_offered, (size_t)(9 * OUT));
-    assert_int_equal(draw_taken, (size_t)(9 * OUT / 2));
     for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < N; i++) job_fini(&js[pass][i]);
+        for (int i = 0; i < TP_N; i++) job_fini(&js[pass][i]);
+}
+
+static void setup_top1(eng_backend *be) { be->forward_top1 = counting_top1; }
+/* three of four greedy, the fourth seeded at temperature 0.7 */
+static eng_sampling want_top1(int i)
+{
+    eng_sampling s = greedy_n(TP_OUT);
+    s.ignore_eos = 1;
+    if (i % 4 == 3) {
+        s.temperature = 0.7;
+        s.seed = 77 + (uint64_t)i;
+        s.has_seed = 1;
+    }
+    return s;
+}
+
+/* Greedy requests take only their token from the backend (forward_top1: on a GPU the argmax is taken on the
+ * device and the logits stay there); the tokens equal those of the logits path, for greedy and seeded requests in
+ * one batch. */
+static void test_model_top1(void **st)
+{
+    top1_calls = top1_items = 0;
+    two_passes(*st, setup_top1, want_top1, 500);
+    /* the greedy ones (9 of 12, 8 tokens each) came as tokens */
+    assert_true(top1_calls > 0);
+    assert_int_equal(top1_items, (size_t)(9 * TP_OUT));
+}
+
+static void setup_draw(eng_backend *be) { be->forward_draw = scribbling_draw; }
+/* one of four greedy, the others seeded under several settings */
+static eng_sampling want_draw(int i)
+{
+    eng_sampling s = greedy_n(TP_OUT);
+    s.ignore_eos = 1;
+    if (i % 4) {
+        s.temperature = i % 3 ? 0.8 : 1.2;
+        s.top_p = i % 5 == 1 ? 0.9 : 0;
+        s.top_k = i % 5 == 2 ? 7 : 0;
+        s.min_p = i % 5 == 3 ? 0.05 : 0;
+        s.seed = 91 + (uint64_t)i;
+        s.has_seed = 1;
+    }
+    return s;
+}
+
+/* Sampled requests offer their draws to the backend (forward_draw): the uniform is taken from the request's stream
+ * before the forward, once, so a draw the backend takes and one it hands back give the tokens of the plain logits
+ * path, for seeded requests under several settings beside greedy ones. */
+static void test_model_draw(void **st)
+{
+    draw_offered = draw_taken = 0;
+    two_passes(*st, setup_draw, want_draw, 700);
+    /* the sampled ones (9 of 12, 8 tokens each) were offered; half of the offers taken */
+    assert_int_equal(draw_offered, (size_t)(9 * TP_OUT));
+    assert_int_equal(draw_taken, (size_t)(9 * TP_OUT / 2));
 }
 
 static void test_model_cancel_running(void **st)
