@@ -49,8 +49,8 @@ pack() {
     ninja -C "$b" test_cuda_moe bench_gpu_moe
     cp "$b/test_cuda_moe" "$b/bench_gpu_moe" .carry/bin/
     # sampled tokens drawn on the device (sample.cu) against the host sampler
-    ninja -C "$b" test_cuda_sample
-    cp "$b/test_cuda_sample" .carry/bin/
+    ninja -C "$b" test_cuda_sample bench_gpu_sample
+    cp "$b/test_cuda_sample" "$b/bench_gpu_sample" .carry/bin/
     # the FP8 tiles for decode batches' FP8 linears (fp8_tile.cu) against the dequantised GEMM
     ninja -C "$b" bench_gpu_fp8_tiles
     cp "$b/bench_gpu_fp8_tiles" .carry/bin/
@@ -307,6 +307,9 @@ if [ -x "$BIN/test_cuda_sample" ]; then
             say "$tool exit status: $? -- $(grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUTDIR/${tool}_sample.txt" | tail -1)"
         done
     fi
+    section "bench_gpu_sample"
+    timeout 200 "$BIN/bench_gpu_sample" 2>&1 | tee "$OUTDIR/bench_sample.txt" | tee -a "$SUM"
+    say "bench_gpu_sample exit status: $?"
 else
     say "test_cuda_sample: not built"
 fi
