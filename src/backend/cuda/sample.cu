@@ -69,21 +69,46 @@ __device__ __forceinline__ int sp_binade(double w)
     return 1023 - (int)((__double_as_longlong(w) >> 52) & 0x7ff);
 }
 
-/* Histogram adds from a whole warp (every lane calls, converged; on: whether the lane adds): the lanes that share a
- * bin add once, through their leader.  A flat row puts most of its tokens in one or two bins of a pass; one atomic
- * a lane there serialised ~129k adds on one address (a top_p step took 3.9 ms at batch 1). */
-__device__ __forceinline__ void sp_add_cnt(unsigned *h, unsigned bin, bool on)
-{
-    const unsigned grp = __match_any_sync(0xffffffffu, on ? bin : 0xffffffffu);
-    if (on && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(h + bin, (unsigned)__popc(grp));
-}
-/* v < 2^45 (a fixed-point weight): its two 22-bit halves summed over the group in 32 bits each, exactly */
-__device__ __forceinline__ void sp_add_fx(unsigned long long *h, unsigned bin, unsigned long long v, bool on)
-{
-    const unsigned grp = __match_any_sync(0xffffffffu, on ? bin : 0xffffffffu);
-    const unsigned lo = __reduce_add_sync(grp, (unsigned)(v & 0x3fffffu)), hi = __reduce_add_sync(grp, (unsigned)(v >> 22));
-    if (on && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(h + bin, ((unsigned long long)hi << 22) + lo);
-}
+/* Histogram adds through a thread's run: consecutive adds to the same bin are summed in a register and added once
+ * when the bin changes (and at the end: flush).  A flat row puts most of its tokens in one or two bins of a pass,
+ * where one atomic a token serialised ~129k adds on one address (a top_p draw took 3.9 ms at batch 1). */
+template <typename T> struct sp_run {
+    unsigned bin = 0xffffffffu;
+    T acc = 0;
+    __device__ __forceinline__ void add(T *h, unsigned b, T v)
+    {
+        if (b != bin) {
+            flush(h);
+            bin = b;
+        }
+        acc += v;
+    }
+    __device__ __forceinline__ void flush(T *h)
+    {
+        if (acc) atomicAdd(h + bin, acc);
+        acc = 0;
+    }
+};
+
+/* A pass's histogram of NB bins as a copy a warp (ph [SP_WARPS][NB], in the dynamic shared memory the sorted lists
+ * use later), so that only a warp's own lanes ever contend for a bin; sum() adds the copies into out (integers: the
+ * same sums in any order).  The caller puts barriers between zero(), the adds and sum(). */
+template <typename T, int NB> struct sp_hist {
+    T *ph;
+    __device__ __forceinline__ void zero() const
+    {
+        for (int i = threadIdx.x; i < SP_WARPS * NB; i += SP_NT) ph[i] = 0;
+    }
+    __device__ __forceinline__ T *mine() const { return ph + (threadIdx.x >> 5) * NB; }
+    __device__ __forceinline__ void sum(T *out) const
+    {
+        for (int b = threadIdx.x; b < NB; b += SP_NT) {
+            T t = 0;
+            for (int w = 0; w < SP_WARPS; w++) t += ph[w * NB + b];
+            out[b] = t;
+        }
+    }
+};
 
 struct sp_shared {
     double wsum[SP_WARPS];
@@ -140,18 +165,23 @@ __device__ int sp_sum_i(int v, sp_shared &s)
 }
 
 /* the k-th (1-based) smallest key's high word among the row's tokens: four passes of 8 bits */
-__device__ uint32_t sp_select_hi(const float *row, size_t V, unsigned k, sp_shared &s)
+__device__ uint32_t sp_select_hi(const float *row, size_t V, unsigned k, sp_shared &s, void *scratch)
 {
     unsigned prefix = 0, need = k;
+    const sp_hist<unsigned, 256> H = {(unsigned *)scratch};
     for (int d = 3; d >= 0; d--) {
-        for (int i = threadIdx.x; i < 256; i += SP_NT) s.hist[i] = 0;
+        H.zero();
         __syncthreads();
         const uint32_t mask = d == 3 ? 0u : ~0u << (8 * (d + 1));
-        for (size_t b0 = 0; b0 < V; b0 += SP_NT) { /* the same trip count for every lane: the warps stay whole */
-            const size_t i = b0 + threadIdx.x;
-            const uint32_t h = i < V ? sp_hi(sp_logit(row, i)) : 0u;
-            sp_add_cnt(s.hist, (h >> (8 * d)) & 255u, i < V && (h & mask) == (prefix & mask));
+        sp_run<unsigned> run;
+        unsigned *mh = H.mine();
+        for (size_t i = threadIdx.x; i < V; i += SP_NT) {
+            const uint32_t h = sp_hi(sp_logit(row, i));
+            if ((h & mask) == (prefix & mask)) run.add(mh, (h >> (8 * d)) & 255u, 1u);
         }
+        run.flush(mh);
+        __syncthreads();
+        H.sum(s.hist);
         __syncthreads();
         if (threadIdx.x == 0) {
             unsigned b = 0, c = 0;
@@ -252,23 +282,28 @@ __device__ unsigned long long sp_sum_fx(unsigned long long v, sp_shared &s)
  * key's high word (*hi), the mass of the tokens before its class of equal logits (*before), and its weight (the
  * class's: equal logits, equal weights).  Four passes of 8 bits over the high word. */
 __device__ unsigned long long sp_cross(const float *row, size_t V, float lmax, double inv_t, double min_p,
-                                       unsigned long long target, bool strict, sp_shared &s, uint32_t *hi,
-                                       unsigned long long *before)
+                                       unsigned long long target, bool strict, sp_shared &s, void *scratch,
+                                       uint32_t *hi, unsigned long long *before)
 {
     uint32_t prefix = 0;
     unsigned long long bef = 0;
+    const sp_hist<unsigned long long, 256> H = {(unsigned long long *)scratch};
+    unsigned long long *mh = H.mine();
     for (int d = 3; d >= 0; d--) {
-        for (int i = threadIdx.x; i < 256; i += SP_NT) s.hw[i] = 0;
+        H.zero();
         __syncthreads();
         const uint32_t mask = d == 3 ? 0u : ~0u << (8 * (d + 1));
-        for (size_t b0 = 0; b0 < V; b0 += SP_NT) {
-            const size_t i = b0 + threadIdx.x;
-            const float l = i < V ? sp_logit(row, i) : -INFINITY;
+        sp_run<unsigned long long> run;
+        for (size_t i = threadIdx.x; i < V; i += SP_NT) {
+            const float l = sp_logit(row, i);
             const uint32_t h = sp_hi(l);
-            const bool in = i < V && (h & mask) == (prefix & mask);
-            const unsigned long long W = in ? sp_fx(l, lmax, inv_t, min_p) : 0ull;
-            sp_add_fx(s.hw, (h >> (8 * d)) & 255u, W, W != 0);
+            if ((h & mask) != (prefix & mask)) continue;
+            const unsigned long long W = sp_fx(l, lmax, inv_t, min_p);
+            if (W) run.add(mh, (h >> (8 * d)) & 255u, W);
         }
+        run.flush(mh);
+        __syncthreads();
+        H.sum(s.hw);
         __syncthreads();
         if (threadIdx.x == 0) {
             unsigned long long c = bef;
@@ -416,22 +451,36 @@ __global__ void __launch_bounds__(SP_NT, 1) sp_kernel(int32_t *ids, const float 
     int B = SP_NB - 1;   /* top_p: the candidates of binades 0..B */
     if (k_on) {
         if (d.top_k > SP_CAP) big = true;
-        else hi_cut = sp_select_hi(row, V, (unsigned)d.top_k, s);
+        else hi_cut = sp_select_hi(row, V, (unsigned)d.top_k, s, keys);
     } else {
         /* the mass by binade of w (fixed point); the smallest set of binades 0..B that reaches need, with a margin for
          * the fixed point: it only picks the set, and the nucleus is then found on the sorted set itself */
         unsigned long long mall = 0; /* every candidate's weight, for the long lists' path */
-        for (size_t b0 = 0; b0 < V; b0 += SP_NT) {
-            const size_t i = b0 + tid;
-            const double w = i < V ? sp_w(sp_logit(row, i), lmax, inv_t) : 0.0;
-            const int b = sp_binade(w > 0 ? w : 1.0);
-            const bool cand = w > 0 && w >= min_p, in = cand && b < SP_NB - 1;
-            const unsigned long long W = cand ? (unsigned long long)(w * 0x1.0p44 + 0.5) : 0ull; /* sp_fx's */
+        const sp_hist<unsigned long long, SP_NB> HM = {(unsigned long long *)keys};
+        const sp_hist<unsigned, SP_NB> HC = {(unsigned *)ws};
+        HM.zero();
+        HC.zero();
+        __syncthreads();
+        unsigned long long *mm = HM.mine();
+        unsigned *mc = HC.mine();
+        sp_run<unsigned long long> rm;
+        sp_run<unsigned> rc;
+        for (size_t i = tid; i < V; i += SP_NT) {
+            const double w = sp_w(sp_logit(row, i), lmax, inv_t);
+            if (!(w > 0 && w >= min_p)) continue;
+            const unsigned long long W = (unsigned long long)(w * 0x1.0p44 + 0.5); /* sp_fx's */
             mall += W;
-            sp_add_fx(s.mass, (unsigned)b, W, in);
-            sp_add_cnt(s.cnt, (unsigned)b, in);
+            const int b = sp_binade(w);
+            if (b < SP_NB - 1) {
+                rm.add(mm, (unsigned)b, W);
+                rc.add(mc, (unsigned)b, 1u);
+            }
         }
-        M_all = sp_sum_fx(mall, s);
+        rm.flush(mm);
+        rc.flush(mc);
+        M_all = sp_sum_fx(mall, s); /* its barriers put the copies in */
+        HM.sum(s.mass);
+        HC.sum(s.cnt);
         __syncthreads();
         if (tid == 0) {
             const double need = d.top_p * total * 0x1.0p44 * (1 + 0x1.0p-20) + (double)V;
@@ -506,7 +555,7 @@ __global__ void __launch_bounds__(SP_NT, 1) sp_kernel(int32_t *ids, const float 
      * kept mass */
     unsigned long long M;
     if (k_on) {
-        const uint32_t hk = sp_select_hi(row, V, (unsigned)d.top_k, s);
+        const uint32_t hk = sp_select_hi(row, V, (unsigned)d.top_k, s, keys);
         unsigned long long below = 0;
         int nbelow = 0;
         for (size_t i = a; i < e; i++) {
@@ -523,7 +572,7 @@ __global__ void __launch_bounds__(SP_NT, 1) sp_kernel(int32_t *ids, const float 
     unsigned long long bef, W, keep = M;
     if (p_on && (k_on ? d.top_k : n) > 1) {
         const unsigned long long need = (unsigned long long)ceil(d.top_p * (double)M);
-        W = sp_cross(row, V, lmax, inv_t, min_p, need, false, s, &h, &bef);
+        W = sp_cross(row, V, lmax, inv_t, min_p, need, false, s, keys, &h, &bef);
         /* the first tie t (0-based) with bef + (t + 1) W >= need */
         const unsigned long long t = (need - bef + W - 1) / W - 1;
         keep = bef + (t + 1) * W;
@@ -531,7 +580,7 @@ __global__ void __launch_bounds__(SP_NT, 1) sp_kernel(int32_t *ids, const float 
     const unsigned long long k53 = (unsigned long long)(d.u01 * 0x1.0p53); /* u01 = k53 2^-53, exactly */
     const unsigned long long uh = __umul64hi(k53, keep), ul = k53 * keep;
     const unsigned long long uI = (uh << 11) | (ul >> 53); /* floor(u01 keep) */
-    W = sp_cross(row, V, lmax, inv_t, min_p, uI, true, s, &h, &bef);
+    W = sp_cross(row, V, lmax, inv_t, min_p, uI, true, s, keys, &h, &bef);
     const int id = sp_nth_of(row, a, e, h, (uI - bef) / W, s);
     if (tid == 0) ids[blockIdx.x] = id;
 }
