@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
+#include "sample_rows.h"
 
 #define V 129280
 #define NREP 7
@@ -31,33 +32,6 @@
 
 cudaError_t bcu_sample(int32_t *ids, const float *x, size_t Vn, const be_draw *draws, size_t n, cudaStream_t st);
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double unif(uint64_t *st) { return (double)(eng_rng_next(st) >> 11) * 0x1.0p-53; }
-static double gauss(uint64_t *st)
-{
-    const double u = unif(st) + 0x1.0p-60, v = unif(st);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-static void make_row(float *l, int kind, uint64_t seed)
-{
-    uint64_t st = eng_rng_init(seed);
-    for (int i = 0; i < V; i++) l[i] = kind == 0 ? (float)(8.0 * unif(&st) - 4.0) : (float)(2.5 * gauss(&st));
-    if (kind == 1)
-        for (int h = 0; h < 8; h++) l[(int)(unif(&st) * V)] = (float)(15.0 + 7.0 * unif(&st));
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef struct {
     const float *rows; /* host, [B][V] */
@@ -137,7 +111,8 @@ int main(int argc, char **argv)
     printf("| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
     int bad = 0;
     for (int kind = 0; kind < 2; kind++) {
-        for (int r = 0; r < BMAX; r++) make_row(host + (size_t)r * V, kind, 77 + (uint64_t)r + 1000 * (uint64_t)kind);
+        for (int r = 0; r < BMAX; r++)
+            sr_make_row(host + (size_t)r * V, V, kind, 77 + (uint64_t)r + 1000 * (uint64_t)kind);
         if (check(cudaMemcpy(dx, host, (size_t)BMAX * V * sizeof(float), cudaMemcpyHostToDevice), "upload")) return 1;
         for (size_t k = 0; k < sizeof set / sizeof set[0]; k++) {
             const eng_sampling *s = &set[k].s;
@@ -158,20 +133,20 @@ int main(int argc, char **argv)
                     cudaEventElapsedTime(&ms, e0, e1);
                     tg[rep] = ms * 1e3;
                     /* the path it replaces: the rows down into pinned memory, then the host sampler over threads */
-                    const double t0 = now();
+                    const double t0 = sr_now();
                     if (check(cudaMemcpy(host, dx, (size_t)B * V * sizeof(float), cudaMemcpyDeviceToHost), "download"))
                         return 1;
                     host_job j = {host, s, hd, ws, want, (size_t)B, (size_t)(pool && B > 1 ? (B < nt ? B : nt) : 1)};
                     if (j.nt > 1) rc_pool_run(pool, j.nt, host_task, &j);
                     else host_task(&j, 0);
-                    th[rep] = (now() - t0) * 1e6;
+                    th[rep] = (sr_now() - t0) * 1e6;
                 }
                 if (check(cudaMemcpy(got, did, (size_t)B * sizeof *got, cudaMemcpyDeviceToHost), "ids")) return 1;
                 int same = 0;
                 for (int r = 0; r < B; r++) same += got[r] == want[r];
                 bad += same != B;
-                qsort(tg, NREP, sizeof *tg, cmp_d);
-                qsort(th, NREP, sizeof *th, cmp_d);
+                qsort(tg, NREP, sizeof *tg, sr_cmp_d);
+                qsort(th, NREP, sizeof *th, sr_cmp_d);
                 printf("| %s | %s | %d | %.0f | %.0f | %.1fx | %d / %d |\n", kind_name[kind], set[k].name, B,
                        tg[NREP / 2], th[NREP / 2], th[NREP / 2] / tg[NREP / 2], same, B);
             }

@@ -23,40 +23,13 @@
 
 #include "base/pool.h"
 #include "engine/sampler.h"
+#include "sample_rows.h"
 
 #define V 129280
 #define NROW 8
 #define NDRAW 40
 #define NROUND 5
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double unif(uint64_t *st) { return (double)(eng_rng_next(st) >> 11) * 0x1.0p-53; }
-static double gauss(uint64_t *st)
-{
-    const double u = unif(st) + 0x1.0p-60, v = unif(st);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-static void make_row(float *l, int kind, uint64_t seed)
-{
-    uint64_t st = eng_rng_init(seed);
-    for (int i = 0; i < V; i++) l[i] = kind == 0 ? (float)(8.0 * unif(&st) - 4.0) : (float)(2.5 * gauss(&st));
-    if (kind == 1)
-        for (int h = 0; h < 8; h++) l[(int)(unif(&st) * V)] = (float)(15.0 + 7.0 * unif(&st));
-    if (kind == 2) l[(int)(unif(&st) * V)] = 35.0f;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* us a draw (median over rounds) on the current path; toks gets every draw's token */
 static double time_path(float **rows, const eng_sampling *s, eng_sample_scratch *ws, int *toks)
@@ -64,11 +37,11 @@ static double time_path(float **rows, const eng_sampling *s, eng_sample_scratch 
     double t[NROUND];
     for (int r = 0; r < NROUND; r++) {
         uint64_t rng = eng_rng_init(1000 + (uint64_t)r);
-        const double t0 = now();
+        const double t0 = sr_now();
         for (int d = 0; d < NDRAW; d++) toks[r * NDRAW + d] = eng_sample_ws(rows[d % NROW], V, s, &rng, ws);
-        t[r] = (now() - t0) / NDRAW * 1e6;
+        t[r] = (sr_now() - t0) / NDRAW * 1e6;
     }
-    qsort(t, NROUND, sizeof *t, cmp_d);
+    qsort(t, NROUND, sizeof *t, sr_cmp_d);
     return t[NROUND / 2];
 }
 
@@ -121,7 +94,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < NROW; r++) {
             rows[k][r] = malloc(V * sizeof(float));
-            make_row(rows[k][r], k, 31 * (uint64_t)k + (uint64_t)r);
+            sr_make_row(rows[k][r], V, k, 31 * (uint64_t)k + (uint64_t)r);
         }
     eng_sample_scratch ws = {0};
     int *ta = malloc(NROUND * NDRAW * sizeof *ta), *tb = malloc(NROUND * NDRAW * sizeof *tb);
@@ -158,14 +131,14 @@ int main(int argc, char **argv)
         double best1 = 1e9, bestn = 1e9;
         for (int r = 0; r < NROUND; r++) {
             par_arg a1 = {rows[1], &set[c].s, wss, t1, NSTEP, 1};
-            double t0 = now();
+            double t0 = sr_now();
             par_task(&a1, 0);
-            const double d1 = now() - t0;
+            const double d1 = sr_now() - t0;
             par_arg an = {rows[1], &set[c].s, wss, tn, NSTEP, (size_t)threads};
-            t0 = now();
+            t0 = sr_now();
             if (pool) rc_pool_run(pool, (size_t)threads, par_task, &an);
             else par_task(&an, 0);
-            const double dn = now() - t0;
+            const double dn = sr_now() - t0;
             best1 = d1 < best1 ? d1 : best1;
             bestn = dn < bestn ? dn : bestn;
         }
