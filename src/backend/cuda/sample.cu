@@ -122,7 +122,6 @@ struct sp_shared {
     unsigned bi[SP_WARPS];
     int n_keys, pick, top, result;
     unsigned prefix, need_k;
-    double total;
 };
 
 /* a scan over the block in a fixed order: the sum of threads 0..t - 1 for thread t, and (*all) of every thread */
@@ -443,7 +442,6 @@ __global__ void __launch_bounds__(SP_NT, 1) sp_kernel(int32_t *ids, const float 
 
     /* a sorted list: the top_k set, or an upper set holding the nucleus; past SP_CAP tokens, the long lists' path */
     if (tid == 0) { s.n_keys = 0; s.result = -3; }
-    if (tid < SP_NB) { s.mass[tid] = 0; s.cnt[tid] = 0; }
     __syncthreads();
     bool big = false;
     unsigned long long M_all = 0; /* top_p alone: the candidates' mass in fixed point */
