@@ -107,6 +107,8 @@ SUM=$OUTDIR/gpu_check.txt
 : > "$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
 section() { say ""; say "== $*"; }
+# a test binary's exit status in words (77: the skip code, never a pass)
+verdict() { case $1 in 0) echo PASS ;; 77) echo SKIPPED ;; *) echo FAIL ;; esac; }
 
 # GPU_CHECK_ONLY="kernels unit cli serve linear sample attn moe chain sanitizer sanmodel sangraph layers" picks sections (default: all;
 # unit includes kernels: test_cuda_graph and test_cuda_dequant)
@@ -179,19 +181,19 @@ section "unit_cuda_graph (test_cuda_graph: the graph's non-GEMM kernels vs host 
 timeout 200 "$BIN/test_cuda_graph" > "$OUTDIR/unit_cuda_graph.txt" 2>&1
 rc=$?
 grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_graph.txt" | head -60 | tee -a "$SUM"
-say "test_cuda_graph exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+say "test_cuda_graph exit status: $rc ($(verdict $rc))"
 section "unit_cuda_dequant (test_cuda_dequant: FP8 / FP4 -> bf16, bit-exact vs dtype.c)"
 timeout 200 "$BIN/test_cuda_dequant" > "$OUTDIR/unit_cuda_dequant.txt" 2>&1
 rc=$?
 grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_dequant.txt" | head -40 | tee -a "$SUM"
-say "test_cuda_dequant exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+say "test_cuda_dequant exit status: $rc ($(verdict $rc))"
 fi
 if want unit; then
 section "unit_cuda (test_cuda)"
 timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda.txt" 2>&1
 rc=$?
 grep -E "^\s+\[|bad device|unsupported weight|PASSED|FAILED|OK \]|ERROR|Failure|SKIPPED|rel error|differs|agreement|rowdot_x8|rowdot grouped" "$OUTDIR/unit_cuda.txt" | tee -a "$SUM"
-say "test_cuda exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+say "test_cuda exit status: $rc ($(verdict $rc))"
 section "unit_cuda model tests again with 5-row attention launches (segments cut across launches)"
 DEEPINFER_CUDA_ATTN_ROWS=5 TEST_CUDA_FILTER='test_model_bf16x3*' timeout 300 "$BIN/test_cuda" > "$OUTDIR/unit_cuda_rows5.txt" 2>&1
 rc=$?
@@ -299,7 +301,7 @@ if [ -x "$BIN/test_cuda_sample" ]; then
     timeout 300 "$BIN/test_cuda_sample" > "$OUTDIR/unit_cuda_sample.txt" 2>&1
     rc=$?
     grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_sample.txt" | tee -a "$SUM"
-    say "test_cuda_sample exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+    say "test_cuda_sample exit status: $rc ($(verdict $rc))"
     if [ -z "${GPU_CHECK_NO_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
         for tool in memcheck racecheck; do
             timeout 300 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/test_cuda_sample" \
@@ -321,7 +323,7 @@ if [ -x "$BIN/test_cuda_attn" ]; then
     timeout 400 "$BIN/test_cuda_attn" > "$OUTDIR/unit_cuda_attn.txt" 2>&1
     rc=$?
     grep -E "^\s+\[|^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_attn.txt" | tee -a "$SUM"
-    say "test_cuda_attn exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+    say "test_cuda_attn exit status: $rc ($(verdict $rc))"
     section "bench_gpu_attn"
     timeout 300 "$BIN/bench_gpu_attn" 2>&1 | tee "$OUTDIR/bench_attn.txt" | tee -a "$SUM"
     say "bench_gpu_attn exit status: $?"
@@ -345,7 +347,7 @@ if [ -x "$BIN/test_cuda_moe" ]; then
     timeout 240 "$BIN/test_cuda_moe" > "$OUTDIR/unit_cuda_moe.txt" 2>&1
     rc=$?
     grep -E "^  |PASSED|FAILED|SKIPPED|Failure|ERROR" "$OUTDIR/unit_cuda_moe.txt" | tee -a "$SUM"
-    say "test_cuda_moe exit status: $rc ($( [ $rc = 0 ] && echo PASS || { [ $rc = 77 ] && echo SKIPPED || echo FAIL; } ))"
+    say "test_cuda_moe exit status: $rc ($(verdict $rc))"
     section "bench_gpu_moe"
     timeout 240 "$BIN/bench_gpu_moe" 2>&1 | tee "$OUTDIR/bench_moe.txt" | tee -a "$SUM"
     say "bench_gpu_moe exit status: $?"

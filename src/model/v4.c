@@ -2338,8 +2338,12 @@ static void lg_copy_task(void *arg, size_t i)
 /* a segment whose row the device graph draws from (md_segment.draw), so its logits stay on the device */
 static int seg_draws(const md_segment *sg, const be_dev_ops *dv)
 {
-    return sg->logits && sg->draw && !sg->all_logits && dv->sample;
+    /* a sampled draw (the greedy threshold of engine/sampler.h, NaN included, stays with the caller) */
+    return sg->logits && sg->draw && sg->draw->temperature >= 1e-5 && !sg->all_logits && dv->sample;
 }
+
+/* a segment whose logits come down with the logits rows (not drawn on the device) */
+static int seg_rows_down(const md_segment *sg, const be_dev_ops *dv) { return sg->logits && !seg_draws(sg, dv); }
 
 /* the logits of the segments that want them (those drawn on the device left out: dv) from lg, in segment order */
 static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, const float *lg, size_t V,
@@ -2347,41 +2351,32 @@ static int logits_copy(be_backend *be, const md_segment *segs, size_t nseg, cons
 {
     const size_t piece = ((size_t)1 << 20) / sizeof(float);
     size_t np = 0, total = 0;
-    md_segment *keep = malloc((nseg ? nseg : 1) * sizeof *keep);
-    if (!keep) return -1;
-    size_t nk = 0;
     for (size_t s = 0; s < nseg; s++)
-        if (segs[s].logits && !seg_draws(&segs[s], dv)) keep[nk++] = segs[s];
-    segs = keep;
-    nseg = nk;
-    for (size_t s = 0; s < nseg; s++)
-        if (segs[s].logits) {
+        if (seg_rows_down(&segs[s], dv)) {
             const size_t n = (segs[s].all_logits ? segs[s].n : 1) * V;
             np += (n + piece - 1) / piece;
             total += n;
         }
     if (total <= 4 * piece) { /* small: not worth waking the threads */
         for (size_t s = 0; s < nseg; s++)
-            if (segs[s].logits) {
+            if (seg_rows_down(&segs[s], dv)) {
                 const size_t n = (segs[s].all_logits ? segs[s].n : 1) * V;
                 memcpy(segs[s].logits, lg, n * sizeof(float));
                 lg += n;
             }
-        free(keep);
         return 0;
     }
     lg_piece *ps = malloc(np * sizeof *ps);
-    if (!ps) { free(keep); return -1; }
+    if (!ps) return -1;
     size_t k = 0;
     for (size_t s = 0; s < nseg; s++) {
-        if (!segs[s].logits) continue;
+        if (!seg_rows_down(&segs[s], dv)) continue;
         const size_t n = (segs[s].all_logits ? segs[s].n : 1) * V;
         for (size_t o = 0; o < n; o += piece) ps[k++] = (lg_piece){segs[s].logits + o, lg + o, n - o < piece ? n - o : piece};
         lg += n;
     }
     be_cpu_parallel(be, np, lg_copy_task, ps);
     free(ps);
-    free(keep);
     return 0;
 }
 

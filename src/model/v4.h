@@ -152,7 +152,8 @@ typedef struct md_segment {
     int32_t *top1;
     /* with logits (one row, not all_logits): a sampled draw the backend may take itself where it holds the logits
      * on a device (base/draw.h): draw->token >= 0 is the token and the logits were not written; else (-1, set by
-     * the caller) the logits were written and the caller draws.  NULL: the logits only. */
+     * the caller) the logits were written and the caller draws (always so for a temperature below 1e-5, the
+     * sampler's greedy threshold).  NULL: the logits only. */
     rc_draw *draw;
 } md_segment;
 
